@@ -1,0 +1,134 @@
+"""crossbar settings, read from the environment (and `.env` when present).
+
+Every variable is documented in `.env.example`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+if (BASE_DIR / ".env").is_file():
+    env.read_env(BASE_DIR / ".env", parse_comments=True)
+
+VAR_DIR = Path(env.str("CROSSBAR_VAR_DIR", default="") or BASE_DIR / "var")
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env.bool("DEBUG", default=False)
+
+
+def _secret_key() -> str:
+    """The configured key, else one generated once into var/ and reused on every start."""
+    configured = env.str("SECRET_KEY", default="")
+    if configured:
+        return configured
+    path = VAR_DIR / "secret_key"
+    if not path.is_file():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    # daphne first: its runserver replaces Django's WSGI one, so streams are not buffered.
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "hosts",
+    "routing",
+    "accounting",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "crossbar_site.urls"
+ASGI_APPLICATION = "crossbar_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'crossbar.sqlite3'}"),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets the admin read while the recorder writes; IMMEDIATE takes the write lock at
+    # BEGIN so two writers queue on the busy timeout instead of failing mid-transaction.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# The gateway's own knobs. Seconds unless the name says otherwise.
+CROSSBAR = {
+    "CONNECT_TIMEOUT": env.float("CROSSBAR_CONNECT_TIMEOUT", default=3.0),
+    "HEADERS_TIMEOUT": env.float("CROSSBAR_HEADERS_TIMEOUT", default=600.0),
+    "STREAM_IDLE_TIMEOUT": env.float("CROSSBAR_STREAM_IDLE_TIMEOUT", default=120.0),
+    "HEALTH_INTERVAL": env.float("CROSSBAR_HEALTH_INTERVAL", default=5.0),
+    "HEALTH_TIMEOUT": env.float("CROSSBAR_HEALTH_TIMEOUT", default=2.0),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("CROSSBAR_LOG_LEVEL", default="INFO")},
+    "loggers": {
+        # The proxy logs one line per request itself; daphne's access log would double it.
+        "daphne": {"level": "WARNING"},
+        "django.server": {"level": "WARNING"},
+    },
+}

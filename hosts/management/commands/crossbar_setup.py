@@ -1,0 +1,39 @@
+"""First-run setup for `make run`: an admin account, and the fleet from crossbar.toml."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Create the `admin` superuser on first run and load crossbar.toml when present."
+
+    def handle(self, *args: object, **options: object) -> str:
+        lines = [self._ensure_admin()]
+        config = Path(os.environ.get("CROSSBAR_CONFIG") or settings.BASE_DIR / "crossbar.toml")
+        if config.is_file():
+            call_command("crossbar_config", "load", str(config))
+            lines.append(f"Loaded {config}.")
+        else:
+            lines.append(f"No {config.name}: add hosts and routes in the admin.")
+        return "\n".join(lines)
+
+    def _ensure_admin(self) -> str:
+        users = get_user_model()
+        if users.objects.filter(username="admin").exists():
+            return "Admin user: admin (exists)."
+        password = os.environ.get("CROSSBAR_ADMIN_PASSWORD")
+        generated = not password
+        password = password or secrets.token_urlsafe(12)
+        users.objects.create_superuser("admin", "", password)
+        if generated:
+            # Printed once, on the first run only; it is stored hashed and never again shown.
+            return f"Created admin user: admin / {password} (save it now; it is not shown again)."
+        return "Created admin user: admin (password from CROSSBAR_ADMIN_PASSWORD)."

@@ -1,0 +1,79 @@
+"""The engines crossbar sends requests to, and the models each one serves."""
+
+from __future__ import annotations
+
+from django.core.validators import MinValueValidator, URLValidator
+from django.db import models
+
+
+class Host(models.Model):
+    """One OpenAI-compatible engine (usually a llama-server) behind the gateway."""
+
+    name = models.SlugField(max_length=64, unique=True, help_text="Shown in headers, logs and rows.")
+    url = models.CharField(
+        max_length=500,
+        validators=[URLValidator(schemes=["http", "https"])],
+        help_text="Base URL of the engine, e.g. http://10.0.0.5:8080 (no /v1).",
+    )
+    weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.0, message="Weight must be greater than 0.")],
+        help_text="Multiplies the host's free slots when a new conversation is placed.",
+    )
+    enabled = models.BooleanField(default=True)
+    draining = models.BooleanField(
+        default=False,
+        help_text="A draining host takes no new conversations; requests in flight finish.",
+    )
+    api_key = models.CharField(
+        max_length=500, blank=True, help_text="Optional. Sent upstream as a Bearer token."
+    )
+    notes = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        if self.weight is not None and self.weight <= 0:
+            raise ValidationError({"weight": "Weight must be greater than 0."})
+        if self.url:
+            self.url = self.url.rstrip("/")
+
+    @property
+    def masked_api_key(self) -> str:
+        """The key as lists and logs may show it: the last four characters at most."""
+        if not self.api_key:
+            return ""
+        return "…" + self.api_key[-4:] if len(self.api_key) > 8 else "set"
+
+
+class HostModel(models.Model):
+    """A model a host serves, with the slots and queue the gateway allows it."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="models")
+    name = models.CharField(max_length=200, help_text="What clients send as `model`.")
+    upstream_name = models.CharField(
+        max_length=200, blank=True, help_text="Optional. Written into the body sent to this host."
+    )
+    parallel = models.PositiveIntegerField(
+        default=1,
+        validators=[MinValueValidator(1, message="Parallel must be at least 1.")],
+        help_text="Requests in flight at once (llama-server's -np).",
+    )
+    queue_max = models.PositiveIntegerField(
+        default=0, help_text="Requests allowed to wait for a slot; more are refused at once."
+    )
+
+    class Meta:
+        ordering = ["host__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "name"], name="unique_model_per_host"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.host.name}/{self.name}"

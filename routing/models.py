@@ -1,0 +1,65 @@
+"""Routes: the names clients use in the URL, and the hosts behind each."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+
+from hosts.models import Host
+
+# First path segments the gateway itself answers; a route may not shadow them.
+RESERVED_ROUTE_NAMES = frozenset(
+    {"admin", "static", "v1", "health", "props", "metrics", "dashboard", "api"}
+)
+
+
+def validate_route_name(value: str) -> None:
+    if value.lower() in RESERVED_ROUTE_NAMES:
+        raise ValidationError(
+            f"“{value}” is reserved for the gateway's own pages; choose another route name."
+        )
+
+
+class Route(models.Model):
+    """A name clients put in the path (`/<route>/v1/...`) and the hosts that serve it."""
+
+    class Sticky(models.TextChoices):
+        PREFER = "prefer", "prefer (move a conversation when its host is down)"
+        STRICT = "strict", "strict (answer 503 when its host is down)"
+
+    name = models.SlugField(max_length=64, unique=True, validators=[validate_route_name])
+    default_model = models.CharField(
+        max_length=200, blank=True, help_text="Used when a request names no model."
+    )
+    lease_ttl = models.PositiveIntegerField(
+        default=1200,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds a conversation stays on its host after its last request.",
+    )
+    sticky = models.CharField(max_length=10, choices=Sticky.choices, default=Sticky.PREFER)
+    enabled = models.BooleanField(default=True)
+    hosts = models.ManyToManyField(Host, through="RouteHost", related_name="routes")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RouteHost(models.Model):
+    """A host serving a route, in the order ties are broken."""
+
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="route_hosts")
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="route_hosts")
+    position = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["route", "position", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["route", "host"], name="unique_host_per_route"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.route.name} → {self.host.name}"
