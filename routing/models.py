@@ -63,3 +63,24 @@ class RouteHost(models.Model):
 
     def __str__(self) -> str:
         return f"{self.route.name} → {self.host.name}"
+
+
+class ConfigRevision(models.Model):
+    """One row counting committed configuration changes, so every gateway process sees them.
+
+    Signals bump it after each commit; a gateway polls it (cheaply, off the request path) to
+    pick up changes made by another process: a second replica, or `crossbar_config load` run
+    from a shell while the gateway serves.
+    """
+
+    number = models.PositiveBigIntegerField(default=0)
+
+    @classmethod
+    def current(cls) -> int:
+        row = cls.objects.filter(pk=1).values_list("number", flat=True).first()
+        return row or 0
+
+    @classmethod
+    def bump(cls) -> None:
+        if not cls.objects.filter(pk=1).update(number=models.F("number") + 1):
+            cls.objects.get_or_create(pk=1, defaults={"number": 1})

@@ -1,8 +1,9 @@
 """Admin or ORM edits to hosts, models and routes reach the running gateway.
 
-Every save or delete bumps a generation once its transaction commits; the runtime compares
-generations on its own event loop and reloads lazily. Receivers run in whatever thread saved
-(usually a sync admin thread), so they only touch an integer under a lock.
+Every save or delete, once its transaction commits, bumps this process's generation (an
+integer the runtime compares on every request, so admin edits apply at once) and the shared
+`ConfigRevision` row (which other processes poll). Receivers run in whatever thread saved,
+usually a sync admin thread.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from hosts.models import Host, HostModel
-from routing.models import Route, RouteHost
+from routing.models import ConfigRevision, Route, RouteHost
 
 _lock = threading.Lock()
 _generation = 0
@@ -31,6 +32,15 @@ def bump_generation() -> None:
         _generation += 1
 
 
+def config_changed() -> None:
+    """Tell this process and every other gateway that the configuration changed.
+
+    Call it after bulk writes that bypass model signals (`QuerySet.update`, `bulk_create`).
+    """
+    bump_generation()
+    ConfigRevision.bump()
+
+
 @receiver(post_save, sender=Host)
 @receiver(post_save, sender=HostModel)
 @receiver(post_save, sender=Route)
@@ -40,4 +50,4 @@ def bump_generation() -> None:
 @receiver(post_delete, sender=Route)
 @receiver(post_delete, sender=RouteHost)
 def _config_changed(**kwargs: object) -> None:
-    transaction.on_commit(bump_generation, using=kwargs.get("using"))  # type: ignore[arg-type]
+    transaction.on_commit(config_changed, using=kwargs.get("using"))  # type: ignore[arg-type]
