@@ -1,0 +1,176 @@
+"""Read token counts out of an upstream response while the proxy streams it through.
+
+The proxy hands every upstream chunk to `Tee.feed` and yields the same chunk to the client; the
+tee only looks. At the end `Tee.usage()` says how many prompt, cached and completion tokens the
+host reported, from the last `usage` object (OpenAI shape) or, failing that, llama-server's
+`timings`. Pure: no Django, no I/O, no event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# A longer SSE line, or a larger JSON body, is not read for tokens: bounded memory per request.
+MAX_BUFFER = 1024 * 1024
+
+_USAGE_KEY = b'"usage"'
+_TIMINGS_KEY = b'"timings"'
+
+
+@dataclass(slots=True, frozen=True)
+class Usage:
+    """Token counts one response reported; None where the host did not say (never a made-up 0)."""
+
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+
+
+class Tee:
+    """Watches one response's bytes for `usage` and `timings`.
+
+    `content_type` picks the reader: `text/event-stream` (any case) reads SSE `data:` lines as
+    they complete; otherwise a type containing "json" buffers the body (up to 1 MiB) and parses it
+    in `usage()`; anything else counts nothing. `feed` never raises and never alters or keeps back
+    the chunk; malformed input just yields unknown counts. Not thread-safe: one response, one
+    caller.
+    """
+
+    __slots__ = (
+        "streamed",
+        "_json",
+        "_pending",
+        "_pending_len",
+        "_skipping",
+        "_usage",
+        "_timings",
+        "_body",
+        "_result",
+    )
+
+    def __init__(self, content_type: str) -> None:
+        kind = content_type.strip().lower()
+        self.streamed: bool = kind.startswith("text/event-stream")
+        self._json = not self.streamed and "json" in kind
+        # The incomplete last SSE line, as the chunks it arrived in (joined once it completes).
+        self._pending: list[bytes] = []
+        self._pending_len = 0
+        # True while discarding the rest of an over-long SSE line, up to its newline.
+        self._skipping = False
+        self._usage: dict[str, Any] | None = None
+        self._timings: dict[str, Any] | None = None
+        self._body: bytearray | None = bytearray() if self._json else None
+        self._result: Usage | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        """Look at the next chunk of the response body."""
+        if self.streamed:
+            self._feed_sse(chunk)
+        elif self._body is not None:
+            self._result = None
+            if len(self._body) + len(chunk) > MAX_BUFFER:
+                self._body = None
+            else:
+                self._body += chunk
+
+    def usage(self) -> Usage:
+        """The counts seen so far; call after the last chunk. Cheap to call again."""
+        if self._result is None:
+            if self._body is not None:
+                self._read_json_body(self._body)
+            self._result = _count_tokens(self._usage, self._timings)
+        return self._result
+
+    def _feed_sse(self, chunk: bytes) -> None:
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            self._keep_incomplete(chunk)
+            return
+        self._result = None
+        complete = chunk[:end]
+        if self._skipping:
+            self._skipping = False
+            first_nl = complete.find(b"\n")
+            complete = b"" if first_nl < 0 else complete[first_nl + 1 :]
+        elif self._pending:
+            self._pending.append(complete)
+            complete = b"".join(self._pending)
+            self._pending.clear()
+            self._pending_len = 0
+        if _USAGE_KEY in complete or _TIMINGS_KEY in complete:
+            for line in complete.split(b"\n"):
+                if _USAGE_KEY in line or _TIMINGS_KEY in line:
+                    self._read_sse_line(line)
+        self._keep_incomplete(chunk[end + 1 :])
+
+    def _keep_incomplete(self, tail: bytes) -> None:
+        if not tail or self._skipping:
+            return
+        self._pending_len += len(tail)
+        if self._pending_len > MAX_BUFFER:
+            self._pending.clear()
+            self._pending_len = 0
+            self._skipping = True
+        else:
+            self._pending.append(tail)
+
+    def _read_sse_line(self, line: bytes) -> None:
+        line = line.rstrip(b"\r")
+        if not line.startswith(b"data:"):
+            return
+        event = _parse(line[5:])
+        if isinstance(event, dict):
+            self._remember(event)
+
+    def _read_json_body(self, body: bytearray) -> None:
+        document = _parse(body)
+        if isinstance(document, dict):
+            self._remember(document)
+
+    def _remember(self, document: dict[str, Any]) -> None:
+        # OpenAI clients send "usage": null on every chunk but the last; null must not erase.
+        usage = document.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        timings = document.get("timings")
+        if isinstance(timings, dict):
+            self._timings = timings
+
+
+def _parse(data: bytes | bytearray) -> object:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _count_tokens(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> Usage:
+    usage = usage or {}
+    timings = timings or {}
+    details = usage.get("prompt_tokens_details")
+    cache_n = _count(timings.get("cache_n"))
+
+    prompt = _count(usage.get("prompt_tokens"))
+    if prompt is None:
+        # prompt_n counts only the tokens the host evaluated; the cached prefix is in cache_n.
+        prompt_n = _count(timings.get("prompt_n"))
+        if prompt_n is not None and cache_n is not None:
+            prompt = prompt_n + cache_n
+
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    if cached is None:
+        cached = cache_n
+
+    completion = _count(usage.get("completion_tokens"))
+    if completion is None:
+        completion = _count(timings.get("predicted_n"))
+
+    return Usage(prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion)
