@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
+
+
+def validate_weight(value: float) -> None:
+    # `not value > 0` also refuses NaN, which TOML can spell.
+    if not value > 0 or math.isinf(value):
+        raise ValidationError("Weight must be a number greater than 0.")
 
 
 class Host(models.Model):
@@ -17,7 +26,7 @@ class Host(models.Model):
     )
     weight = models.FloatField(
         default=1.0,
-        validators=[MinValueValidator(0.0, message="Weight must be greater than 0.")],
+        validators=[validate_weight],
         help_text="Multiplies the host's free slots when a new conversation is placed.",
     )
     enabled = models.BooleanField(default=True)
@@ -28,6 +37,11 @@ class Host(models.Model):
     api_key = models.CharField(
         max_length=500, blank=True, help_text="Optional. Sent upstream as a Bearer token."
     )
+    api_key_env = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="The environment variable `crossbar_config load` read the key from, if any.",
+    )
     notes = models.TextField(blank=True)
 
     class Meta:
@@ -37,10 +51,6 @@ class Host(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from django.core.exceptions import ValidationError
-
-        if self.weight is not None and self.weight <= 0:
-            raise ValidationError({"weight": "Weight must be greater than 0."})
         if self.url:
             self.url = self.url.rstrip("/")
 
