@@ -1,0 +1,210 @@
+"""Configuration problems: the one place that finds them.
+
+A configuration is described as plain specs (hosts with their models, routes with their host
+names in order). The TOML loader, `crossbar_config check`, the system checks and the route admin
+all ask `config_problems()` (or, for one route, `route_problems()`) what is wrong with it, so a
+configuration is judged by the same rules wherever it comes from.
+
+Single values are judged by the model fields themselves (their validators, choices and lengths),
+so a value the admin refuses is refused here with the same words. The rules below add what no
+single field can see: names used twice, routes naming hosts that do not exist, default models
+no host of the route serves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Prefetch
+
+from hosts.models import Host, HostModel
+from routing.models import Route, RouteHost
+
+# Problem codes; the system checks report them as `crossbar.<code>`.
+INVALID_VALUE = "E001"
+DUPLICATE_NAME = "E002"
+UNKNOWN_HOST = "E003"
+DEFAULT_MODEL_NOT_SERVED = "E004"
+ROUTE_WITHOUT_HOSTS = "W001"
+
+
+@dataclass(slots=True)
+class ModelSpec:
+    """A model a host serves. Field names are `HostModel`'s."""
+
+    name: str
+    upstream_name: str
+    parallel: int
+    queue_max: int
+
+
+@dataclass(slots=True)
+class HostSpec:
+    """A host and its models. Field names are `Host`'s; the API key itself is never held."""
+
+    name: str
+    url: str
+    weight: float
+    enabled: bool
+    draining: bool
+    api_key_env: str
+    notes: str
+    models: list[ModelSpec] = field(default_factory=list)
+
+    @classmethod
+    def from_host(cls, host: Host) -> HostSpec:
+        return cls(
+            **single_values(host, cls),
+            models=[ModelSpec(**single_values(model, ModelSpec)) for model in host.models.all()],
+        )
+
+
+@dataclass(slots=True)
+class RouteSpec:
+    """A route and the names of its hosts in tie-break order. Field names are `Route`'s."""
+
+    name: str
+    default_model: str
+    lease_ttl: int
+    sticky: str
+    enabled: bool
+    hosts: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_route(cls, route: Route) -> RouteSpec:
+        return cls(
+            **single_values(route, cls),
+            hosts=[route_host.host.name for route_host in route.route_hosts.all()],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a configuration.
+
+    `key` says where, in the TOML file's terms (`routes.chat.default_model`); `code` says which
+    rule found it: codes starting with E are errors, with W warnings.
+    """
+
+    key: str
+    message: str
+    code: str = INVALID_VALUE
+
+    @property
+    def is_error(self) -> bool:
+        return self.code.startswith("E")
+
+    def __str__(self) -> str:
+        level = "error" if self.is_error else "warning"
+        return f"{level}: {self.key}: {self.message}"
+
+
+def config_problems(hosts: list[HostSpec], routes: list[RouteSpec]) -> list[Problem]:
+    """Everything wrong with a whole configuration, errors and warnings, in file order."""
+    hosts_by_name = {host.name: host for host in hosts}
+    return [
+        *_host_problems(hosts),
+        *_invalid_values(Route, routes, "routes"),
+        *_duplicate_names("Route", [route.name for route in routes], "routes"),
+        *(problem for route in routes for problem in route_problems(route, hosts_by_name)),
+    ]
+
+
+def route_problems(route: RouteSpec, hosts: Mapping[str, HostSpec]) -> Iterator[Problem]:
+    """What is wrong between one route and its hosts (`hosts` may hold others too)."""
+    key = entry_key("routes", route.name)
+    for name in route.hosts:
+        if name not in hosts:
+            yield Problem(
+                f"{key}.hosts",
+                f"Route “{route.name}” names host “{name}”, which does not exist.",
+                UNKNOWN_HOST,
+            )
+    for name, count in Counter(route.hosts).items():
+        if count > 1:
+            yield Problem(f"{key}.hosts", f"Host “{name}” is listed {count} times.", DUPLICATE_NAME)
+    if not route.hosts:
+        yield Problem(
+            f"{key}.hosts",
+            f"Route “{route.name}” has no hosts; every request to it will fail.",
+            ROUTE_WITHOUT_HOSTS,
+        )
+    known = [hosts[name] for name in dict.fromkeys(route.hosts) if name in hosts]
+    served = {model.name for host in known for model in host.models}
+    if route.default_model and known and route.default_model not in served:
+        names = ", ".join(host.name for host in known)
+        yield Problem(
+            f"{key}.default_model",
+            f"Default model “{route.default_model}” is not served by any of route "
+            f"“{route.name}”'s hosts: {names}.",
+            DEFAULT_MODEL_NOT_SERVED,
+        )
+
+
+def config_from_db() -> tuple[list[HostSpec], list[RouteSpec]]:
+    """The configuration in the database, as specs (three queries)."""
+    hosts = Host.objects.prefetch_related("models")
+    routes = Route.objects.prefetch_related(
+        Prefetch("route_hosts", queryset=RouteHost.objects.select_related("host"))
+    )
+    return [HostSpec.from_host(host) for host in hosts], [
+        RouteSpec.from_route(route) for route in routes
+    ]
+
+
+def entry_key(prefix: str, name: str, index: int | None = None) -> str:
+    """The dotted TOML key of the entry `name` under `prefix`: `hosts.gpu1`, `hosts."a.b"`.
+
+    A nameless entry is called by its position (`hosts[2]`) when `index` is given.
+    """
+    if not name and index is not None:
+        return f"{prefix}[{index}]"
+    part = name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name, ensure_ascii=False)
+    return f"{prefix}.{part}" if prefix else part
+
+
+def _host_problems(hosts: list[HostSpec]) -> Iterator[Problem]:
+    yield from _invalid_values(Host, hosts, "hosts")
+    yield from _duplicate_names("Host", [host.name for host in hosts], "hosts")
+    for index, host in enumerate(hosts):
+        key = entry_key("hosts", host.name, index) + ".models"
+        yield from _invalid_values(HostModel, host.models, key)
+        yield from _duplicate_names("Model", [model.name for model in host.models], key)
+
+
+def _invalid_values(
+    model: type[models.Model], specs: list[HostSpec] | list[ModelSpec] | list[RouteSpec], key: str
+) -> Iterator[Problem]:
+    for index, spec in enumerate(specs):
+        prefix = entry_key(key, spec.name, index)
+        for name, value in single_values(spec, type(spec)).items():
+            try:
+                model._meta.get_field(name).clean(value, None)
+            except ValidationError as error:
+                yield Problem(f"{prefix}.{name}", " ".join(error.messages))
+
+
+def _duplicate_names(kind: str, names: list[str], key: str) -> Iterator[Problem]:
+    for name, count in Counter(names).items():
+        if name and count > 1:
+            yield Problem(
+                entry_key(key, name) + ".name",
+                f"{kind} name “{name}” is used {count} times.",
+                DUPLICATE_NAME,
+            )
+
+
+def single_fields(spec: type[HostSpec | ModelSpec | RouteSpec]) -> dict[str, str]:
+    """The spec's fields that hold one value (not the nested lists), with their type names."""
+    return {f.name: str(f.type) for f in fields(spec) if f.name not in ("models", "hosts")}
+
+
+def single_values(obj: object, spec: type[HostSpec | ModelSpec | RouteSpec]) -> dict[str, object]:
+    """`obj`'s values (a spec's or a model instance's) for the spec's single-value fields."""
+    return {name: getattr(obj, name) for name in single_fields(spec)}
