@@ -1,0 +1,70 @@
+"""One row per request the gateway answered: who asked, where it went, how long it took."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Request(models.Model):
+    """A request as the gateway saw it.
+
+    Names (route, model, host, client) are stored as plain strings, not foreign keys, so the
+    history survives hosts and routes being renamed or deleted. Token counts are null when the
+    engine did not report them; a null is never written as 0.
+    """
+
+    class Lease(models.TextChoices):
+        NEW = "new", "new"
+        REUSED = "reused", "reused"
+        MOVED = "moved", "moved"
+        SPILLED = "spilled", "spilled"
+        NONE = "", "none"
+
+    route = models.CharField(max_length=64, blank=True, help_text="Empty when none was named.")
+    fingerprint = models.CharField(
+        max_length=128, blank=True, help_text="The conversation's fingerprint (hex), if any."
+    )
+    model = models.CharField(max_length=200, blank=True)
+    host = models.CharField(max_length=64, blank=True, help_text="Empty when no host was chosen.")
+    started = models.DateTimeField(db_index=True)
+    queued_ms = models.PositiveIntegerField("queued ms", help_text="Waiting for a slot.")
+    ttfb_ms = models.PositiveIntegerField(
+        "ttfb ms", null=True, blank=True, help_text="Until the response head; empty when none came."
+    )
+    total_ms = models.PositiveIntegerField("total ms")
+    status = models.PositiveSmallIntegerField(help_text="499: the client went away.")
+    streamed = models.BooleanField(default=False)
+    lease = models.CharField(max_length=10, choices=Lease.choices, blank=True)
+    prompt_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The whole prompt, cached part included."
+    )
+    cached_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The part of the prompt served from the KV cache."
+    )
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    client = models.CharField(max_length=100, blank=True, help_text="The client key's name.")
+    fallback = models.CharField(
+        max_length=64, blank=True, help_text="The fallback route taken, if any."
+    )
+
+    class Meta:
+        indexes = [
+            # The admin filters by one name and lists newest first; these serve both the filter
+            # and its "distinct values" lookup without touching the table.
+            models.Index(fields=["route", "started"], name="request_route_started"),
+            models.Index(fields=["host", "started"], name="request_host_started"),
+            models.Index(fields=["model", "started"], name="request_model_started"),
+            # Fingerprint search is a prefix range (see the admin), which a plain btree serves.
+            models.Index(fields=["fingerprint"], name="request_fingerprint"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.route} {self.model} {self.status} at {self.started:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def cache_hit(self) -> float | None:
+        """The share of the prompt served from cache, when both counts are known."""
+        if self.prompt_tokens and self.cached_tokens is not None:
+            return self.cached_tokens / self.prompt_tokens
+        return None

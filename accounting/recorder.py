@@ -1,0 +1,375 @@
+"""Hands request rows from the event loop to one writer thread that saves them in batches.
+
+The proxy calls `Recorder.record()` on its event loop once per request. That call appends to a
+deque under a lock and, at most, wakes the writer: no ORM, no thread hop, a microsecond or two.
+The writer thread owns its own database connection and saves rows with `bulk_create`, a batch
+at a time (when `batch_size` rows are waiting, or `flush_interval` seconds after the first
+one arrived).
+
+When the database is locked or down, the writer keeps the batch, closes its connection (so a
+restarted PostgreSQL is reconnected) and retries with a doubling pause (0.1 s up to 5 s). Rows
+keep arriving meanwhile and are held in memory up to `max_backlog`; past that, new rows are
+dropped and counted. Dropping the newest rather than the oldest means a row, once accepted,
+is never touched again: the batch under retry and the queue behind it stay intact and in
+order, the hole in the history is one interval that the log names (from the "dropping" error
+to the "recovered" warning), and it is the gateway's own rule for a full queue: refuse at once.
+
+A row the database refuses (a constraint or a value it cannot store) would otherwise fail its
+whole batch forever, so a refused batch is split in halves until the offending rows are
+alone; those are dropped, counted and logged once per batch, without their contents.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, fields
+from datetime import datetime
+
+from django.db import DatabaseError, DataError, IntegrityError, connection, models
+
+from accounting.models import Request
+
+log = logging.getLogger(__name__)
+
+RETRY_FIRST = 0.1
+RETRY_MAX = 5.0
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request as the proxy hands it over; the fields are `Request`'s."""
+
+    route: str
+    fingerprint: str
+    model: str
+    host: str
+    started: datetime
+    queued_ms: int
+    ttfb_ms: int | None
+    total_ms: int
+    status: int
+    streamed: bool
+    lease: str
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+    error: str = ""
+    client: str = ""
+    fallback: str = ""
+
+
+_FIELDS = tuple(f.name for f in fields(RequestRecord))
+# A string longer than its column makes PostgreSQL refuse the row; a client-sent model name
+# can be any length, so strings are cut to fit instead.
+_MAX_LENGTHS = {
+    f.name: f.max_length
+    for f in Request._meta.get_fields()
+    if isinstance(f, models.CharField) and f.name in _FIELDS
+}
+
+
+def _to_model(row: RequestRecord) -> Request:
+    values = {name: getattr(row, name) for name in _FIELDS}
+    for name, limit in _MAX_LENGTHS.items():
+        if len(values[name]) > limit:
+            values[name] = values[name][:limit]
+    return Request(**values)
+
+
+def _save(rows: list[RequestRecord]) -> None:
+    Request.objects.bulk_create([_to_model(row) for row in rows])
+
+
+def _first_line(exc: BaseException) -> str:
+    # PostgreSQL puts the failing row's values on a DETAIL line; only the first line is logged.
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+class Recorder:
+    """A queue of `RequestRecord`s and the one thread that writes them.
+
+    `record()` is safe to call from any thread, including an event loop's; everything else is
+    for tests, benchmarks and shutdown. The writer thread starts on the first `record()` and
+    again after `stop()` if rows keep coming.
+    """
+
+    def __init__(
+        self, *, batch_size: int = 500, flush_interval: float = 0.5, max_backlog: int = 100_000
+    ) -> None:
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.max_backlog = max_backlog
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # the writer waits here for rows
+        self._settled = threading.Condition(self._lock)  # flush() waits here for the writer
+        self._queue: deque[RequestRecord] = deque()
+        self._in_flight = 0  # taken by the writer, neither written nor given up yet
+        self._accepted = 0
+        self._finished = 0  # written, refused or given up at shutdown
+        self._written = 0
+        self._dropped = 0
+        self._failing = False
+        self._failing_since = 0.0
+        self._streak_drops = 0  # dropped for a full backlog since it was last logged
+        self._flushers = 0
+        self._stopping = False
+        self._give_up_at: float | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def backlog(self) -> int:
+        """Rows accepted and not yet written."""
+        with self._lock:
+            return self._held()
+
+    def _held(self) -> int:
+        """Rows accepted and not yet written or dropped; the caller holds the lock."""
+        return len(self._queue) + self._in_flight
+
+    @property
+    def written(self) -> int:
+        return self._written
+
+    @property
+    def dropped(self) -> int:
+        """Rows lost: refused past `max_backlog`, refused by the database, or unwritten at stop."""
+        return self._dropped
+
+    @property
+    def failing(self) -> bool:
+        """True while the database is refusing writes and the writer is retrying."""
+        return self._failing
+
+    def record(self, row: RequestRecord) -> None:
+        """Queue a row for writing. Never blocks on the database and never raises."""
+        with self._lock:
+            held = self._held()
+            if held >= self.max_backlog:
+                self._dropped += 1
+                self._streak_drops += 1
+                first_drop = self._streak_drops == 1
+            else:
+                first_drop = False
+                self._queue.append(row)
+                self._accepted += 1
+                if len(self._queue) in (1, self.batch_size):
+                    self._work.notify()
+                if self._thread is None:
+                    self._start_writer()
+        if first_drop:
+            log.error(
+                "accounting: %d rows are waiting for the database; new rows are dropped "
+                "until it catches up",
+                self.max_backlog,
+            )
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every row recorded before the call is written (or dropped).
+
+        Returns False when `timeout` seconds pass first, e.g. while the database is down.
+        """
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            target = self._accepted
+            self._flushers += 1
+            self._work.notify()
+            try:
+                while self._finished < target:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or self._thread is None:
+                        return False
+                    self._settled.wait(remaining)
+                return True
+            finally:
+                self._flushers -= 1
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Write what is held and end the writer thread.
+
+        Rows the database still refuses after `timeout` seconds are dropped and counted.
+        """
+        with self._lock:
+            thread = self._thread
+            if thread is None:
+                return
+            self._stopping = True
+            self._give_up_at = time.monotonic() + timeout
+            self._work.notify()
+        thread.join(timeout + 1.0)
+        with self._lock:
+            if thread.is_alive():
+                # Stuck in the database driver; it gives up by itself once it returns.
+                log.error(
+                    "accounting: the writer did not stop within %.0f s; %d rows are unwritten",
+                    timeout,
+                    self._held(),
+                )
+                return
+            self._thread = None
+            self._stopping = False
+            self._give_up_at = None
+
+    def _start_writer(self) -> None:
+        thread = threading.Thread(target=self._run, name="accounting-recorder", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:
+            log.exception("accounting: cannot start the writer thread")
+            return
+        self._thread = thread
+
+    def _run(self) -> None:
+        try:
+            while (batch := self._next_batch()) is not None:
+                if not self._write(batch):
+                    self._abandon_queue()
+                    return
+        finally:
+            with contextlib.suppress(DatabaseError):
+                connection.close()
+
+    def _next_batch(self) -> list[RequestRecord] | None:
+        """Wait for a full batch, the flush interval, a flush() or stop(); None to end."""
+        with self._lock:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._work.wait()
+            deadline = time.monotonic() + self.flush_interval
+            while len(self._queue) < self.batch_size and not (self._flushers or self._stopping):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._work.wait(remaining)
+            size = min(self.batch_size, len(self._queue))
+            batch = [self._queue.popleft() for _ in range(size)]
+            self._in_flight = size
+            return batch
+
+    def _write(self, batch: list[RequestRecord]) -> bool:
+        """Save a batch, retrying while the database is unavailable.
+
+        Returns False when stop()'s deadline passed before the database came back.
+        """
+        parts = [batch]
+        refused: list[str] = []
+        delay = RETRY_FIRST
+        while parts:
+            part = parts.pop()
+            try:
+                _save(part)
+            except DatabaseError as exc:
+                if not isinstance(exc, IntegrityError | DataError):
+                    self._note_failure(exc)
+                    with contextlib.suppress(DatabaseError):
+                        connection.close()
+                    parts.append(part)
+                    if not self._pause(delay):
+                        return False
+                    delay = min(delay * 2, RETRY_MAX)
+                    continue
+                refusal: Exception = exc
+            except Exception as exc:  # a value of the wrong type from the caller
+                refusal = exc
+            else:
+                self._note_recovery()
+                self._settle(len(part), written=True)
+                continue
+            if len(part) > 1:
+                middle = len(part) // 2
+                parts += [part[middle:], part[:middle]]
+            else:
+                refused.append(_first_line(refusal))
+        if refused:
+            log.error(
+                "accounting: the database refused %d of %d rows, dropped (%s)",
+                len(refused),
+                len(batch),
+                refused[-1],
+            )
+            self._settle(len(refused), written=False)
+        return True
+
+    def _note_failure(self, exc: DatabaseError) -> None:
+        if not self._failing:
+            self._failing = True
+            self._failing_since = time.monotonic()
+            log.warning(
+                "accounting: cannot write to the database (%s); holding %d rows in memory "
+                "(at most %d, newer ones are dropped) and retrying",
+                _first_line(exc),
+                self.backlog,
+                self.max_backlog,
+            )
+
+    def _note_recovery(self) -> None:
+        if self._failing:
+            self._failing = False
+            log.warning(
+                "accounting: database writes recovered after %.1f s",
+                time.monotonic() - self._failing_since,
+            )
+
+    def _pause(self, seconds: float) -> bool:
+        """Sleep before a retry; False when stop()'s deadline has passed."""
+        with self._lock:
+            until = time.monotonic() + seconds
+            if self._give_up_at is not None:
+                if time.monotonic() >= self._give_up_at:
+                    return False
+                until = min(until, self._give_up_at)
+            while (remaining := until - time.monotonic()) > 0:
+                self._work.wait(remaining)
+            return True
+
+    def _settle(self, count: int, *, written: bool) -> None:
+        """Count in-flight rows as done, then wake flush() (after logging, so it sees the log)."""
+        with self._lock:
+            self._in_flight -= count
+            if written:
+                self._written += count
+            else:
+                self._dropped += count
+            dropped = 0
+            if written and self._streak_drops and self._held() < self.max_backlog:
+                dropped, self._streak_drops = self._streak_drops, 0
+        if dropped:
+            log.warning("accounting: rows are accepted again; %d were dropped", dropped)
+        with self._lock:
+            self._finished += count
+            self._settled.notify_all()
+
+    def _abandon_queue(self) -> None:
+        with self._lock:
+            self._in_flight += len(self._queue)
+            self._queue.clear()
+            lost = self._in_flight
+        log.error("accounting: the database is unavailable at shutdown; %d rows dropped", lost)
+        self._settle(lost, written=False)
+
+
+_recorder: Recorder | None = None
+_recorder_lock = threading.Lock()
+
+
+def get_recorder() -> Recorder:
+    """The process-wide recorder; it writes what it holds when the interpreter exits.
+
+    Daphne ends on SIGTERM or SIGINT by stopping its reactor and returning, so the interpreter
+    exits normally and runs `atexit` handlers, which stop (and so flush) this recorder. Django
+    itself has no shutdown signal; a SIGKILL loses whatever is held.
+    """
+    global _recorder
+    if _recorder is None:
+        with _recorder_lock:
+            if _recorder is None:
+                recorder = Recorder()
+                atexit.register(recorder.stop)
+                _recorder = recorder
+    return _recorder

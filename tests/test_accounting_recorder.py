@@ -1,0 +1,328 @@
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import OperationalError, connection, transaction
+
+from accounting import recorder as recorder_module
+from accounting.models import Request
+from accounting.recorder import Recorder, RequestRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def make_record(n: int = 0, **overrides: object) -> RequestRecord:
+    values: dict[str, object] = {
+        "route": "chat",
+        "fingerprint": f"{n:064x}",
+        "model": "qwen",
+        "host": "gpu1",
+        "started": datetime(2026, 11, 30, 12, 0, tzinfo=UTC),
+        "queued_ms": 3,
+        "ttfb_ms": 120,
+        "total_ms": 900,
+        "status": 200,
+        "streamed": True,
+        "lease": "new",
+        "prompt_tokens": 100,
+        "cached_tokens": 80,
+        "completion_tokens": 40,
+    }
+    values.update(overrides)
+    return RequestRecord(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    recorder = Recorder(batch_size=50, flush_interval=0.05, max_backlog=1_000)
+    yield recorder
+    recorder.stop(timeout=5)
+
+
+def wait_for(condition: object, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def hold_write_lock(seconds: float) -> threading.Thread:
+    """Hold the request table's write lock from another connection for `seconds`.
+
+    Returns once the lock is held; join the thread to know it is released.
+    """
+    locked = threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                if connection.vendor == "postgresql":
+                    cursor.execute("LOCK TABLE accounting_request IN EXCLUSIVE MODE")
+                else:
+                    cursor.execute("DELETE FROM accounting_request WHERE id = -1")
+                locked.set()
+                time.sleep(seconds)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert locked.wait(5), "could not take the write lock"
+    return thread
+
+
+def test_recorded_rows_are_written_with_every_field(recorder: Recorder) -> None:
+    recorder.record(make_record(1, error="upstream reset", client="team-a", fallback="backup"))
+    recorder.record(
+        make_record(
+            2,
+            ttfb_ms=None,
+            prompt_tokens=None,
+            cached_tokens=None,
+            completion_tokens=None,
+            lease="",
+            status=499,
+            streamed=False,
+        )
+    )
+
+    assert recorder.flush()
+
+    first, second = Request.objects.order_by("fingerprint")
+    assert first.fingerprint == f"{1:064x}"
+    assert (first.route, first.model, first.host, first.lease) == ("chat", "qwen", "gpu1", "new")
+    assert first.started == datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    assert (first.queued_ms, first.ttfb_ms, first.total_ms) == (3, 120, 900)
+    assert (first.prompt_tokens, first.cached_tokens, first.completion_tokens) == (100, 80, 40)
+    assert (first.error, first.client, first.fallback) == ("upstream reset", "team-a", "backup")
+    assert second.ttfb_ms is None
+    assert (second.prompt_tokens, second.cached_tokens, second.completion_tokens) == (
+        None,
+        None,
+        None,
+    )
+    assert (second.status, second.streamed, second.lease) == (499, False, "")
+    assert recorder.written == 2
+    assert recorder.backlog == 0
+
+
+def test_full_batches_are_written_without_waiting_for_the_interval() -> None:
+    recorder = Recorder(batch_size=10, flush_interval=60, max_backlog=1_000)
+    try:
+        for n in range(25):
+            recorder.record(make_record(n))
+
+        assert wait_for(lambda: recorder.written == 20)
+        time.sleep(0.2)
+        assert recorder.written == 20
+        assert recorder.backlog == 5
+
+        assert recorder.flush()
+        assert Request.objects.count() == 25
+    finally:
+        recorder.stop()
+
+
+def test_a_partial_batch_is_written_after_the_flush_interval(recorder: Recorder) -> None:
+    recorder.record(make_record(1))
+
+    assert wait_for(lambda: recorder.written == 1, timeout=2)
+    assert Request.objects.count() == 1
+
+
+def test_record_returns_at_once_while_the_database_is_locked(recorder: Recorder) -> None:
+    holder = hold_write_lock(1.5)
+    started = time.perf_counter()
+    for n in range(500):
+        recorder.record(make_record(n))
+    elapsed = time.perf_counter() - started
+    holder.join()
+
+    assert elapsed < 0.25, f"500 record() calls took {elapsed:.3f} s"
+    assert recorder.flush()
+    assert Request.objects.count() == 500
+
+
+def test_rows_recorded_during_a_write_lock_arrive_after_it_is_released(
+    recorder: Recorder,
+) -> None:
+    holder = hold_write_lock(2.0)
+    for n in range(300):
+        recorder.record(make_record(n))
+    time.sleep(0.5)
+
+    assert recorder.written == 0
+    assert recorder.backlog == 300
+
+    holder.join()
+    assert recorder.flush()
+    assert Request.objects.count() == 300
+    assert recorder.dropped == 0
+
+
+def test_rows_past_the_backlog_bound_are_dropped_and_counted() -> None:
+    recorder = Recorder(batch_size=50, flush_interval=0.05, max_backlog=200)
+    try:
+        holder = hold_write_lock(1.5)
+        for n in range(250):
+            recorder.record(make_record(n))
+
+        assert recorder.dropped == 50
+        assert recorder.backlog == 200
+
+        holder.join()
+        assert recorder.flush()
+        written = set(Request.objects.values_list("fingerprint", flat=True))
+        assert written == {f"{n:064x}" for n in range(200)}
+        assert recorder.written == 200
+    finally:
+        recorder.stop()
+
+
+def test_dropping_is_logged_once_per_streak(caplog: pytest.LogCaptureFixture) -> None:
+    recorder = Recorder(batch_size=50, flush_interval=0.05, max_backlog=10)
+    try:
+        holder = hold_write_lock(1.0)
+        with caplog.at_level(logging.WARNING, logger="accounting.recorder"):
+            for n in range(100):
+                recorder.record(make_record(n))
+            holder.join()
+            assert recorder.flush()
+
+        drops = [r for r in caplog.records if "dropped" in r.getMessage()]
+        assert [r.levelname for r in drops] == ["ERROR", "WARNING"]
+        assert "90 were dropped" in drops[1].getMessage()
+    finally:
+        recorder.stop()
+
+
+def test_writer_retries_with_backoff_while_the_database_is_down(
+    recorder: Recorder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_save = recorder_module._save
+    attempts: list[float] = []
+
+    def flaky_save(rows: list[RequestRecord]) -> None:
+        attempts.append(time.monotonic())
+        if len(attempts) <= 4:
+            raise OperationalError("connection refused")
+        real_save(rows)
+
+    monkeypatch.setattr(recorder_module, "_save", flaky_save)
+    with caplog.at_level(logging.WARNING, logger="accounting.recorder"):
+        for n in range(20):
+            recorder.record(make_record(n))
+        assert wait_for(lambda: recorder.failing)
+        assert recorder.flush()
+
+    assert Request.objects.count() == 20
+    assert not recorder.failing
+    pauses = [later - earlier for earlier, later in zip(attempts, attempts[1:], strict=False)]
+    assert [round(p, 1) for p in pauses[:4]] == [0.1, 0.2, 0.4, 0.8]
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert "cannot write to the database (OperationalError: connection refused)" in messages[0]
+    assert "recovered" in messages[1]
+
+
+def test_a_row_the_database_refuses_does_not_lose_its_batch(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = [make_record(n) for n in range(10)]
+    rows[6] = make_record(6, queued_ms=-1, error="secret-looking upstream text")
+
+    with caplog.at_level(logging.ERROR, logger="accounting.recorder"):
+        for row in rows:
+            recorder.record(row)
+        assert recorder.flush()
+
+    assert Request.objects.count() == 9
+    assert not Request.objects.filter(fingerprint=f"{6:064x}").exists()
+    assert recorder.dropped == 1
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    assert "refused 1 of" in caplog.records[0].getMessage()
+    assert "secret-looking" not in caplog.text
+
+
+def test_names_longer_than_their_column_are_cut_to_fit(recorder: Recorder) -> None:
+    recorder.record(make_record(1, model="m" * 500))
+
+    assert recorder.flush()
+    assert Request.objects.get().model == "m" * 200
+
+
+def test_stop_writes_what_is_held_and_ends_the_thread() -> None:
+    recorder = Recorder(batch_size=1_000, flush_interval=60)
+    for n in range(30):
+        recorder.record(make_record(n))
+
+    recorder.stop()
+
+    assert Request.objects.count() == 30
+    assert not any(t.name == "accounting-recorder" and t.is_alive() for t in threading.enumerate())
+
+
+def test_recording_after_stop_starts_a_new_writer(recorder: Recorder) -> None:
+    recorder.record(make_record(1))
+    recorder.stop()
+    recorder.record(make_record(2))
+
+    assert recorder.flush()
+    assert Request.objects.count() == 2
+
+
+def test_stop_gives_up_on_a_database_that_stays_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken_save(rows: list[RequestRecord]) -> None:
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(recorder_module, "_save", broken_save)
+    recorder = Recorder(batch_size=10, flush_interval=0.05)
+    for n in range(25):
+        recorder.record(make_record(n))
+
+    started = time.monotonic()
+    recorder.stop(timeout=0.5)
+
+    assert time.monotonic() - started < 2
+    assert recorder.dropped == 25
+    assert recorder.backlog == 0
+
+
+def test_the_process_recorder_writes_its_rows_when_the_interpreter_exits(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'exit.sqlite3'}",
+        "CROSSBAR_VAR_DIR": str(tmp_path),
+    }
+    manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
+    shell = [*manage, "shell", "--no-imports", "-c"]
+    subprocess.run([*manage, "migrate", "--verbosity", "0"], env=env, check=True)
+    script = (
+        "from tests.test_accounting_recorder import make_record\n"
+        "from accounting.recorder import get_recorder\n"
+        "assert get_recorder() is get_recorder()\n"
+        "for n in range(7):\n"
+        "    get_recorder().record(make_record(n))\n"
+    )
+    count = "from accounting.models import Request; print(Request.objects.count())"
+
+    subprocess.run([*shell, script], env=env, check=True, cwd=settings.BASE_DIR)
+    result = subprocess.run([*shell, count], env=env, check=True, capture_output=True, text=True)
+
+    assert result.stdout.strip() == "7"
