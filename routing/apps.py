@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.core import checks
 
 
 class RoutingConfig(AppConfig):
@@ -7,3 +8,6 @@ class RoutingConfig(AppConfig):
 
     def ready(self) -> None:
         from routing import signals  # noqa: F401  (connects the live-reload receivers)
+        from routing.checks import check_configuration
+
+        checks.register(check_configuration, "crossbar")

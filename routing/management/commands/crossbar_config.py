@@ -35,6 +35,8 @@ Tally = dict[str, Counter[str]]
 
 class Command(BaseCommand):
     help = "Load, dump or check the hosts and routes as TOML (see docs/config.md)."
+    # It judges the configuration itself; the system checks would only repeat its problems.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True)
@@ -81,7 +83,7 @@ class Command(BaseCommand):
             hosts, routes, problems = _read_config(path)
             problems += config_problems(hosts, routes)
         else:
-            path, problems = "database", config_problems(*config_from_db())
+            path, problems = "the database", config_problems(*config_from_db())
         _refuse_errors(path, problems)
         return "\n".join([*map(str, problems), f"{path}: {_count(problems)}"])
 
