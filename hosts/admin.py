@@ -1,0 +1,123 @@
+"""Hosts in the admin: their models inline, a drain switch, and API keys never shown in clear."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from hosts.models import Host, HostModel
+
+
+def set_draining(hosts: QuerySet[Host], draining: bool) -> int:
+    """Start or stop draining these hosts; return how many changed.
+
+    Saves each host, rather than one UPDATE, so the gateway hears of it through the signals.
+    """
+    changed = 0
+    with transaction.atomic():
+        for host in hosts.exclude(draining=draining):
+            host.draining = draining
+            host.save(update_fields=["draining"])
+            changed += 1
+    return changed
+
+
+class HostForm(forms.ModelForm):
+    """The API key is write-only: blank keeps the current key, a checkbox clears it."""
+
+    api_key = forms.CharField(
+        label="API key",
+        required=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+    )
+    clear_api_key = forms.BooleanField(label="Clear the API key", required=False)
+
+    class Meta:
+        model = Host
+        fields = ["name", "url", "weight", "enabled", "draining", "api_key", "notes"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        current = self.instance.masked_api_key
+        self.fields["api_key"].help_text = (
+            f"A key is set ({current}). Type a new one to replace it; leave blank to keep it."
+            if current
+            else "Optional. Sent upstream as a Bearer token."
+        )
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        new_key, clear = cleaned.get("api_key"), cleaned.get("clear_api_key")
+        if new_key and clear:
+            raise forms.ValidationError("Type a new API key or clear it, not both.")
+        if new_key or clear:
+            cleaned["api_key"] = "" if clear else new_key
+            # A key set here no longer comes from the environment variable a load named.
+            self.instance.api_key_env = ""
+        else:
+            cleaned["api_key"] = self.instance.api_key
+        return cleaned
+
+
+class HostModelInline(admin.TabularInline):
+    model = HostModel
+    fields = ["name", "upstream_name", "parallel", "queue_max"]
+    extra = 1
+
+
+@admin.register(Host)
+class HostAdmin(admin.ModelAdmin):
+    form = HostForm
+    inlines = [HostModelInline]
+    fields = [
+        "name",
+        "url",
+        "weight",
+        "enabled",
+        "draining",
+        "api_key",
+        "clear_api_key",
+        "api_key_env",
+        "notes",
+    ]
+    readonly_fields = ["api_key_env"]
+    list_display = ["name", "url", "enabled", "draining", "weight", "models_summary", "key"]
+    list_editable = ["draining"]
+    list_filter = ["enabled", "draining"]
+    search_fields = ["name", "url", "notes"]
+    actions = ["start_draining", "stop_draining"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
+        return super().get_queryset(request).prefetch_related("models")
+
+    @admin.display(description="models (parallel/queue)")
+    def models_summary(self, host: Host) -> str:
+        return ", ".join(f"{m.name}: {m.parallel}/{m.queue_max}" for m in host.models.all())
+
+    @admin.display(description="API key")
+    def key(self, host: Host) -> str:
+        return host.masked_api_key
+
+    @admin.action(description="Start draining the selected hosts")
+    def start_draining(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+        self._drain(request, queryset, draining=True)
+
+    @admin.action(description="Stop draining the selected hosts")
+    def stop_draining(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+        self._drain(request, queryset, draining=False)
+
+    def _drain(self, request: HttpRequest, queryset: QuerySet[Host], draining: bool) -> None:
+        changed = set_draining(queryset, draining)
+        text = f"{_hosts(changed)} {'started' if draining else 'stopped'} draining"
+        if unchanged := queryset.count() - changed:
+            text += f" ({unchanged} unchanged)"
+        self.message_user(request, text + ".", messages.SUCCESS)
+
+
+def _hosts(count: int) -> str:
+    return f"{count} host" if count == 1 else f"{count} hosts"

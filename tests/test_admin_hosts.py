@@ -1,0 +1,247 @@
+"""The host admin: models inline, readable errors, drain actions, API keys never in clear."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from hosts.models import Host, HostModel
+from routing.models import ConfigRevision
+from tests.fleet import add_host
+
+pytestmark = pytest.mark.django_db
+
+KEY = "sk-live-0123456789abcdef"
+CHANGELIST = reverse("admin:hosts_host_changelist")
+ADD = reverse("admin:hosts_host_add")
+
+
+def change_url(host: Host) -> str:
+    return reverse("admin:hosts_host_change", args=[host.pk])
+
+
+def host_form(
+    models: list[dict[str, object]], initial: int = 0, **fields: object
+) -> dict[str, object]:
+    """The POST the host change form sends, with `models` as its inline rows."""
+    data: dict[str, object] = {
+        "name": "gpu1",
+        "url": "http://10.0.0.5:8080",
+        "weight": "1.0",
+        "enabled": "on",
+        "api_key": "",
+        "notes": "",
+        "models-TOTAL_FORMS": str(len(models)),
+        "models-INITIAL_FORMS": str(initial),
+        "models-MIN_NUM_FORMS": "0",
+        "models-MAX_NUM_FORMS": "1000",
+    }
+    for index, row in enumerate(models):
+        row = {"upstream_name": "", "parallel": "1", "queue_max": "0", **row}
+        data.update({f"models-{index}-{name}": value for name, value in row.items()})
+    data.update(fields)
+    return {name: value for name, value in data.items() if value is not None}
+
+
+@pytest.fixture
+def gpu1() -> Host:
+    return add_host(
+        "gpu1", "http://10.0.0.5:8080", models={"llama3": (4, 8), "qwen": (2, 0)}, api_key=KEY
+    )
+
+
+def existing_rows(host: Host) -> list[dict[str, object]]:
+    return [
+        {"id": m.pk, "host": host.pk, "name": m.name, "parallel": m.parallel}
+        for m in host.models.all()
+    ]
+
+
+@pytest.mark.parametrize("url", [CHANGELIST, ADD])
+def test_anonymous_users_are_sent_to_the_login_page(client: Client, url: str) -> None:
+    response = client.get(url)
+
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+
+
+def test_the_list_shows_each_host_with_its_models_and_a_masked_key(
+    admin_client: Client, gpu1: Host
+) -> None:
+    response = admin_client.get(CHANGELIST)
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "http://10.0.0.5:8080" in page
+    assert "llama3: 4/8, qwen: 2/0" in page
+    assert "…cdef" in page
+    assert KEY not in page
+    assert KEY[:-4] not in page
+
+
+def test_the_add_page_renders(admin_client: Client) -> None:
+    response = admin_client.get(ADD)
+
+    assert response.status_code == 200
+    assert b'name="models-TOTAL_FORMS"' in response.content
+
+
+def test_the_change_page_never_echoes_the_key(admin_client: Client, gpu1: Host) -> None:
+    response = admin_client.get(change_url(gpu1))
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert 'type="password" name="api_key"' in page
+    assert KEY not in page
+    assert "A key is set (…cdef)" in page
+
+
+def test_a_host_is_added_with_its_models(admin_client: Client) -> None:
+    response = admin_client.post(
+        ADD, host_form([{"name": "llama3", "parallel": "4", "queue_max": "8"}], api_key=KEY)
+    )
+
+    assert response.status_code == 302
+    host = Host.objects.get(name="gpu1")
+    assert host.api_key == KEY
+    assert list(host.models.values_list("name", "parallel", "queue_max")) == [("llama3", 4, 8)]
+
+
+def test_an_invalid_host_is_shown_again_with_its_errors(admin_client: Client) -> None:
+    response = admin_client.post(
+        ADD, host_form([{"name": "llama3", "parallel": "0"}], url="ftp://10.0.0.5", weight="0")
+    )
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "Enter a valid URL." in page
+    assert "Weight must be a number greater than 0." in page
+    assert "Parallel must be at least 1." in page
+    assert not Host.objects.exists()
+    assert not HostModel.objects.exists()
+
+
+def test_a_negative_queue_is_a_form_error(admin_client: Client) -> None:
+    response = admin_client.post(ADD, host_form([{"name": "llama3", "queue_max": "-1"}]))
+
+    assert response.status_code == 200
+    assert b"Ensure this value is greater than or equal to 0." in response.content
+    assert not Host.objects.exists()
+
+
+def test_a_model_listed_twice_is_a_form_error(admin_client: Client) -> None:
+    response = admin_client.post(ADD, host_form([{"name": "llama3"}, {"name": "llama3"}]))
+
+    assert response.status_code == 200
+    assert b"Please correct the duplicate data for name" in response.content
+    assert not Host.objects.exists()
+
+
+def test_renaming_a_model_onto_another_is_a_form_error(admin_client: Client, gpu1: Host) -> None:
+    rows = existing_rows(gpu1)
+    rows[1]["name"] = "llama3"
+
+    response = admin_client.post(change_url(gpu1), host_form(rows, initial=2))
+
+    assert response.status_code == 200
+    assert b"Please correct the duplicate data for name." in response.content
+    assert set(gpu1.models.values_list("name", flat=True)) == {"llama3", "qwen"}
+
+
+def test_a_host_name_taken_is_a_form_error(admin_client: Client, gpu1: Host) -> None:
+    response = admin_client.post(ADD, host_form([]))
+
+    assert response.status_code == 200
+    assert b"Host with this Name already exists." in response.content
+    assert Host.objects.count() == 1
+
+
+def test_a_blank_key_keeps_the_current_one(admin_client: Client, gpu1: Host) -> None:
+    form = host_form(existing_rows(gpu1), initial=2, notes="moved racks")
+
+    assert admin_client.post(change_url(gpu1), form).status_code == 302
+
+    gpu1.refresh_from_db()
+    assert (gpu1.notes, gpu1.api_key) == ("moved racks", KEY)
+
+
+def test_a_new_key_replaces_the_one_a_load_read_from_the_environment(
+    admin_client: Client, gpu1: Host
+) -> None:
+    Host.objects.filter(pk=gpu1.pk).update(api_key_env="GPU1_KEY")
+    form = host_form(existing_rows(gpu1), initial=2, api_key="sk-new-key-9999")
+
+    assert admin_client.post(change_url(gpu1), form).status_code == 302
+
+    gpu1.refresh_from_db()
+    assert (gpu1.api_key, gpu1.api_key_env) == ("sk-new-key-9999", "")
+
+
+def test_the_clear_box_removes_the_key(admin_client: Client, gpu1: Host) -> None:
+    form = host_form(existing_rows(gpu1), initial=2, clear_api_key="on")
+
+    assert admin_client.post(change_url(gpu1), form).status_code == 302
+
+    gpu1.refresh_from_db()
+    assert gpu1.api_key == ""
+
+
+def test_a_new_key_and_the_clear_box_together_are_refused(admin_client: Client, gpu1: Host) -> None:
+    form = host_form(existing_rows(gpu1), initial=2, api_key="sk-new", clear_api_key="on")
+
+    response = admin_client.post(change_url(gpu1), form)
+
+    assert response.status_code == 200
+    assert b"Type a new API key or clear it, not both." in response.content
+    gpu1.refresh_from_db()
+    assert gpu1.api_key == KEY
+
+
+def drain(admin_client: Client, action: str, hosts: list[Host]) -> str:
+    response = admin_client.post(
+        CHANGELIST,
+        {"action": action, "_selected_action": [host.pk for host in hosts]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    return "".join(str(message) for message in response.context["messages"])
+
+
+def test_start_draining_flips_the_flag_and_counts_the_hosts(admin_client: Client) -> None:
+    gpu1 = add_host("gpu1", "http://10.0.0.5:8080")
+    gpu2 = add_host("gpu2", "http://10.0.0.6:8080", draining=True)
+    add_host("gpu3", "http://10.0.0.7:8080")
+
+    message = drain(admin_client, "start_draining", [gpu1, gpu2])
+
+    assert message == "1 host started draining (1 unchanged)."
+    assert dict(Host.objects.values_list("name", "draining")) == {
+        "gpu1": True,
+        "gpu2": True,
+        "gpu3": False,
+    }
+
+
+def test_stop_draining_flips_the_flag_back(admin_client: Client) -> None:
+    hosts = [
+        add_host("gpu1", "http://10.0.0.5:8080", draining=True),
+        add_host("gpu2", "http://10.0.0.6:8080", draining=True),
+    ]
+
+    message = drain(admin_client, "stop_draining", hosts)
+
+    assert message == "2 hosts stopped draining."
+    assert not Host.objects.filter(draining=True).exists()
+
+
+def test_draining_from_the_list_tells_the_gateway(
+    admin_client: Client, django_capture_on_commit_callbacks
+) -> None:
+    gpu1 = add_host("gpu1", "http://10.0.0.5:8080")
+    before = ConfigRevision.current()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        drain(admin_client, "start_draining", [gpu1])
+
+    assert ConfigRevision.current() > before

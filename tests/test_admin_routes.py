@@ -1,0 +1,147 @@
+"""The route admin: hosts inline in order, and a route judged together with its hosts."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from hosts.models import Host
+from routing.models import Route
+from tests.fleet import add_host, add_route
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = reverse("admin:routing_route_changelist")
+ADD = reverse("admin:routing_route_add")
+
+
+@pytest.fixture
+def gpus() -> tuple[Host, Host]:
+    return (
+        add_host("gpu1", "http://10.0.0.5:8080", models={"llama3": (4, 8)}),
+        add_host("gpu2", "http://10.0.0.6:8080", models={"qwen": (2, 0)}),
+    )
+
+
+def route_form(hosts: list[tuple[int, Host]], **fields: object) -> dict[str, object]:
+    """The POST the route add form sends, with `(position, host)` inline rows."""
+    data: dict[str, object] = {
+        "name": "chat",
+        "default_model": "llama3",
+        "lease_ttl": "1200",
+        "sticky": "prefer",
+        "enabled": "on",
+        "route_hosts-TOTAL_FORMS": str(len(hosts)),
+        "route_hosts-INITIAL_FORMS": "0",
+        "route_hosts-MIN_NUM_FORMS": "0",
+        "route_hosts-MAX_NUM_FORMS": "1000",
+    }
+    for index, (position, host) in enumerate(hosts):
+        data[f"route_hosts-{index}-position"] = str(position)
+        data[f"route_hosts-{index}-host"] = str(host.pk)
+    return {**data, **fields}
+
+
+@pytest.mark.parametrize("url", [CHANGELIST, ADD])
+def test_anonymous_users_are_sent_to_the_login_page(client: Client, url: str) -> None:
+    response = client.get(url)
+
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+
+
+def test_the_list_shows_each_route_with_its_hosts_in_order(
+    admin_client: Client, gpus: tuple[Host, Host]
+) -> None:
+    gpu1, gpu2 = gpus
+    add_route("chat", [gpu2, gpu1], default_model="llama3", sticky="strict", lease_ttl=600)
+
+    response = admin_client.get(CHANGELIST)
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "gpu2, gpu1" in page
+    assert "strict" in page
+    assert "600" in page
+
+
+def test_the_add_and_change_pages_render(admin_client: Client, gpus: tuple[Host, Host]) -> None:
+    route = add_route("chat", list(gpus))
+
+    assert admin_client.get(ADD).status_code == 200
+    response = admin_client.get(reverse("admin:routing_route_change", args=[route.pk]))
+    assert response.status_code == 200
+    assert b'name="route_hosts-0-position"' in response.content
+
+
+def test_a_route_is_added_with_its_hosts_in_position_order(
+    admin_client: Client, gpus: tuple[Host, Host]
+) -> None:
+    gpu1, gpu2 = gpus
+
+    response = admin_client.post(ADD, route_form([(2, gpu1), (1, gpu2)]))
+
+    assert response.status_code == 302
+    route = Route.objects.get(name="chat")
+    assert [rh.host.name for rh in route.route_hosts.all()] == ["gpu2", "gpu1"]
+
+
+def test_a_default_model_no_host_serves_is_refused(
+    admin_client: Client, gpus: tuple[Host, Host]
+) -> None:
+    gpu1, gpu2 = gpus
+
+    response = admin_client.post(ADD, route_form([(0, gpu2)], default_model="llama3"))
+
+    assert response.status_code == 200
+    assert (
+        "Default model “llama3” is not served by any of route “chat”&#x27;s hosts: gpu2."
+        in response.content.decode()
+    )
+    assert not Route.objects.exists()
+
+
+def test_removing_the_only_host_serving_the_default_model_is_refused(
+    admin_client: Client, gpus: tuple[Host, Host]
+) -> None:
+    gpu1, gpu2 = gpus
+    route = add_route("chat", [gpu1, gpu2], default_model="llama3")
+    rows = list(route.route_hosts.all())
+    form = route_form([(0, gpu1), (1, gpu2)], **{"route_hosts-INITIAL_FORMS": "2"})
+    for index, row in enumerate(rows):
+        form[f"route_hosts-{index}-id"] = str(row.pk)
+        form[f"route_hosts-{index}-route"] = str(route.pk)
+    form["route_hosts-0-DELETE"] = "on"
+
+    response = admin_client.post(reverse("admin:routing_route_change", args=[route.pk]), form)
+
+    assert response.status_code == 200
+    assert "is not served by any of route" in response.content.decode()
+    assert route.route_hosts.count() == 2
+
+
+def test_a_reserved_route_name_is_a_form_error(
+    admin_client: Client, gpus: tuple[Host, Host]
+) -> None:
+    response = admin_client.post(ADD, route_form([(0, gpus[0])], name="admin"))
+
+    assert response.status_code == 200
+    assert "is reserved for the gateway&#x27;s own pages" in response.content.decode()
+    assert not Route.objects.exists()
+
+
+def test_a_host_listed_twice_is_a_form_error(admin_client: Client, gpus: tuple[Host, Host]) -> None:
+    response = admin_client.post(ADD, route_form([(0, gpus[0]), (1, gpus[0])]))
+
+    assert response.status_code == 200
+    assert b"Please correct the duplicate data for host." in response.content
+    assert not Route.objects.exists()
+
+
+def test_a_route_without_hosts_is_saved_with_a_warning(admin_client: Client) -> None:
+    response = admin_client.post(ADD, route_form([], default_model=""), follow=True)
+
+    messages = [str(message) for message in response.context["messages"]]
+    assert Route.objects.filter(name="chat").exists()
+    assert "Route “chat” has no hosts; every request to it will fail." in messages
