@@ -16,7 +16,6 @@ setup: $(VENV)/.installed
 	$(PY) manage.py crossbar_setup
 
 run: setup
-	$(PY) manage.py collectstatic --noinput --verbosity 0
 	$(VENV)/bin/daphne --bind $(firstword $(subst :, ,$(BIND))) --port $(lastword $(subst :, ,$(BIND))) crossbar_site.asgi:application
 
 lint: $(VENV)/.installed

@@ -5,6 +5,7 @@ Every variable is documented in `.env.example`.
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -94,6 +95,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
+    # The test database is a file, not memory: end-to-end tests run the gateway as a real
+    # server in another process, which must see the rows the test writes. One file per test
+    # run, so two runs side by side do not destroy each other's database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test_crossbar_{os.getpid()}.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -118,7 +123,12 @@ CROSSBAR = {
     "STREAM_IDLE_TIMEOUT": env.float("CROSSBAR_STREAM_IDLE_TIMEOUT", default=120.0),
     "HEALTH_INTERVAL": env.float("CROSSBAR_HEALTH_INTERVAL", default=5.0),
     "HEALTH_TIMEOUT": env.float("CROSSBAR_HEALTH_TIMEOUT", default=2.0),
+    "CONFIG_POLL": env.float("CROSSBAR_CONFIG_POLL", default=2.0),
 }
+
+# The proxy accepts request bodies up to 16 MiB (long conversations, images); Django enforces
+# the limit while reading, and the proxy answers 413 past it.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
 
 LOGGING = {
     "version": 1,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -66,21 +68,23 @@ class RouteHost(models.Model):
 
 
 class ConfigRevision(models.Model):
-    """One row counting committed configuration changes, so every gateway process sees them.
+    """One row whose stamp changes with every committed configuration change.
 
-    Signals bump it after each commit; a gateway polls it (cheaply, off the request path) to
-    pick up changes made by another process: a second replica, or `crossbar_config load` run
-    from a shell while the gateway serves.
+    Signals set a new random stamp after each commit; a gateway polls it (cheaply, off the
+    request path) to pick up changes made by another process: a second replica, or
+    `crossbar_config load` run from a shell while the gateway serves. A random stamp rather
+    than a counter: a counter restarts when the row is deleted, and an old value seen again
+    would hide a change.
     """
 
-    number = models.PositiveBigIntegerField(default=0)
+    stamp = models.BigIntegerField(default=0)
 
     @classmethod
     def current(cls) -> int:
-        row = cls.objects.filter(pk=1).values_list("number", flat=True).first()
-        return row or 0
+        return cls.objects.filter(pk=1).values_list("stamp", flat=True).first() or 0
 
     @classmethod
     def bump(cls) -> None:
-        if not cls.objects.filter(pk=1).update(number=models.F("number") + 1):
-            cls.objects.get_or_create(pk=1, defaults={"number": 1})
+        stamp = secrets.randbits(62)
+        if not cls.objects.filter(pk=1).update(stamp=stamp):
+            cls.objects.update_or_create(pk=1, defaults={"stamp": stamp})

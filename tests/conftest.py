@@ -1,1 +1,164 @@
-"""Shared fixtures."""
+"""Shared fixtures: the fake llama-server, and the gateway as a real daphne server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from django.db import connection
+
+from tests.fakes.llama_server import FakeLlamaServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """Poll until `predicate()` is truthy and return it; fail the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _database_url() -> str:
+    """The URL of the test database, for the gateway process to use."""
+    conf = connection.settings_dict
+    if conf["ENGINE"] == "django.db.backends.sqlite3":
+        return f"sqlite:///{conf['NAME']}"
+    user = conf.get("USER") or ""
+    password = f":{conf['PASSWORD']}" if conf.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    host = conf.get("HOST") or "127.0.0.1"
+    return f"postgres://{auth}{host}:{conf.get('PORT') or 5432}/{conf['NAME']}"
+
+
+@dataclass
+class Gateway:
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def sync(self, timeout: float = 10.0) -> None:
+        """Wait until the gateway has loaded the configuration the test just committed."""
+        from routing.models import ConfigRevision
+
+        want = ConfigRevision.current()
+
+        def loaded() -> bool:
+            try:
+                return httpx.get(f"{self.url}/health", timeout=2).json().get("revision") == want
+            except (httpx.HTTPError, ValueError):
+                return False
+
+        wait_until(loaded, timeout, what=f"the gateway to load config revision {want}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
+    """crossbar as users run it: daphne on a free port, on the test database.
+
+    `settings` override the environment (e.g. CROSSBAR_HEALTH_INTERVAL="60").
+    """
+    port = free_port()
+    log_path = log_dir / f"daphne-{port}.log"
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "DEBUG": "false",
+        "CROSSBAR_CONFIG_POLL": "0.05",
+        "CROSSBAR_HEALTH_INTERVAL": "0.2",
+        "CROSSBAR_HEALTH_TIMEOUT": "1",
+        "CROSSBAR_HEADERS_TIMEOUT": "3",
+        "CROSSBAR_STREAM_IDLE_TIMEOUT": "3",
+        "CROSSBAR_LOG_LEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
+        **settings,
+    }
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+             "crossbar_site.asgi:application"],
+            cwd=ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            if process.poll() is not None:
+                pytest.fail(f"the gateway exited at start:\n{log_path.read_text()}")
+            try:
+                return httpx.get(f"{url}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_until(up, timeout=30, what="daphne to start")
+            yield Gateway(url=url, process=process, log_path=log_path)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture(scope="session")
+def gateway(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Gateway]:  # type: ignore[no-untyped-def]
+    """One gateway for the whole session; each test's fleet reaches it through `sync()`."""
+    with django_db_blocker.unblock():
+        log_dir = tmp_path_factory.mktemp("gateway")
+        with running_gateway(log_dir) as gw:
+            yield gw
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLlamaServer]:
+    """One fake llama-server with 4 slots, over real sockets."""
+    with FakeLlamaServer(slots=4) as server:
+        yield server
+
+
+@pytest.fixture
+def fake2() -> Iterator[FakeLlamaServer]:
+    with FakeLlamaServer(slots=4) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _gateway_log_on_failure(request):  # type: ignore[no-untyped-def]
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed and "gateway" in request.fixturenames:
+        gw = request.getfixturevalue("gateway")
+        print("---- gateway log (tail) ----\n" + "\n".join(gw.log().splitlines()[-40:]))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

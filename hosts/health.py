@@ -1,0 +1,169 @@
+"""Host health: a table of what each host last said, and the poller that keeps it current.
+
+The poller is a task on the serving event loop. Every interval it asks each enabled host for
+`/health` (200 up, 503 loading, anything else down) and `/v1/models` (what is loaded, which
+feeds the chooser's preference for hosts that need no model load). The proxy marks a host down
+at once when a connection to it fails; the next good poll brings it back.
+
+Everything here runs on one event loop and imports nothing from `routing`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+log = logging.getLogger("crossbar.health")
+
+
+class HostState(enum.StrEnum):
+    UNKNOWN = "unknown"  # not polled yet: eligible, so a fresh gateway serves at once
+    UP = "up"
+    LOADING = "loading"
+    DOWN = "down"
+
+
+@dataclass(slots=True)
+class HostHealth:
+    state: HostState = HostState.UNKNOWN
+    reason: str = ""
+    since: float = field(default_factory=time.time)  # wall clock, for people
+    loaded: frozenset[str] | None = None  # None: the host did not say
+
+
+@dataclass(slots=True, frozen=True)
+class Probe:
+    """What the poller needs to know of a host."""
+
+    name: str
+    url: str
+    api_key: str = ""
+
+
+class HealthTable:
+    """The last known health of every host, by name."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, HostHealth] = {}
+        self._urls: dict[str, str] = {}
+
+    def track(self, hosts: dict[str, str]) -> None:
+        """Set the hosts to keep health for ({name: url}).
+
+        A host whose address changed starts afresh, and a poll answer from its old address
+        (in flight while the change landed) is ignored.
+        """
+        for name in list(self._hosts):
+            if hosts.get(name) != self._urls.get(name):
+                del self._hosts[name]
+        self._urls = dict(hosts)
+
+    def get(self, host: str) -> HostHealth:
+        return self._hosts.get(host) or HostHealth()
+
+    def eligible(self, host: str) -> bool:
+        """Whether new work may go to the host (up, or not polled yet)."""
+        health = self._hosts.get(host)
+        return health is None or health.state in (HostState.UP, HostState.UNKNOWN)
+
+    def set(
+        self,
+        host: str,
+        state: HostState,
+        reason: str = "",
+        loaded: frozenset[str] | None = None,
+        url: str | None = None,
+    ) -> None:
+        """Record what a host said; an answer from an address it no longer has is ignored."""
+        if url is not None and self._urls.get(host) != url:
+            return
+        current = self._hosts.get(host)
+        if current is None or current.state != state:
+            if current is not None:
+                level = logging.WARNING if state == HostState.DOWN else logging.INFO
+                log.log(level, "host=%s state=%s reason=%s", host, state, reason or "-")
+            current = HostHealth(state=state, reason=reason)
+            self._hosts[host] = current
+        current.reason = reason
+        if loaded is not None or state != HostState.UP:
+            current.loaded = loaded
+
+    def mark_down(self, host: str, reason: str) -> None:
+        self.set(host, HostState.DOWN, reason)
+
+    def snapshot(self) -> dict[str, HostHealth]:
+        return dict(self._hosts)
+
+
+def _auth(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _loaded_models(payload: object) -> frozenset[str] | None:
+    """Model ids a host reports as loaded, from OpenAI's `/v1/models` shape.
+
+    llama-server in router mode adds `status.value` per model; only "loaded" ones count.
+    """
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        return None
+    loaded = set()
+    for entry in payload["data"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            continue
+        status = entry.get("status")
+        if isinstance(status, dict) and status.get("value") not in (None, "loaded"):
+            continue
+        loaded.add(entry["id"])
+        for alias in entry.get("aliases") or ():
+            if isinstance(alias, str):
+                loaded.add(alias)
+    return frozenset(loaded)
+
+
+async def poll_once(
+    client: httpx.AsyncClient, probe: Probe, table: HealthTable, poll_timeout: float
+) -> None:
+    """Ask one host how it is and record the answer. Never raises."""
+    headers = _auth(probe.api_key)
+    try:
+        response = await client.get(f"{probe.url}/health", headers=headers, timeout=poll_timeout)
+    except httpx.HTTPError as exc:
+        reason = f"/health: {type(exc).__name__}: {exc}".strip(": ")
+        table.set(probe.name, HostState.DOWN, reason, url=probe.url)
+        return
+    if response.status_code == 503:
+        table.set(probe.name, HostState.LOADING, "loading model", url=probe.url)
+        return
+    if response.status_code != 200:
+        reason = f"/health answered {response.status_code}"
+        table.set(probe.name, HostState.DOWN, reason, url=probe.url)
+        return
+    loaded = None
+    try:
+        models = await client.get(f"{probe.url}/v1/models", headers=headers, timeout=poll_timeout)
+        if models.status_code == 200:
+            loaded = _loaded_models(models.json())
+    except (httpx.HTTPError, ValueError):
+        pass  # health said up; a host without /v1/models just loses the "loaded" preference
+    table.set(probe.name, HostState.UP, "", loaded, url=probe.url)
+
+
+async def poll_forever(
+    client: httpx.AsyncClient,
+    probes: Callable[[], list[Probe]],  # read fresh every round: config may change
+    table: HealthTable,
+    interval: float,
+    poll_timeout: float,
+) -> None:
+    """Poll every host every `interval` seconds until cancelled."""
+    while True:
+        targets = probes()
+        if targets:
+            await asyncio.gather(*(poll_once(client, p, table, poll_timeout) for p in targets))
+        await asyncio.sleep(interval)

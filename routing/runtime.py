@@ -1,0 +1,343 @@
+"""The gateway's live state: the fleet as configured, and the limiter, lease table, health
+table and upstream client that serve it.
+
+There is one `Runtime` per event loop (in production: daphne's one loop; in tests: each test's
+loop), built lazily from the database on first use. Configuration changes reach it two ways:
+this process's signals bump a generation that `refresh()` compares on every request (admin edits
+apply to the next request), and a watcher task polls the shared `ConfigRevision` row for changes
+made by other processes. A reload swaps in a new immutable `Fleet` and reconfigures the limiter
+in place, so in-flight slots, queues and the leases of hosts that still exist survive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import httpx
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from hosts.health import HealthTable, Probe, poll_forever
+from routing import signals
+from routing.choose import Candidate, best
+from routing.leases import LeaseKey, LeaseOutcome, LeaseTable
+from routing.limiter import Limiter
+
+log = logging.getLogger("crossbar.runtime")
+
+
+@dataclass(slots=True, frozen=True)
+class ModelConfig:
+    name: str
+    upstream_name: str
+    parallel: int
+    queue_max: int
+
+
+@dataclass(slots=True, frozen=True)
+class HostConfig:
+    name: str
+    url: str
+    weight: float
+    enabled: bool
+    draining: bool
+    api_key: str
+    models: Mapping[str, ModelConfig]
+
+
+@dataclass(slots=True, frozen=True)
+class RouteConfig:
+    name: str
+    default_model: str
+    lease_ttl: float
+    strict: bool
+    enabled: bool
+    hosts: tuple[str, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class Fleet:
+    hosts: Mapping[str, HostConfig]
+    routes: Mapping[str, RouteConfig]
+    revision: int
+
+    def route_models(self, route: RouteConfig) -> list[str]:
+        """Every model some enabled host of the route serves, in route order."""
+        seen: dict[str, None] = {}
+        for name in route.hosts:
+            host = self.hosts.get(name)
+            if host is not None and host.enabled:
+                seen.update(dict.fromkeys(host.models))
+        return list(seen)
+
+
+def load_fleet() -> Fleet:
+    """Read hosts, models and routes from the database. Sync: call through sync_to_async."""
+    from hosts.models import Host
+    from routing.models import ConfigRevision, Route
+
+    close_old_connections()  # a connection broken by a database restart is replaced, not reused
+    revision = ConfigRevision.current()
+    hosts = {
+        host.name: HostConfig(
+            name=host.name,
+            url=host.url.rstrip("/"),
+            weight=host.weight,
+            enabled=host.enabled,
+            draining=host.draining,
+            api_key=host.api_key,
+            models={
+                m.name: ModelConfig(m.name, m.upstream_name, max(1, m.parallel), m.queue_max)
+                for m in host.models.all()
+            },
+        )
+        for host in Host.objects.prefetch_related("models")
+    }
+    routes = {
+        route.name: RouteConfig(
+            name=route.name,
+            default_model=route.default_model,
+            lease_ttl=float(route.lease_ttl),
+            strict=route.sticky == Route.Sticky.STRICT,
+            enabled=route.enabled,
+            hosts=tuple(rh.host.name for rh in route.route_hosts.select_related("host")),
+        )
+        for route in Route.objects.prefetch_related("route_hosts__host")
+    }
+    return Fleet(hosts=hosts, routes=routes, revision=revision)
+
+
+def _current_revision() -> int:
+    from routing.models import ConfigRevision
+
+    close_old_connections()
+    return ConfigRevision.current()
+
+
+class Runtime:
+    """Everything the proxy needs, bound to one event loop. Not thread-safe: use it on its loop."""
+
+    def __init__(self, fleet: Fleet, generation: int) -> None:
+        conf = settings.CROSSBAR
+        self.fleet = fleet
+        self.limiter = Limiter()
+        self.leases = LeaseTable()
+        self.health = HealthTable()
+        self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
+        self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
+        self.stream_idle_timeout: float = conf["STREAM_IDLE_TIMEOUT"]
+        # No pool limit: the limiter already bounds requests per host to its slots, and a
+        # pool cap would only serialize streams behind each other. Read timeouts are enforced
+        # by the proxy (headers vs. idle mid-stream), so httpx's own read timeout is off.
+        # trust_env=False: a proxy variable in the environment must not divert upstream traffic.
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=self.connect_timeout, read=None, write=60.0, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            trust_env=False,
+        )
+        self._generation = generation
+        self._reload_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._apply(fleet)
+
+    def start(self) -> None:
+        """Start the health poller and the config watcher on the running loop."""
+        conf = settings.CROSSBAR
+        self._tasks = [
+            asyncio.create_task(
+                poll_forever(
+                    self.client,
+                    self._probes,
+                    self.health,
+                    conf["HEALTH_INTERVAL"],
+                    conf["HEALTH_TIMEOUT"],
+                ),
+                name="crossbar-health",
+            ),
+            asyncio.create_task(self._watch_revision(conf["CONFIG_POLL"]), name="crossbar-config"),
+        ]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.aclose()
+
+    # -- configuration -------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Reload when this process committed a configuration change since the last load."""
+        if signals.config_generation() != self._generation:
+            await self.reload()
+
+    async def reload(self, *, force: bool = False) -> None:
+        """Load the fleet again; unless forced, only when this process changed it."""
+        async with self._reload_lock:
+            generation = signals.config_generation()
+            if generation == self._generation and not force:
+                return  # another request reloaded while this one waited for the lock
+            fleet = await sync_to_async(load_fleet)()
+            self._generation = generation
+            self._apply(fleet)
+
+    def _apply(self, fleet: Fleet) -> None:
+        old = getattr(self, "fleet", fleet)
+        for host in fleet.hosts.values():
+            for model in host.models.values():
+                self.limiter.configure(host.name, model.name, model.parallel, model.queue_max)
+        for host in old.hosts.values():
+            current = fleet.hosts.get(host.name)
+            for model in host.models:
+                if current is None or model not in current.models:
+                    self.limiter.remove(host.name, model)
+            if current is None:
+                self.leases.drop_host(host.name)
+        self.health.track({host.name: host.url for host in fleet.hosts.values()})
+        self.fleet = fleet
+        log.info(
+            "config loaded: revision=%s hosts=%d routes=%d",
+            fleet.revision,
+            len(fleet.hosts),
+            len(fleet.routes),
+        )
+
+    async def _watch_revision(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                revision = await sync_to_async(_current_revision)()
+            except Exception as exc:  # the database being down must not kill the watcher
+                log.warning("config revision check failed: %s", exc)
+                continue
+            if revision != self.fleet.revision:
+                try:
+                    await self.reload(force=True)
+                except Exception as exc:
+                    log.warning("config reload failed: %s", exc)
+
+    def _probes(self) -> list[Probe]:
+        return [
+            Probe(host.name, host.url, host.api_key)
+            for host in self.fleet.hosts.values()
+            if host.enabled
+        ]
+
+    # -- placement -----------------------------------------------------------------------
+
+    def serves(self, route: RouteConfig, model: str) -> bool:
+        """Whether any enabled host of the route lists the model."""
+        hosts = self.fleet.hosts
+        return any(
+            (host := hosts.get(name)) is not None and host.enabled and model in host.models
+            for name in route.hosts
+        )
+
+    def usable(self, route: RouteConfig, model: str, name: str) -> bool:
+        """Whether a host may take new work for this route and model right now."""
+        host = self.fleet.hosts.get(name)
+        return (
+            host is not None
+            and name in route.hosts
+            and host.enabled
+            and not host.draining
+            and model in host.models
+            and self.health.eligible(name)
+        )
+
+    def candidates(self, route: RouteConfig, model: str | None) -> list[Candidate]:
+        """The route's hosts as the chooser sees them, in route order.
+
+        Without a model (a GET such as /props), every enabled host qualifies and free slots
+        are counted over all its models.
+        """
+        out = []
+        for name in route.hosts:
+            host = self.fleet.hosts.get(name)
+            if host is None or not host.enabled:
+                continue
+            health = self.health.get(name)
+            if model is None:
+                can_serve = loaded = True
+                free = self.limiter.free_slots(name)
+                queued = 0
+            else:
+                spec = host.models.get(model)
+                can_serve = spec is not None
+                loaded = can_serve and (
+                    health.loaded is None or (spec.upstream_name or spec.name) in health.loaded
+                )
+                free = self.limiter.free_for(name, model) if can_serve else 0
+                queued = self.limiter.queued(name, model)
+            out.append(
+                Candidate(
+                    host=name,
+                    healthy=self.health.eligible(name),
+                    draining=host.draining,
+                    loaded=loaded,
+                    can_serve=can_serve,
+                    free=free,
+                    queued=queued,
+                    weight=host.weight,
+                )
+            )
+        return out
+
+    def choose(self, route: RouteConfig, model: str | None) -> str | None:
+        return best(self.candidates(route, model))
+
+    async def lease(
+        self, route: RouteConfig, fingerprint: str, model: str
+    ) -> tuple[str, LeaseOutcome]:
+        """The host for this conversation. Raises NoHealthyHost or PinnedHostDown."""
+        return await self.leases.lease(
+            LeaseKey(route.name, fingerprint, model),
+            ttl=route.lease_ttl,
+            strict=route.strict,
+            usable=lambda name: self.usable(route, model, name),
+            choose=lambda: self.choose(route, model),
+        )
+
+
+_runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
+    weakref.WeakKeyDictionary()
+)
+_building: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def get_runtime() -> Runtime:
+    """The runtime of the running loop, built from the database on first use."""
+    loop = asyncio.get_running_loop()
+    runtime = _runtimes.get(loop)
+    if runtime is not None:
+        return runtime
+    lock = _building.setdefault(loop, asyncio.Lock())
+    async with lock:
+        runtime = _runtimes.get(loop)
+        if runtime is None:
+            generation = signals.config_generation()
+            fleet = await sync_to_async(load_fleet)()
+            runtime = Runtime(fleet, generation)
+            runtime.start()
+            _runtimes[loop] = runtime
+    return runtime
+
+
+def current_runtime() -> Runtime | None:
+    """The runtime of some loop in this process, for read-only views (admin, metrics)."""
+    for runtime in list(_runtimes.values()):
+        return runtime
+    return None
+
+
+async def close_runtime() -> None:
+    """Stop and forget the running loop's runtime (tests; graceful shutdown)."""
+    runtime = _runtimes.pop(asyncio.get_running_loop(), None)
+    if runtime is not None:
+        await runtime.aclose()
