@@ -46,7 +46,7 @@ from routing.tee import Tee
 log = logging.getLogger("crossbar.proxy")
 
 MAX_BODY = 16 * 1024 * 1024
-MAX_MODEL_NAME = 256
+MAX_MODEL_NAME = 200  # HostModel.name and Request.model hold this much
 ROUTE_HEADER = "X-Crossbar-Route"
 SESSION_HEADER = "X-Crossbar-Session"
 
@@ -245,8 +245,8 @@ def error_response(exc: Exception, exchange: Exchange) -> HttpResponse:
     return response
 
 
-def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig | None, str]:
-    """The route and the upstream path; `(None, "/health")` is the gateway's own health.
+def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str]:
+    """The route and the upstream path.
 
     Raises MissingRoute, ConflictingRoute, UnknownRoute or NotFound.
     """
@@ -263,8 +263,6 @@ def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig | Non
                 )
             rest = "/" + remainder
     else:
-        if path == "/health":
-            return None, path
         if not first or first == "v1":
             raise MissingRoute(
                 f"missing route: use /<route>/v1/... or set the {ROUTE_HEADER} header"
@@ -317,6 +315,17 @@ def _model_of(payload: dict[str, object], route: RouteConfig) -> str:
     if len(model) > MAX_MODEL_NAME:
         raise BadBody(f"model name longer than {MAX_MODEL_NAME} characters")
     return model
+
+
+async def gateway_health() -> JsonResponse:
+    """`/health`: the gateway itself is up (for load balancers; no row, no log line).
+
+    `revision` is the configuration stamp this process serves, so a deploy script (or a test)
+    can tell when an edit has been picked up.
+    """
+    runtime = await get_runtime()
+    await runtime.refresh()
+    return JsonResponse({"status": "ok", "revision": runtime.fleet.revision})
 
 
 def models_response(runtime: Runtime, route: RouteConfig) -> JsonResponse:
@@ -372,6 +381,8 @@ async def _send(runtime: Runtime, host: str, request: httpx.Request) -> httpx.Re
 @csrf_exempt
 async def proxy(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """Serve one client request through the fleet. Every outcome finishes the exchange."""
+    if request.path == "/health" and ROUTE_HEADER not in request.headers:
+        return await gateway_health()
     exchange = Exchange()
     try:
         return await _serve(request, exchange)
@@ -388,9 +399,6 @@ async def _serve(request: HttpRequest, exchange: Exchange) -> HttpResponse | Str
     runtime = await get_runtime()
     await runtime.refresh()
     route, rest = resolve_route(request, runtime.fleet)
-    if route is None:
-        exchange.finish(200)
-        return JsonResponse({"status": "ok", "revision": runtime.fleet.revision})
     exchange.route = route.name
     method = request.method or "GET"
 
