@@ -1,0 +1,138 @@
+"""The numbers `requests_report` prints, computed from plain rows (no database, no Django).
+
+Every figure is computed here, in Python, from the rows the database returns, so SQLite and
+PostgreSQL give the same answer to the last digit.
+
+Definitions:
+
+- errors: `4xx` counts 400-498, `499` (the client went away) is its own column, `5xx` 500-599.
+- percentiles are nearest-rank: the p-th percentile of n sorted values is the value at rank
+  ceil(p / 100 * n), so it is always a value that occurred. `ttfb` percentiles leave out rows
+  that got no response head.
+- token sums add the rows where the count is known; an unknown count is not a zero.
+- `cache_hit` is cached / prompt tokens over the rows where both are known.
+- `tok_per_s` is the streaming rate: completion tokens / (total_ms - ttfb_ms) in seconds, summed
+  over streamed rows where the completion count and ttfb are known. A non-streamed response
+  arrives whole, so it has no generation interval to measure and is left out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from itertools import compress, islice
+from operator import itemgetter
+from typing import Any
+
+GROUPINGS = ("route", "host", "model", "lease", "client")
+
+# The row fields summarize() reads, after the group's own fields.
+ROW_FIELDS = (
+    "status",
+    "streamed",
+    "queued_ms",
+    "ttfb_ms",
+    "total_ms",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+)
+
+COLUMNS = (
+    "requests",
+    "4xx",
+    "5xx",
+    "499",
+    "queued_p50_ms",
+    "queued_p95_ms",
+    "ttfb_p50_ms",
+    "ttfb_p95_ms",
+    "total_p50_ms",
+    "total_p95_ms",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "cache_hit",
+    "tok_per_s",
+)
+
+_CHUNK = 10_000
+
+
+def percentile(ordered: Sequence[int], p: float) -> int | None:
+    """The nearest-rank p-th percentile of already sorted values; None when there are none."""
+    if not ordered:
+        return None
+    return ordered[max(1, math.ceil(p / 100 * len(ordered))) - 1]
+
+
+def summarize(rows: Iterable[Sequence[Any]], by: Sequence[str]) -> list[dict[str, Any]]:
+    """One summary per group, in group order, keyed by the `by` names and then `COLUMNS`.
+
+    Each row is the values of the `by` fields followed by those of `ROW_FIELDS`. Rows are
+    consumed in chunks and kept as columns, so a million rows cost lists of ints, not a million
+    tuples; the per-row work is done by C builtins (map, zip, extend) wherever it can be.
+    """
+    width = len(by)
+    group_of = itemgetter(*range(width))
+    columns: dict[Any, list[list[Any]]] = {}
+    iterator = iter(rows)
+    while chunk := list(islice(iterator, _CHUNK)):
+        grouped: defaultdict[Any, list[Sequence[Any]]] = defaultdict(list)
+        for key, row in zip(map(group_of, chunk), chunk, strict=True):
+            grouped[key].append(row)
+        for key, group_rows in grouped.items():
+            target = columns.setdefault(key, [[] for _ in ROW_FIELDS])
+            fields = list(zip(*group_rows, strict=True))[width:]
+            for column, values in zip(target, fields, strict=True):
+                column.extend(values)
+    return [
+        {**dict(zip(by, key if width > 1 else (key,), strict=True)), **_summary(*group_columns)}
+        for key, group_columns in sorted(columns.items())
+    ]
+
+
+def _summary(
+    status: list[int],
+    streamed: list[bool],
+    queued: list[int],
+    ttfb: list[int | None],
+    total: list[int],
+    prompt: list[int | None],
+    cached: list[int | None],
+    completion: list[int | None],
+) -> dict[str, Any]:
+    statuses = Counter(status)
+    queued.sort()
+    total.sort()
+    heads = sorted(v for v in ttfb if v is not None)
+    both_known = [p is not None and c is not None for p, c in zip(prompt, cached, strict=True)]
+    ratio_prompt = sum(compress(prompt, both_known))
+    timed = [
+        s and n is not None and h is not None
+        for s, n, h in zip(streamed, completion, ttfb, strict=True)
+    ]
+    stream_ms = sum(compress(total, timed)) - sum(compress(ttfb, timed))
+    # sum(filter(None, ...)) skips unknown counts (and zeros, which add nothing).
+    return {
+        "requests": len(status),
+        "4xx": sum(n for code, n in statuses.items() if 400 <= code < 499),
+        "5xx": sum(n for code, n in statuses.items() if 500 <= code < 600),
+        "499": statuses[499],
+        "queued_p50_ms": percentile(queued, 50),
+        "queued_p95_ms": percentile(queued, 95),
+        "ttfb_p50_ms": percentile(heads, 50),
+        "ttfb_p95_ms": percentile(heads, 95),
+        "total_p50_ms": percentile(total, 50),
+        "total_p95_ms": percentile(total, 95),
+        "prompt_tokens": sum(filter(None, prompt)),
+        "cached_tokens": sum(filter(None, cached)),
+        "completion_tokens": sum(filter(None, completion)),
+        "cache_hit": (
+            round(sum(compress(cached, both_known)) / ratio_prompt, 4) if ratio_prompt else None
+        ),
+        "tok_per_s": (
+            round(sum(compress(completion, timed)) * 1000 / stream_ms, 1) if stream_ms else None
+        ),
+    }
