@@ -104,16 +104,16 @@ def _summary(
     completion: list[int | None],
 ) -> dict[str, Any]:
     statuses = Counter(status)
-    queued.sort()
-    total.sort()
-    heads = sorted(v for v in ttfb if v is not None)
+    # Per row: are both counts known (for cache_hit), is there a generation time (tok_per_s)?
     both_known = [p is not None and c is not None for p, c in zip(prompt, cached, strict=True)]
-    ratio_prompt = sum(compress(prompt, both_known))
     timed = [
         s and n is not None and h is not None
         for s, n, h in zip(streamed, completion, ttfb, strict=True)
     ]
+    ratio_prompt = sum(compress(prompt, both_known))
     stream_ms = sum(compress(total, timed)) - sum(compress(ttfb, timed))
+    queued, totals = sorted(queued), sorted(total)
+    heads = sorted(v for v in ttfb if v is not None)
     # sum(filter(None, ...)) skips unknown counts (and zeros, which add nothing).
     return {
         "requests": len(status),
@@ -124,8 +124,8 @@ def _summary(
         "queued_p95_ms": percentile(queued, 95),
         "ttfb_p50_ms": percentile(heads, 50),
         "ttfb_p95_ms": percentile(heads, 95),
-        "total_p50_ms": percentile(total, 50),
-        "total_p95_ms": percentile(total, 95),
+        "total_p50_ms": percentile(totals, 50),
+        "total_p95_ms": percentile(totals, 95),
         "prompt_tokens": sum(filter(None, prompt)),
         "cached_tokens": sum(filter(None, cached)),
         "completion_tokens": sum(filter(None, completion)),
