@@ -22,7 +22,7 @@ class Request(models.Model):
 
     route = models.CharField(max_length=64, blank=True, help_text="Empty when none was named.")
     fingerprint = models.CharField(
-        max_length=128, blank=True, help_text="The conversation's fingerprint (hex), if any."
+        max_length=64, blank=True, help_text="The conversation's fingerprint (hex sha256), if any."
     )
     model = models.CharField(max_length=200, blank=True)
     host = models.CharField(max_length=64, blank=True, help_text="Empty when no host was chosen.")
