@@ -80,9 +80,14 @@ class FakeLlamaServer:
     setting `fail_mode` back to None listens again on the same port. `fail_count` does not apply
     to "refuse".
 
-    Observations: `seen` (every request, in arrival order), `in_flight` and `max_concurrent`
-    (completion requests, over-slot ones included), `disconnects` (requests whose client went
-    away before the response finished). `reset_stats()` clears them but for `in_flight`.
+    Observations: `seen` (every request in arrival order, health polls included), `in_flight`
+    and `max_concurrent` (completion requests, over-slot ones included), `disconnects` (requests
+    whose client went away before the response finished). `reset_stats()` clears them but for
+    `in_flight`. Like llama-server, a request gives its slot back just before its last bytes go
+    out, so `in_flight` has dropped by the time a client has read the whole response.
+
+    Hazard, faithfully reproduced: after a stream the connection is closed although the headers
+    said keep-alive, so a client that reuses it at once may see "server disconnected".
     """
 
     def __init__(
@@ -112,7 +117,7 @@ class FakeLlamaServer:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
-        self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self._connections: set[asyncio.Task[Any]] = set()
         self._idle: set[asyncio.StreamWriter] = set()
 
     @property
@@ -249,7 +254,7 @@ class FakeLlamaServer:
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections[task] = writer
+        self._connections.add(task)
         try:
             while self._fail_mode != "refuse":
                 self._idle.add(writer)
@@ -267,7 +272,7 @@ class FakeLlamaServer:
             with contextlib.suppress(ConnectionError):
                 await _send_error(writer, 400, "Malformed request", "invalid_request_error", False)
         finally:
-            del self._connections[task]
+            self._connections.discard(task)
             writer.close()
 
     async def _respond(
