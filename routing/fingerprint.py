@@ -1,0 +1,67 @@
+"""Name a conversation so that every turn of it maps to the same lease."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+__all__ = ["fingerprint"]
+
+_PROMPT_CHARS = 2_048
+
+# Methods that carry no conversation and so never get a lease.
+_NO_LEASE_METHODS = frozenset({"GET", "HEAD"})
+
+
+def fingerprint(method: str, body: object, session: str | None) -> str:
+    """Return the hex sha256 naming the request's conversation, or "" when it has none.
+
+    In order: GET and HEAD have none; a non-empty ``session`` (the ``X-Crossbar-Session``
+    header) names it; a chat body's ``messages`` up to and including the first user message
+    name it, canonicalised so key order and whitespace do not matter; a completion body's
+    ``prompt`` (a string, or a list starting with one) names it by its first 2,048 characters.
+    The three kinds are hashed in separate domains, so they cannot collide. Pure; never raises,
+    whatever ``body`` holds.
+    """
+    if method.upper() in _NO_LEASE_METHODS:
+        return ""
+    if session:
+        return _digest(b"session", session)
+    if not isinstance(body, dict):
+        return ""
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages:
+        canonical = _canonical(_conversation_head(messages))
+        if canonical:
+            return _digest(b"chat", canonical)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt:
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return _digest(b"prompt", prompt[:_PROMPT_CHARS])
+    return ""
+
+
+def _conversation_head(messages: list[object]) -> list[object]:
+    # Everything after the first user message grows turn by turn; what comes before it and the
+    # message itself are what the conversation was opened with. Without a user message at all
+    # the whole list is the best name there is.
+    for index, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return messages[: index + 1]
+    return messages
+
+
+def _canonical(value: object) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        # Not JSON (a body built in code, not parsed): no stable name, so no lease.
+        return ""
+
+
+def _digest(kind: bytes, text: str) -> str:
+    # The NUL after the kind keeps the domains apart; surrogatepass because JSON may carry lone
+    # surrogates ("\ud800"), which strict UTF-8 refuses.
+    payload = kind + b"\0" + text.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(payload).hexdigest()
