@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from types import TracebackType
 
-__all__ = ["Limiter", "PairSnapshot", "QueueFull", "Slot"]
+__all__ = ["Limiter", "PairSnapshot", "QueueFull", "Slot", "Ticket"]
 
 
 class QueueFull(Exception):
@@ -99,6 +99,34 @@ class Slot:
         return f"<Slot {self.host}/{self.model} {state} waited={self.waited:.3f}s>"
 
 
+class Ticket:
+    """Where one waiting ``acquire`` stands in its queue, for a client watching its wait.
+
+    Pass a fresh ticket to ``Limiter.acquire``; while that call waits, ``position`` is its
+    1-based place among the live waiters of its pair, and 0 otherwise (not queued yet, granted,
+    or gone). Reading it costs a walk of the queue ahead: meant for status updates, not loops.
+    """
+
+    __slots__ = ("_pair", "_waiter")
+
+    def __init__(self) -> None:
+        self._pair: _Pair | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def position(self) -> int:
+        waiter, pair = self._waiter, self._pair
+        if waiter is None or pair is None or waiter.done():
+            return 0
+        ahead = 0
+        for queued in pair.waiters:
+            if queued is waiter:
+                return ahead + 1
+            if not queued.done():
+                ahead += 1
+        return 0
+
+
 class Limiter:
     """At most ``parallel`` slots in flight and ``queue_max`` waiters per (host, model).
 
@@ -144,11 +172,12 @@ class Limiter:
         pair.configured = False
         self._forget_if_idle(host, model, pair)
 
-    async def acquire(self, host: str, model: str) -> Slot:
+    async def acquire(self, host: str, model: str, ticket: Ticket | None = None) -> Slot:
         """Return a held slot of the pair, waiting in line if none is free.
 
         Raises ``QueueFull`` at once when ``queue_max`` waiters already wait. Cancelling the
-        waiting task removes it from the queue without leaking the slot or the place.
+        waiting task removes it from the queue without leaking the slot or the place. A
+        ``ticket`` shows the caller's place in line while it waits.
         """
         pair = self._pair(host, model)
         if pair.in_flight < pair.parallel:
@@ -161,6 +190,8 @@ class Limiter:
                 raise QueueFull(host, model)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         pair.waiters.append(waiter)
+        if ticket is not None:
+            ticket._pair, ticket._waiter = pair, waiter
         started = time.monotonic()
         try:
             await waiter

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from routing.limiter import Limiter, PairSnapshot, QueueFull, Slot
+from routing.limiter import Limiter, PairSnapshot, QueueFull, Slot, Ticket
 
 
 async def settle(rounds: int = 5) -> None:
@@ -491,3 +491,24 @@ async def test_stress_random_acquire_cancel_release_never_exceeds_parallel_nor_l
         assert limiter.in_flight(host, model) == parallel
         for slot in slots:
             slot.release()
+
+
+async def test_a_ticket_shows_the_place_in_line_as_the_queue_moves() -> None:
+    limiter = Limiter()
+    limiter.configure("gpu1", "m", 1, 3)
+    held = await limiter.acquire("gpu1", "m")
+    tickets = [Ticket() for _ in range(3)]
+    waiters = [asyncio.create_task(limiter.acquire("gpu1", "m", t)) for t in tickets]
+    await asyncio.sleep(0)
+    assert [t.position for t in tickets] == [1, 2, 3]
+
+    waiters[0].cancel()
+    await asyncio.sleep(0)
+    assert [t.position for t in tickets] == [0, 1, 2]
+    held.release()
+    second = await waiters[1]
+
+    assert [t.position for t in tickets] == [0, 0, 1]
+    second.release()
+    (await waiters[2]).release()
+    assert limiter.in_flight("gpu1", "m") == 0
