@@ -7,19 +7,32 @@ import time
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from accounting.models import Request
 from tests.conftest import wait_until
 from tests.fleet import MODEL, add_host, add_route, chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
+TEST_STARTED = timezone.now()
+
+
+@pytest.fixture(autouse=True)
+def _test_started() -> None:
+    global TEST_STARTED
+    TEST_STARTED = timezone.now()
 
 
 def rows(count: int) -> list[Request]:
-    """Wait for the gateway's recorder to write `count` rows, then check no more come."""
-    wait_until(lambda: Request.objects.count() >= count, what=f"{count} accounting rows")
+    """Wait for the gateway's recorder to write this test's `count` rows; check no more come.
+
+    Rows of requests started before this test are left out: the shared gateway may still be
+    writing an earlier test's rows when this one begins.
+    """
+    mine = Request.objects.filter(started__gte=TEST_STARTED)
+    wait_until(lambda: mine.count() >= count, what=f"{count} accounting rows")
     time.sleep(0.7)  # longer than the recorder's flush interval: an extra row would show
-    found = list(Request.objects.order_by("started"))
+    found = list(mine.order_by("started"))
     assert len(found) == count
     return found
 
