@@ -326,3 +326,31 @@ def test_the_process_recorder_writes_its_rows_when_the_interpreter_exits(
     result = subprocess.run([*shell, count], env=env, check=True, capture_output=True, text=True)
 
     assert result.stdout.strip() == "7"
+
+
+@pytest.mark.skipif(
+    not (os.environ.get("CROSSBAR_PG_BIN") and os.environ.get("CROSSBAR_PG_DATA")),
+    reason="needs a PostgreSQL this test may restart (CROSSBAR_PG_BIN, CROSSBAR_PG_DATA)",
+)
+def test_the_writer_reconnects_after_postgresql_restarts(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the suite runs on SQLite")
+    recorder.record(make_record(1))
+    assert recorder.flush()
+
+    pg_ctl = f"{os.environ['CROSSBAR_PG_BIN']}/pg_ctl -D {os.environ['CROSSBAR_PG_DATA']}"
+    restart = f"{pg_ctl} -m fast -w restart >/dev/null"
+    command = ["su", "postgres", "-s", "/bin/sh", "-c", restart] if os.getuid() == 0 else restart
+    subprocess.run(command, shell=os.getuid() != 0, check=True)
+    for n in range(2, 12):
+        recorder.record(make_record(n))
+
+    with caplog.at_level(logging.WARNING, logger="accounting.recorder"):
+        assert recorder.flush(timeout=30)
+    connection.close()  # this thread's connection died with the server too
+    assert Request.objects.count() == 11
+    assert recorder.dropped == 0
+    assert "cannot write to the database" in caplog.text
+    assert "recovered" in caplog.text
