@@ -124,6 +124,7 @@ CROSSBAR = {
     "HEALTH_INTERVAL": env.float("CROSSBAR_HEALTH_INTERVAL", default=5.0),
     "HEALTH_TIMEOUT": env.float("CROSSBAR_HEALTH_TIMEOUT", default=2.0),
     "CONFIG_POLL": env.float("CROSSBAR_CONFIG_POLL", default=2.0),
+    "KEEPALIVE": env.float("CROSSBAR_KEEPALIVE", default=10.0),
 }
 
 # The proxy accepts request bodies up to 16 MiB (long conversations, images); Django enforces

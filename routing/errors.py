@@ -61,6 +61,13 @@ class MethodNotAllowed(GatewayError):
     code = "method_not_allowed"
 
 
+class QueueTimeout(GatewayError):
+    """The request waited the route's queue_timeout without getting a slot."""
+
+    status = 503
+    code = "queue_timeout"
+
+
 class UpstreamUnreachable(GatewayError):
     """The host refused or reset the connection before answering."""
 
@@ -106,6 +113,8 @@ def answer_for(exc: Exception) -> Answer:
             f"pinned host down: {exc.host}" if getattr(exc, "host", "") else "pinned host down"
         )
         return Answer(503, message, "server_error", "pinned_host_down", retry_after=2)
+    if isinstance(exc, QueueTimeout):
+        return Answer(503, exc.message, "server_error", exc.code, retry_after=5)
     if isinstance(exc, GatewayError):
         return Answer(exc.status, exc.message, _error_type(exc.status), exc.code)
     return Answer(500, "internal gateway error", "server_error", "internal_error")

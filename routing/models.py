@@ -41,6 +41,41 @@ class Route(models.Model):
     )
     sticky = models.CharField(max_length=10, choices=Sticky.choices, default=Sticky.PREFER)
     enabled = models.BooleanField(default=True)
+    wait_status = models.BooleanField(
+        default=False,
+        help_text="A streaming request that must queue gets its response head at once and "
+        "SSE comments (“: crossbar-status: waiting 2”) while it waits. "
+        "Clients can override it with the X-Crossbar-Wait-Status header (on/off).",
+    )
+    queue_timeout = models.PositiveIntegerField(
+        default=300,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds a request may wait for a slot before it gets 503 queue timeout.",
+    )
+    lease_patience = models.FloatField(
+        default=2.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="Seconds a conversation waits for its own (cache-warm) host before it goes "
+        "to another host with a free slot. 0: never wait while another host is free.",
+    )
+    fallback = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="fallback_for",
+        help_text="Another route that takes a request which waited fallback_after seconds.",
+    )
+    fallback_after = models.FloatField(
+        default=10.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="Seconds a request waits (queued, or for a healthy host) before the fallback.",
+    )
+    fallback_model = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="The model to ask the fallback route for; empty: the same model.",
+    )
     hosts = models.ManyToManyField(Host, through="RouteHost", related_name="routes")
 
     class Meta:

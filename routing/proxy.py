@@ -16,6 +16,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import httpx
@@ -25,10 +26,13 @@ from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
 
 from accounting.recorder import RequestRecord, get_recorder
+from routing import sse
 from routing.errors import (
+    Answer,
     BadBody,
     BodyTooLarge,
     ConflictingRoute,
+    GatewayError,
     MissingRoute,
     NotFound,
     UnknownModel,
@@ -40,6 +44,7 @@ from routing.errors import (
 from routing.fingerprint import fingerprint
 from routing.leases import NoHealthyHost
 from routing.limiter import Slot
+from routing.placement import TICK, Placement, Placer
 from routing.runtime import Fleet, RouteConfig, Runtime, get_runtime
 from routing.tee import Tee
 
@@ -49,6 +54,7 @@ MAX_BODY = 16 * 1024 * 1024
 MAX_MODEL_NAME = 200  # HostModel.name and Request.model hold this much
 ROUTE_HEADER = "X-Crossbar-Route"
 SESSION_HEADER = "X-Crossbar-Session"
+WAIT_STATUS_HEADER = "X-Crossbar-Wait-Status"
 
 # Never forwarded upstream: hop-by-hop headers (RFC 9110 7.6.1), what httpx sets itself, the
 # client's credentials (a host's own key replaces them), and the gateway's own headers.
@@ -58,6 +64,7 @@ _REQUEST_DROP = frozenset(
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
         "cookie", "accept-encoding", "x-crossbar-route", "x-crossbar-session",
+        "x-crossbar-wait-status",
     }
 )  # fmt: skip
 _RESPONSE_DROP = frozenset(
@@ -78,8 +85,8 @@ class Exchange:
     """
 
     __slots__ = (
-        "route", "fingerprint", "model", "host", "lease", "started", "t0", "queued_ms",
-        "ttfb_ms", "streamed", "done", "_lock",
+        "route", "fingerprint", "model", "host", "lease", "fallback", "started", "t0",
+        "queued_ms", "ttfb_ms", "streamed", "done", "_lock",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -88,6 +95,7 @@ class Exchange:
         self.model = ""
         self.host = ""
         self.lease = ""
+        self.fallback = ""
         self.started = datetime.now(UTC)
         self.t0 = time.perf_counter()
         self.queued_ms = 0
@@ -98,6 +106,14 @@ class Exchange:
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.t0) * 1000)
+
+    def placed(self, placement: Placement) -> None:
+        """Note where the request runs. `route` stays the route the client asked for."""
+        self.host = placement.host
+        self.lease = placement.lease
+        self.model = placement.model
+        self.fallback = placement.fallback
+        self.queued_ms = int(placement.waited * 1000)
 
     def finish(
         self,
@@ -129,6 +145,7 @@ class Exchange:
                 cached_tokens=cached_tokens,
                 completion_tokens=completion_tokens,
                 error=error,
+                fallback=self.fallback,
             )
         )
         log.info(
@@ -143,6 +160,12 @@ class Exchange:
             self.fingerprint[:8] or "-",
             f" error={error!r}" if error else "",
         )
+
+    def __del__(self) -> None:
+        # The last safety net: a response Django dropped before iterating it (the client left
+        # between the view's return and the first byte) still leaves its row.
+        if not self.done:
+            self.finish(499, "client disconnected")
 
 
 class Relay:
@@ -162,18 +185,18 @@ class Relay:
     )  # fmt: skip
 
     def __init__(
-        self, upstream: httpx.Response, slot: Slot | None, exchange: Exchange, idle: float
+        self, upstream: httpx.Response, slot: Slot | None, exchange: Exchange, runtime: Runtime
     ) -> None:
         self._upstream = upstream
         self._chunks = upstream.aiter_raw()
         self._slot = slot
         self._tee = Tee(upstream.headers.get("content-type", ""))
         self._exchange = exchange
-        self._idle = idle
+        self._idle = runtime.stream_idle_timeout
         self._loop = asyncio.get_running_loop()
         self._status = upstream.status_code
         self._closed = False
-        exchange.streamed = self._tee.streamed
+        exchange.streamed = exchange.streamed or self._tee.streamed
 
     def __aiter__(self) -> Relay:
         return self
@@ -188,18 +211,43 @@ class Relay:
             await self._close(self._status)
             raise
         except TimeoutError:
-            await self._close(504, f"host {self._exchange.host} stalled mid-stream")
-            raise StopAsyncIteration from None
+            message = f"host {self._exchange.host} sent nothing for {self._idle:g} s mid-stream"
+            return await self._fail(504, message)
         except httpx.HTTPError as exc:
-            await self._close(
-                502, f"host {self._exchange.host} failed mid-stream: {_describe(exc)}"
-            )
-            raise StopAsyncIteration from None
+            message = f"host {self._exchange.host} failed mid-stream: {_describe(exc)}"
+            return await self._fail(502, message)
         except asyncio.CancelledError:
             self._abandon(499, "client disconnected mid-stream")
             raise
         self._tee.feed(chunk)
         return chunk
+
+    async def _fail(self, status: int, message: str) -> bytes:
+        """End a stream the host broke: an SSE client gets one error event, then the end."""
+        await self._close(status, message)
+        if not self._tee.streamed:
+            raise StopAsyncIteration
+        return sse.error_event(Answer(status, message, "server_error", "upstream_failed"))
+
+    async def error_message(self) -> str:
+        """Read a failed answer's body (bounded), close it, and say what the host said."""
+        body = b""
+        try:
+            async with asyncio.timeout(self._idle):
+                async for chunk in self._chunks:
+                    body += chunk
+                    if len(body) > 65536:
+                        break
+        except (TimeoutError, httpx.HTTPError):
+            pass
+        message = f"host {self._exchange.host} answered {self._status}"
+        try:
+            detail = json.loads(body)["error"]["message"]
+            message = f"{message}: {detail}"
+        except (ValueError, KeyError, TypeError):
+            pass
+        await self._close(self._status, message)
+        return message
 
     async def _close(self, status: int, error: str = "") -> None:
         if self._closed:
@@ -416,30 +464,145 @@ async def _serve(request: HttpRequest, exchange: Exchange) -> HttpResponse | Str
             model = _model_of(payload, route)
     exchange.model = model or ""
 
-    slot: Slot | None = None
     if model is None:
         # Requests without a model (/health, /props, GETs) take no lease and no slot.
         host = runtime.choose(route, None)
         if host is None:
             raise NoHealthyHost(route.name)
-    else:
-        if not runtime.serves(route, model):
-            raise UnknownModel(f"model “{model}” is not served by route “{route.name}”")
-        exchange.fingerprint = fingerprint(method, payload, request.headers.get(SESSION_HEADER))
-        host, outcome = await runtime.lease(route, exchange.fingerprint, model)
-        exchange.host, exchange.lease = host, str(outcome)
-        slot = await runtime.limiter.acquire(host, model)
-        exchange.queued_ms = int(slot.waited * 1000)
-    exchange.host = host
+        exchange.host = host
+        upstream = await _forward(runtime, request, rest, body, payload, None, host, exchange)
+        return _client_response(upstream, Relay(upstream, None, exchange, runtime), exchange)
 
+    if not runtime.serves(route, model):
+        raise UnknownModel(f"model “{model}” is not served by route “{route.name}”")
+    exchange.fingerprint = fingerprint(method, payload, request.headers.get(SESSION_HEADER))
+    placer = Placer(runtime, route, model, exchange.fingerprint)
+    placement = await placer.now()
+    if placement is None:
+        exchange.host, exchange.lease = placer.host, placer.lease
+        if _wants_wait_status(request, route, payload):
+            return _waiting_response(runtime, request, rest, body, payload, placer, exchange)
+        placement = await placer.wait()
+    exchange.placed(placement)
     try:
-        response = await _forward(runtime, request, rest, body, payload, model, host, exchange)
-        relay = Relay(response, slot, exchange, runtime.stream_idle_timeout)
+        upstream = await _forward(
+            runtime, request, rest, body, payload, placement.model, placement.host, exchange
+        )
     except BaseException:
-        if slot is not None:
-            slot.release()
+        placement.slot.release()
         raise
-    return _client_response(response, relay, exchange)
+    relay = Relay(upstream, placement.slot, exchange, runtime)
+    return _client_response(upstream, relay, exchange)
+
+
+def _wants_wait_status(
+    request: HttpRequest, route: RouteConfig, payload: dict[str, object] | None
+) -> bool:
+    """Whether a request that must queue gets its head at once and status comments.
+
+    Only streaming requests can: the comments ride in the SSE stream. The route decides, and a
+    client may override it either way with the header.
+    """
+    if payload is None or payload.get("stream") is not True:
+        return False
+    override = request.headers.get(WAIT_STATUS_HEADER, "").strip().lower()
+    if override in ("on", "true", "1", "yes"):
+        return True
+    if override in ("off", "false", "0", "no"):
+        return False
+    return route.wait_status
+
+
+def _waiting_response(
+    runtime: Runtime,
+    request: HttpRequest,
+    rest: str,
+    body: bytes,
+    payload: dict[str, object] | None,
+    placer: Placer,
+    exchange: Exchange,
+) -> StreamingHttpResponse:
+    """The response head now; status comments while the request waits; then the stream."""
+    exchange.streamed = True
+    response = StreamingHttpResponse(
+        _wait_then_stream(runtime, request, rest, body, payload, placer, exchange),
+        content_type="text/event-stream",
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Crossbar-Host"] = exchange.host
+    if exchange.lease:
+        response["X-Crossbar-Lease"] = exchange.lease
+    return response
+
+
+async def _wait_then_stream(
+    runtime: Runtime,
+    request: HttpRequest,
+    rest: str,
+    body: bytes,
+    payload: dict[str, object] | None,
+    placer: Placer,
+    exchange: Exchange,
+) -> AsyncIterator[bytes]:
+    """The body of a waiting response. The head is out: failures become one error event."""
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.ensure_future(placer.wait())
+    try:
+        position = placer.position
+        yield sse.comment(f"waiting {position}")
+        said_at = loop.time()
+        while not waiting.done():
+            await asyncio.wait((waiting,), timeout=TICK)
+            now = loop.time()
+            if not waiting.done() and (
+                placer.position != position or now - said_at >= runtime.keepalive
+            ):
+                position = placer.position
+                yield sse.comment(f"waiting {position}")
+                said_at = now
+        placement = waiting.result()
+    except Exception as exc:
+        answer = answer_for(exc)
+        exchange.finish(answer.status, answer.message)
+        yield sse.error_event(answer)
+        return
+    finally:
+        if not waiting.done():
+            waiting.cancel()
+            waiting.add_done_callback(_release_placement)
+            exchange.finish(499, "client disconnected while queued")
+
+    exchange.placed(placement)
+    if placement.fallback:
+        yield sse.comment(f"fallback {placement.fallback}")
+    yield sse.comment("running")
+    try:
+        upstream = await _forward(
+            runtime, request, rest, body, payload, placement.model, placement.host, exchange
+        )
+    except GatewayError as exc:
+        placement.slot.release()
+        answer = answer_for(exc)
+        exchange.finish(answer.status, answer.message)
+        yield sse.error_event(answer)
+        return
+    except BaseException:
+        placement.slot.release()
+        raise
+    relay = Relay(upstream, placement.slot, exchange, runtime)
+    if upstream.status_code != 200:
+        # The client already has a 200 head: the host's error goes out as an error event.
+        message = await relay.error_message()
+        answer = Answer(upstream.status_code, message, "server_error", "upstream_error")
+        yield sse.error_event(answer)
+        return
+    async for chunk in relay:
+        yield chunk
+
+
+def _release_placement(waiting: asyncio.Future[Placement]) -> None:
+    if not waiting.cancelled() and waiting.exception() is None:
+        waiting.result().slot.release()
 
 
 async def _forward(
@@ -454,10 +617,10 @@ async def _forward(
 ) -> httpx.Response:
     config = runtime.fleet.hosts[host]
     if model is not None and payload is not None:
-        upstream_name = config.models[model].upstream_name
-        if upstream_name and upstream_name != payload.get("model"):
-            # Re-serialised only when something changes: the original bytes go otherwise.
-            body = json.dumps({**payload, "model": upstream_name}, ensure_ascii=False).encode()
+        wanted = config.models[model].upstream_name or model
+        if wanted != payload.get("model"):
+            # Re-serialised only when the model changes: the original bytes go otherwise.
+            body = json.dumps({**payload, "model": wanted}, ensure_ascii=False).encode()
     url = config.url + rest
     query = request.META.get("QUERY_STRING", "")
     if query:
@@ -484,5 +647,7 @@ def _client_response(
     response["X-Crossbar-Host"] = exchange.host
     if exchange.lease:
         response["X-Crossbar-Lease"] = exchange.lease
+    if exchange.fallback:
+        response["X-Crossbar-Fallback"] = exchange.fallback
     response["X-Crossbar-Queued-Ms"] = str(exchange.queued_ms)
     return response

@@ -58,6 +58,12 @@ class RouteConfig:
     strict: bool
     enabled: bool
     hosts: tuple[str, ...]
+    wait_status: bool = False
+    queue_timeout: float = 300.0
+    lease_patience: float = 2.0
+    fallback: str = ""  # a route name
+    fallback_after: float = 10.0
+    fallback_model: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -105,9 +111,17 @@ def load_fleet() -> Fleet:
             lease_ttl=float(route.lease_ttl),
             strict=route.sticky == Route.Sticky.STRICT,
             enabled=route.enabled,
-            hosts=tuple(rh.host.name for rh in route.route_hosts.select_related("host")),
+            hosts=tuple(rh.host.name for rh in route.route_hosts.all()),
+            wait_status=route.wait_status,
+            queue_timeout=float(route.queue_timeout),
+            lease_patience=route.lease_patience,
+            fallback=route.fallback.name if route.fallback else "",
+            fallback_after=route.fallback_after,
+            fallback_model=route.fallback_model,
         )
-        for route in Route.objects.prefetch_related("route_hosts__host")
+        for route in Route.objects.select_related("fallback").prefetch_related(
+            "route_hosts__host"
+        )
     }
     return Fleet(hosts=hosts, routes=routes, revision=revision)
 
@@ -131,6 +145,7 @@ class Runtime:
         self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
         self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
         self.stream_idle_timeout: float = conf["STREAM_IDLE_TIMEOUT"]
+        self.keepalive: float = conf["KEEPALIVE"]
         # No pool limit: the limiter already bounds requests per host to its slots, and a
         # pool cap would only serialize streams behind each other. Read timeouts are enforced
         # by the proxy (headers vs. idle mid-stream), so httpx's own read timeout is off.
