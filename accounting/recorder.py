@@ -11,8 +11,9 @@ restarted PostgreSQL is reconnected) and retries with a doubling pause (0.1 s up
 keep arriving meanwhile and are held in memory up to `max_backlog`; past that, new rows are
 dropped and counted. Dropping the newest rather than the oldest means a row, once accepted,
 is never touched again: the batch under retry and the queue behind it stay intact and in
-order, the hole in the history is one interval that the log names (from the "dropping" error
-to the "recovered" warning), and it is the gateway's own rule for a full queue: refuse at once.
+order, the hole in the history is one interval that the log brackets (from the "new rows are
+dropped" error to the "accepted again" warning, which gives the count), and it is the gateway's
+own rule for a full queue: refuse at once.
 
 A row the database refuses (a constraint or a value it cannot store) would otherwise fail its
 whole batch forever, so a refused batch is split in halves until the offending rows are
@@ -230,6 +231,10 @@ class Recorder:
                 if not self._write(batch):
                     self._abandon_queue()
                     return
+        except Exception:
+            # A bug, not the database (its errors are handled in _write); say so loudly, since
+            # from here on rows only pile up until they are dropped.
+            log.exception("accounting: the writer thread failed; requests are not recorded")
         finally:
             with contextlib.suppress(DatabaseError):
                 connection.close()

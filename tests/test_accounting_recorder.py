@@ -201,9 +201,10 @@ def test_dropping_is_logged_once_per_streak(caplog: pytest.LogCaptureFixture) ->
             holder.join()
             assert recorder.flush()
 
-        drops = [r for r in caplog.records if "dropped" in r.getMessage()]
+        drops = [r for r in caplog.records if "rows are" in r.getMessage()]
         assert [r.levelname for r in drops] == ["ERROR", "WARNING"]
-        assert "90 were dropped" in drops[1].getMessage()
+        assert "new rows are dropped" in drops[0].getMessage()
+        assert "accepted again; 90 were dropped" in drops[1].getMessage()
     finally:
         recorder.stop()
 
@@ -230,7 +231,8 @@ def test_writer_retries_with_backoff_while_the_database_is_down(
     assert Request.objects.count() == 20
     assert not recorder.failing
     pauses = [later - earlier for earlier, later in zip(attempts, attempts[1:], strict=False)]
-    assert [round(p, 1) for p in pauses[:4]] == [0.1, 0.2, 0.4, 0.8]
+    for pause, planned in zip(pauses, [0.1, 0.2, 0.4, 0.8], strict=True):
+        assert planned <= pause < planned + 0.4
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2
     assert "cannot write to the database (OperationalError: connection refused)" in messages[0]
