@@ -222,6 +222,16 @@ def test_since_counts_back_from_now() -> None:
     assert day["requests"] == 2
 
 
+def test_since_counts_back_from_to_when_both_are_given() -> None:
+    add(started=datetime(2026, 11, 30, 10, 30, tzinfo=UTC))
+    add(started=datetime(2026, 11, 30, 11, 30, tzinfo=UTC))
+    add(started=NOON)
+
+    [chat] = json.loads(report("--since", "2h", "--to", "2026-11-30T12:00", "--format", "json"))
+
+    assert chat["requests"] == 2
+
+
 def test_an_empty_window_reports_no_groups() -> None:
     add(started=NOON)
 

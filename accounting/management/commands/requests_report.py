@@ -56,22 +56,34 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--since", help="How far back from now (or from --to): 90m, 24h, 7d. Default 24h."
+            "--since",
+            metavar="SPAN",
+            help="How far back from now (or from --to): 90m, 24h, 7d. Default 24h.",
         )
         parser.add_argument(
             "--from",
             dest="start",
+            metavar="WHEN",
             help="Window start, ISO date or datetime (UTC unless it has an offset).",
         )
         parser.add_argument(
-            "--to", dest="end", help="Window end, excluded; ISO date or datetime. Default now."
+            "--to",
+            dest="end",
+            metavar="WHEN",
+            help="Window end, excluded; ISO date or datetime. Default now.",
         )
         parser.add_argument(
             "--by",
             default="route",
+            metavar="NAMES",
             help=f"Group by one or more of {', '.join(GROUPINGS)}, comma separated. Default route.",
         )
-        parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
+        parser.add_argument(
+            "--format",
+            choices=["table", "csv", "json"],
+            default="table",
+            help="table for people (default), csv or json (a list of objects) for tools.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> str:
         start, end = _window(options["since"], options["start"], options["end"])
