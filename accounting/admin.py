@@ -22,7 +22,7 @@ class StatusClassFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [
             ("2xx", "2xx"),
-            ("4xx", "4xx (but 499)"),
+            ("4xx", "4xx (not 499)"),
             ("499", "499 client gone"),
             ("5xx", "5xx"),
         ]
@@ -97,7 +97,7 @@ class RequestAdmin(admin.ModelAdmin):
     search_help_text = "A fingerprint or its first hex characters, e.g. 3fa9c2."
     ordering = ("-started",)
     list_per_page = 100
-    # Counting a million rows for "(N total)" on every page view is the slow part of a list.
+    # A filtered list would otherwise count the whole table again, for "(N total)".
     show_full_result_count = False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Request]:
