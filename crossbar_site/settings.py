@@ -114,7 +114,16 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# The dashboard's notices between browsers: in memory for one gateway process, Redis when
+# several replicas serve dashboards.
+REDIS_URL = env.str("CROSSBAR_REDIS_URL", default="")
+CHANNEL_LAYERS = {
+    "default": (
+        {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        if REDIS_URL
+        else {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+    )
+}
 
 # The gateway's own knobs. Seconds unless the name says otherwise.
 CROSSBAR = {
@@ -125,6 +134,10 @@ CROSSBAR = {
     "HEALTH_TIMEOUT": env.float("CROSSBAR_HEALTH_TIMEOUT", default=2.0),
     "CONFIG_POLL": env.float("CROSSBAR_CONFIG_POLL", default=2.0),
     "KEEPALIVE": env.float("CROSSBAR_KEEPALIVE", default=10.0),
+    # Proxy requests need a client key when this is set or any enabled key exists.
+    "REQUIRE_KEY": env.bool("CROSSBAR_REQUIRE_KEY", default=False),
+    # /metrics answers 401 without `Authorization: Bearer <token>` when this is set.
+    "METRICS_TOKEN": env.str("CROSSBAR_METRICS_TOKEN", default=""),
 }
 
 # The proxy accepts request bodies up to 16 MiB (long conversations, images); Django enforces
@@ -141,5 +154,6 @@ LOGGING = {
         # The proxy logs one line per request itself; daphne's access log would double it.
         "daphne": {"level": "WARNING"},
         "django.server": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},  # a line per upstream request and health poll
     },
 }

@@ -104,14 +104,16 @@ class Ticket:
 
     Pass a fresh ticket to ``Limiter.acquire``; while that call waits, ``position`` is its
     1-based place among the live waiters of its pair, and 0 otherwise (not queued yet, granted,
-    or gone). Reading it costs a walk of the queue ahead: meant for status updates, not loops.
+    or gone); `queued` is set once the call joined the queue. Reading `position` costs a walk
+    of the queue ahead: meant for status updates, not loops.
     """
 
-    __slots__ = ("_pair", "_waiter")
+    __slots__ = ("_pair", "_waiter", "queued")
 
     def __init__(self) -> None:
         self._pair: _Pair | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self.queued = asyncio.Event()
 
     @property
     def position(self) -> int:
@@ -192,6 +194,7 @@ class Limiter:
         pair.waiters.append(waiter)
         if ticket is not None:
             ticket._pair, ticket._waiter = pair, waiter
+            ticket.queued.set()
         started = time.monotonic()
         try:
             await waiter

@@ -72,6 +72,10 @@ class Placer:
         self._fallback_at = started + route.fallback_after if route.fallback else math.inf
         self._patience_at = started + route.lease_patience
 
+    async def queued(self) -> None:
+        """Return once the request has joined a queue (it may never: then wait for `wait()`)."""
+        await self._ticket.queued.wait()
+
     @property
     def position(self) -> int:
         """The request's place in its host's queue; 0 when not queued (e.g. no host yet)."""

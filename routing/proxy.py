@@ -548,6 +548,10 @@ async def _wait_then_stream(
     loop = asyncio.get_running_loop()
     waiting = asyncio.ensure_future(placer.wait())
     try:
+        # The place in line is known once the wait has queued, a few loop turns from now.
+        queued = asyncio.ensure_future(placer.queued())
+        await asyncio.wait((waiting, queued), timeout=TICK, return_when=asyncio.FIRST_COMPLETED)
+        queued.cancel()
         position = placer.position
         yield sse.comment(f"waiting {position}")
         said_at = loop.time()
