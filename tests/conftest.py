@@ -162,3 +162,13 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
+    """Remove the SQLite test database's WAL files, which Django's teardown leaves behind."""
+    from django.conf import settings
+
+    name = settings.DATABASES["default"].get("TEST", {}).get("NAME")
+    if name:
+        for suffix in ("-wal", "-shm", "-journal"):
+            Path(f"{name}{suffix}").unlink(missing_ok=True)
