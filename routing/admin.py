@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from dataclasses import replace
 
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
@@ -10,13 +10,20 @@ from django.db.models import Prefetch, QuerySet
 from django.forms import BaseFormSet, BaseInlineFormSet, ModelForm
 from django.http import HttpRequest
 
-from hosts.models import Host
 from routing.models import Route, RouteHost
-from routing.validation import HostSpec, RouteSpec, route_problems, single_values
+from routing.validation import (
+    DUPLICATE_NAME,
+    INVALID_VALUE,
+    HostSpec,
+    RouteSpec,
+    config_from_db,
+    config_problems,
+    route_problems,
+)
 
 
 class RouteHostFormSet(BaseInlineFormSet):
-    """Judges the route together with its hosts, since only here are both known.
+    """Judges the route together with its hosts and the other routes, as only here all are known.
 
     `self.instance` is the route as its form just cleaned it, unsaved; the forms hold the hosts
     it is about to have.
@@ -25,15 +32,39 @@ class RouteHostFormSet(BaseInlineFormSet):
     def clean(self) -> None:
         super().clean()
         kept = [
-            (form.cleaned_data.get("position") or 0, index, form.cleaned_data["host"])
+            (form.cleaned_data.get("position") or 0, index, form.cleaned_data["host"].name)
             for index, form in enumerate(self.forms)
             if form.cleaned_data.get("host") and not self._should_delete_form(form)
         ]
-        hosts = [host for _, _, host in sorted(kept, key=lambda item: item[:2])]
-        route = RouteSpec(**single_values(self.instance, RouteSpec), hosts=[h.name for h in hosts])
-        errors = [p.message for p in route_problems(route, _host_specs(hosts)) if p.is_error]
-        if errors:
+        hosts = [name for _, _, name in sorted(kept)]
+        if errors := errors_introduced(
+            self.instance.pk, RouteSpec.from_route(self.instance, hosts)
+        ):
             raise ValidationError(errors)
+
+
+def errors_introduced(pk: int | None, edited: RouteSpec) -> list[str]:
+    """The errors the configuration would have, with `edited` saved as route `pk`, and has not now.
+
+    Errors already there are not the editor's to fix in this form. Single values and unique
+    names are left to the forms, which report them next to the field.
+    """
+    hosts, routes = config_from_db()
+    saved_name = Route.objects.filter(pk=pk).values_list("name", flat=True).first() if pk else None
+    # Routes that fall back to this one follow it through a rename (the reference is its pk).
+    others = [
+        replace(route, fallback=edited.name) if route.fallback == saved_name else route
+        for route in routes
+        if route.name != saved_name
+    ]
+    before = set(config_problems(hosts, routes))
+    return [
+        problem.message
+        for problem in config_problems(hosts, [*others, edited])
+        if problem.is_error
+        and problem.code not in (INVALID_VALUE, DUPLICATE_NAME)
+        and problem not in before
+    ]
 
 
 class RouteHostInline(admin.TabularInline):
@@ -46,13 +77,22 @@ class RouteHostInline(admin.TabularInline):
 @admin.register(Route)
 class RouteAdmin(admin.ModelAdmin):
     inlines = [RouteHostInline]
-    list_display = ["name", "default_model", "sticky", "lease_ttl", "enabled", "hosts_in_order"]
+    list_display = [
+        "name",
+        "default_model",
+        "sticky",
+        "lease_ttl",
+        "enabled",
+        "hosts_in_order",
+        "fallback",
+    ]
     list_filter = ["enabled", "sticky"]
     search_fields = ["name", "default_model"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Route]:
         route_hosts = RouteHost.objects.select_related("host")
-        return super().get_queryset(request).prefetch_related(Prefetch("route_hosts", route_hosts))
+        routes = super().get_queryset(request).select_related("fallback")
+        return routes.prefetch_related(Prefetch("route_hosts", route_hosts))
 
     @admin.display(description="hosts (in order)")
     def hosts_in_order(self, route: Route) -> str:
@@ -62,12 +102,9 @@ class RouteAdmin(admin.ModelAdmin):
         self, request: HttpRequest, form: ModelForm, formsets: list[BaseFormSet], change: bool
     ) -> None:
         super().save_related(request, form, formsets, change)
-        # Errors never get this far (the inline formset refuses them); warnings are worth a word.
+        # What is still wrong with the route's hosts is worth a word: a warning (no hosts), or
+        # an error this edit did not introduce and so did not refuse.
         route = form.instance
-        hosts = _host_specs(route.hosts.prefetch_related("models"))
+        hosts = {h.name: HostSpec.from_host(h) for h in route.hosts.prefetch_related("models")}
         for problem in route_problems(RouteSpec.from_route(route), hosts):
             self.message_user(request, problem.message, messages.WARNING)
-
-
-def _host_specs(hosts: Iterable[Host]) -> dict[str, HostSpec]:
-    return {host.name: HostSpec.from_host(host) for host in hosts}

@@ -161,8 +161,10 @@ class _Reader:
                 continue
             if name in table:
                 self.problem(f"{key}.{name}", f"Expected {_EXPECTED[type_name]}.")
-            # A required field defaults to "", which validation reports as blank.
-            values[name] = model._meta.get_field(name).get_default()
+            # A required field defaults to "", which validation reports as blank; so does a
+            # reference to another entry (a fallback route), which means none.
+            model_field = model._meta.get_field(name)
+            values[name] = "" if model_field.is_relation else model_field.get_default()
         return values
 
     def refuse_unknown_keys(self, table: Mapping[str, object], known: set[str], key: str) -> None:

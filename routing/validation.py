@@ -7,8 +7,8 @@ configuration is judged by the same rules wherever it comes from.
 
 Single values are judged by the model fields themselves (their validators, choices and lengths),
 so a value the admin refuses is refused here with the same words. The rules below add what no
-single field can see: names used twice, routes naming hosts that do not exist, default models
-no host of the route serves.
+single field can see: names used twice, routes naming hosts or fallbacks that do not exist,
+default models no host of the route serves, fallbacks that fall back again.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ INVALID_VALUE = "E001"
 DUPLICATE_NAME = "E002"
 UNKNOWN_HOST = "E003"
 DEFAULT_MODEL_NOT_SERVED = "E004"
+UNKNOWN_FALLBACK = "E005"
+FALLBACK_CHAIN = "E006"
 ROUTE_WITHOUT_HOSTS = "W001"
 
 
@@ -67,21 +69,32 @@ class HostSpec:
 
 @dataclass(slots=True)
 class RouteSpec:
-    """A route and the names of its hosts in tie-break order. Field names are `Route`'s."""
+    """A route and the names of its hosts in tie-break order. Field names are `Route`'s.
+
+    `fallback` is the fallback route's name, "" for none.
+    """
 
     name: str
     default_model: str
     lease_ttl: int
     sticky: str
     enabled: bool
+    wait_status: bool
+    queue_timeout: int
+    lease_patience: float
+    fallback: str
+    fallback_after: float
+    fallback_model: str
     hosts: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_route(cls, route: Route) -> RouteSpec:
-        return cls(
-            **single_values(route, cls),
-            hosts=[route_host.host.name for route_host in route.route_hosts.all()],
-        )
+    def from_route(cls, route: Route, hosts: list[str] | None = None) -> RouteSpec:
+        """The route's spec; `hosts` stands in for its saved hosts (an unsaved route has none)."""
+        if hosts is None:
+            hosts = [route_host.host.name for route_host in route.route_hosts.all()]
+        values = single_values(route, cls)
+        values["fallback"] = route.fallback.name if route.fallback else ""
+        return cls(**values, hosts=hosts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +126,7 @@ def config_problems(hosts: list[HostSpec], routes: list[RouteSpec]) -> list[Prob
         *_invalid_values(Route, routes, "routes"),
         *_duplicate_names("Route", [route.name for route in routes], "routes"),
         *(problem for route in routes for problem in route_problems(route, hosts_by_name)),
+        *_fallback_problems(routes),
     ]
 
 
@@ -148,9 +162,9 @@ def route_problems(route: RouteSpec, hosts: Mapping[str, HostSpec]) -> Iterator[
 
 
 def config_from_db() -> tuple[list[HostSpec], list[RouteSpec]]:
-    """The configuration in the database, as specs (three queries)."""
+    """The configuration in the database, as specs (four queries)."""
     hosts = Host.objects.prefetch_related("models")
-    routes = Route.objects.prefetch_related(
+    routes = Route.objects.select_related("fallback").prefetch_related(
         Prefetch("route_hosts", queryset=RouteHost.objects.select_related("host"))
     )
     return [HostSpec.from_host(host) for host in hosts], [
@@ -178,14 +192,43 @@ def _host_problems(hosts: list[HostSpec]) -> Iterator[Problem]:
         yield from _duplicate_names("Model", [model.name for model in host.models], key)
 
 
+def _fallback_problems(routes: list[RouteSpec]) -> Iterator[Problem]:
+    routes_by_name = {route.name: route for route in routes}
+    for route in routes:
+        if not route.fallback:
+            continue
+        key = entry_key("routes", route.name) + ".fallback"
+        target = routes_by_name.get(route.fallback)
+        if route.fallback == route.name:
+            yield Problem(key, f"Route “{route.name}” cannot fall back to itself.", FALLBACK_CHAIN)
+        elif target is None:
+            yield Problem(
+                key,
+                f"Route “{route.name}” falls back to route “{route.fallback}”, "
+                "which does not exist.",
+                UNKNOWN_FALLBACK,
+            )
+        elif target.fallback:
+            # The gateway falls back once; a fallback of the fallback would never be used.
+            yield Problem(
+                key,
+                f"Route “{route.name}” falls back to route “{target.name}”, which falls back "
+                f"to “{target.fallback}” in turn; a fallback may not have a fallback of its own.",
+                FALLBACK_CHAIN,
+            )
+
+
 def _invalid_values(
     model: type[models.Model], specs: list[HostSpec] | list[ModelSpec] | list[RouteSpec], key: str
 ) -> Iterator[Problem]:
     for index, spec in enumerate(specs):
         prefix = entry_key(key, spec.name, index)
         for name, value in single_values(spec, type(spec)).items():
+            model_field = model._meta.get_field(name)
+            if model_field.is_relation:
+                continue  # a reference to another entry; the rules above judge those
             try:
-                model._meta.get_field(name).clean(value, None)
+                model_field.clean(value, None)
             except ValidationError as error:
                 yield Problem(f"{prefix}.{name}", " ".join(error.messages))
 

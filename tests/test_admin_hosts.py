@@ -244,4 +244,4 @@ def test_draining_from_the_list_tells_the_gateway(
     with django_capture_on_commit_callbacks(execute=True):
         drain(admin_client, "start_draining", [gpu1])
 
-    assert ConfigRevision.current() > before
+    assert ConfigRevision.current() != before

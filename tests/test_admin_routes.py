@@ -16,6 +16,10 @@ CHANGELIST = reverse("admin:routing_route_changelist")
 ADD = reverse("admin:routing_route_add")
 
 
+def change_url(route: Route) -> str:
+    return reverse("admin:routing_route_change", args=[route.pk])
+
+
 @pytest.fixture
 def gpus() -> tuple[Host, Host]:
     return (
@@ -32,6 +36,11 @@ def route_form(hosts: list[tuple[int, Host]], **fields: object) -> dict[str, obj
         "lease_ttl": "1200",
         "sticky": "prefer",
         "enabled": "on",
+        "queue_timeout": "300",
+        "lease_patience": "2.0",
+        "fallback": "",
+        "fallback_after": "10.0",
+        "fallback_model": "",
         "route_hosts-TOTAL_FORMS": str(len(hosts)),
         "route_hosts-INITIAL_FORMS": "0",
         "route_hosts-MIN_NUM_FORMS": "0",
@@ -70,7 +79,7 @@ def test_the_add_and_change_pages_render(admin_client: Client, gpus: tuple[Host,
     route = add_route("chat", list(gpus))
 
     assert admin_client.get(ADD).status_code == 200
-    response = admin_client.get(reverse("admin:routing_route_change", args=[route.pk]))
+    response = admin_client.get(change_url(route))
     assert response.status_code == 200
     assert b'name="route_hosts-0-position"' in response.content
 
@@ -102,23 +111,88 @@ def test_a_default_model_no_host_serves_is_refused(
     assert not Route.objects.exists()
 
 
+def change_form(route: Route, **fields: object) -> dict[str, object]:
+    """The POST of the route's change form as it stands, with `fields` changed."""
+    rows = list(route.route_hosts.all())
+    data = route_form(
+        [(row.position, row.host) for row in rows],
+        name=route.name,
+        default_model=route.default_model,
+        fallback=str(route.fallback_id or ""),
+        **{"route_hosts-INITIAL_FORMS": str(len(rows))},
+    )
+    for index, row in enumerate(rows):
+        data[f"route_hosts-{index}-id"] = str(row.pk)
+        data[f"route_hosts-{index}-route"] = str(route.pk)
+    return {**data, **fields}
+
+
 def test_removing_the_only_host_serving_the_default_model_is_refused(
     admin_client: Client, gpus: tuple[Host, Host]
 ) -> None:
-    gpu1, gpu2 = gpus
-    route = add_route("chat", [gpu1, gpu2], default_model="llama3")
-    rows = list(route.route_hosts.all())
-    form = route_form([(0, gpu1), (1, gpu2)], **{"route_hosts-INITIAL_FORMS": "2"})
-    for index, row in enumerate(rows):
-        form[f"route_hosts-{index}-id"] = str(row.pk)
-        form[f"route_hosts-{index}-route"] = str(route.pk)
-    form["route_hosts-0-DELETE"] = "on"
+    route = add_route("chat", list(gpus), default_model="llama3")
 
-    response = admin_client.post(reverse("admin:routing_route_change", args=[route.pk]), form)
+    response = admin_client.post(
+        change_url(route), change_form(route, **{"route_hosts-0-DELETE": "on"})
+    )
 
     assert response.status_code == 200
     assert "is not served by any of route" in response.content.decode()
     assert route.route_hosts.count() == 2
+
+
+def test_a_route_cannot_fall_back_to_itself(admin_client: Client, gpus: tuple[Host, Host]) -> None:
+    route = add_route("chat", list(gpus), default_model="llama3")
+
+    response = admin_client.post(change_url(route), change_form(route, fallback=str(route.pk)))
+
+    assert response.status_code == 200
+    assert "Route “chat” cannot fall back to itself." in response.content.decode()
+    route.refresh_from_db()
+    assert route.fallback is None
+
+
+def test_a_fallback_cannot_fall_back_again(admin_client: Client, gpus: tuple[Host, Host]) -> None:
+    gpu1, gpu2 = gpus
+    cpu = add_route("cpu", [gpu1])
+    bulk = add_route("bulk", [gpu2], fallback=cpu)
+    chat = add_route("chat", [gpu1], default_model="llama3")
+
+    response = admin_client.post(change_url(chat), change_form(chat, fallback=str(bulk.pk)))
+
+    assert response.status_code == 200
+    assert (
+        "Route “chat” falls back to route “bulk”, which falls back to “cpu” in turn; "
+        "a fallback may not have a fallback of its own."
+    ) in response.content.decode()
+
+
+def test_a_route_others_fall_back_to_may_be_renamed(
+    admin_client: Client, gpus: tuple[Host, Host]
+) -> None:
+    gpu1, gpu2 = gpus
+    cpu = add_route("cpu", [gpu2])
+    add_route("chat", [gpu1], fallback=cpu)
+
+    response = admin_client.post(change_url(cpu), change_form(cpu, name="cpu-pool"))
+
+    assert response.status_code == 302
+    assert Route.objects.get(name="chat").fallback.name == "cpu-pool"
+
+
+def test_an_error_the_edit_did_not_make_does_not_block_it(
+    admin_client: Client, gpus: tuple[Host, Host]
+) -> None:
+    route = add_route("chat", [gpus[1]], default_model="llama3")
+
+    response = admin_client.post(
+        change_url(route), change_form(route, lease_ttl="600"), follow=True
+    )
+
+    route.refresh_from_db()
+    assert route.lease_ttl == 600
+    messages = [str(message) for message in response.context["messages"]]
+    assert "Default model “llama3” is not served by any of route “chat”'s hosts: gpu2." in messages
 
 
 def test_a_reserved_route_name_is_a_form_error(

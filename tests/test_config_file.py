@@ -331,15 +331,10 @@ def gpu(name: str, *models: str) -> HostSpec:
     )
 
 
-def route(name: str, default_model: str, *hosts: str) -> RouteSpec:
-    return RouteSpec(
-        name=name,
-        default_model=default_model,
-        lease_ttl=1200,
-        sticky="prefer",
-        enabled=True,
-        hosts=list(hosts),
-    )
+def route(name: str, default_model: str, *hosts: str, fallback: str = "") -> RouteSpec:
+    spec = RouteSpec.from_route(Route(name=name, default_model=default_model), list(hosts))
+    spec.fallback = fallback
+    return spec
 
 
 def test_config_problems_names_duplicates_unknown_hosts_and_hostless_routes() -> None:
@@ -411,3 +406,72 @@ def test_the_example_file_loads_as_it_ships() -> None:
     summary = crossbar_config("load", str(ROOT / "crossbar.example.toml"))
 
     assert summary == "hosts: 2 created; models: 2 created; routes: 1 created"
+
+
+WITH_FALLBACK = FLEET.replace('sticky = "strict"', 'sticky = "strict"\nfallback = "cpu"') + (
+    '\n[[routes]]\nname = "cpu"\ndefault_model = "qwen"\nqueue_timeout = 60\nhosts = ["gpu1"]\n'
+)
+
+
+@pytest.mark.django_db
+def test_a_fallback_may_be_a_route_further_down_the_file(tmp_path: Path) -> None:
+    summary = crossbar_config("load", write(tmp_path, WITH_FALLBACK))
+
+    assert summary == "hosts: 2 created; models: 3 created; routes: 2 created"
+    assert Route.objects.get(name="chat").fallback == Route.objects.get(name="cpu")
+    assert Route.objects.get(name="cpu").queue_timeout == 60
+
+
+@pytest.mark.django_db
+def test_dump_round_trips_fallbacks(tmp_path: Path) -> None:
+    crossbar_config("load", write(tmp_path, WITH_FALLBACK))
+    first = crossbar_config("dump")
+
+    Route.objects.all().delete()
+    crossbar_config("load", write(tmp_path, first, "dump.toml"))
+
+    assert 'fallback = "cpu"' in first
+    assert crossbar_config("dump") == first
+
+
+@pytest.mark.django_db
+def test_dropping_the_fallback_from_the_file_removes_it(tmp_path: Path) -> None:
+    crossbar_config("load", write(tmp_path, WITH_FALLBACK))
+
+    summary = crossbar_config(
+        "load", write(tmp_path, WITH_FALLBACK.replace('fallback = "cpu"', ""))
+    )
+
+    assert summary == "hosts: 2 unchanged; models: 3 unchanged; routes: 1 updated, 1 unchanged"
+    assert Route.objects.get(name="chat").fallback is None
+
+
+def test_a_fallback_must_be_another_route_without_a_fallback_of_its_own() -> None:
+    hosts = [gpu("a", "x")]
+    routes = [
+        route("chat", "", "a", fallback="bulk"),
+        route("bulk", "", "a", fallback="cpu"),
+        route("cpu", "", "a", fallback="cpu"),
+        route("spare", "", "a", fallback="nowhere"),
+    ]
+
+    assert [(p.code, p.key, p.message) for p in config_problems(hosts, routes)] == [
+        (
+            "E006",
+            "routes.chat.fallback",
+            "Route “chat” falls back to route “bulk”, which falls back to “cpu” in turn; "
+            "a fallback may not have a fallback of its own.",
+        ),
+        (
+            "E006",
+            "routes.bulk.fallback",
+            "Route “bulk” falls back to route “cpu”, which falls back to “cpu” in turn; "
+            "a fallback may not have a fallback of its own.",
+        ),
+        ("E006", "routes.cpu.fallback", "Route “cpu” cannot fall back to itself."),
+        (
+            "E005",
+            "routes.spare.fallback",
+            "Route “spare” falls back to route “nowhere”, which does not exist.",
+        ),
+    ]

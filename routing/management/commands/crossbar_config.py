@@ -158,13 +158,22 @@ def _apply(hosts: list[HostSpec], routes: list[RouteSpec], prune: bool) -> Tally
             names = [model.name for model in spec.models]
             _delete(host.models.exclude(name__in=names), tally)
 
-    existing_routes = {route.name: route for route in Route.objects.all()}
+    existing_routes = {route.name: route for route in Route.objects.select_related("fallback")}
+    outcomes: dict[str, str] = {}
     for spec in routes:
-        route = existing_routes.get(spec.name) or Route(name=spec.name)
-        outcome = _save(route, single_values(spec, RouteSpec))
-        if _set_route_hosts(route, spec.hosts) and outcome == "unchanged":
-            outcome = "updated"
-        tally["routes"][outcome] += 1
+        route = existing_routes.setdefault(spec.name, Route(name=spec.name))
+        values = single_values(spec, RouteSpec)
+        del values["fallback"]
+        outcomes[spec.name] = _save(route, values)
+        if _set_route_hosts(route, spec.hosts) and outcomes[spec.name] == "unchanged":
+            outcomes[spec.name] = "updated"
+    # Only now: a fallback may be a route the file creates further down.
+    for spec in routes:
+        fallback = existing_routes[spec.fallback] if spec.fallback else None
+        changed = _save(existing_routes[spec.name], {"fallback": fallback}) == "updated"
+        if changed and outcomes[spec.name] == "unchanged":
+            outcomes[spec.name] = "updated"
+    tally["routes"].update(outcomes.values())
 
     if prune:
         _delete(Route.objects.exclude(name__in=[route.name for route in routes]), tally)
