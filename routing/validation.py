@@ -119,7 +119,7 @@ class Problem:
 
 
 def config_problems(hosts: list[HostSpec], routes: list[RouteSpec]) -> list[Problem]:
-    """Everything wrong with a whole configuration, errors and warnings, in file order."""
+    """Everything wrong with a whole configuration, errors and warnings, rule by rule."""
     hosts_by_name = {host.name: host for host in hosts}
     return [
         *_host_problems(hosts),
