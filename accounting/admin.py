@@ -6,12 +6,12 @@ import string
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from accounting.models import Request
+from accounting.models import ClientKey, Request
 
 
 class StatusClassFilter(admin.SimpleListFilter):
@@ -134,3 +134,46 @@ class RequestAdmin(admin.ModelAdmin):
     @admin.display(description="fingerprint", ordering="fingerprint")
     def short_fingerprint(self, obj: Request) -> str | None:
         return obj.fingerprint[:8] or None
+
+
+@admin.register(ClientKey)
+class ClientKeyAdmin(admin.ModelAdmin):
+    """Client keys: the key is shown once, in the message after it is issued, never again."""
+
+    list_display = [
+        "name", "key_start", "enabled", "routes", "max_concurrent", "requests_per_minute",
+        "created",
+    ]  # fmt: skip
+    list_filter = ["enabled"]
+    search_fields = ["name", "prefix", "notes"]
+    fields = [
+        "name", "key_start", "enabled", "routes", "max_concurrent", "requests_per_minute",
+        "notes", "created",
+    ]  # fmt: skip
+    readonly_fields = ["key_start", "created"]
+    actions = ["replace_keys"]
+
+    @admin.display(description="key")
+    def key_start(self, key: ClientKey) -> str:
+        return f"{key.prefix}…" if key.prefix else "issued when saved"
+
+    def save_model(self, request: HttpRequest, obj: ClientKey, form: Any, change: bool) -> None:
+        secret = None if change else obj.issue_key()
+        super().save_model(request, obj, form, change)
+        if secret is not None:
+            _show_once(request, obj, secret)
+
+    @admin.action(description="Replace the keys of the selected clients")
+    def replace_keys(self, request: HttpRequest, queryset: QuerySet[ClientKey]) -> None:
+        for key in queryset:
+            secret = key.issue_key()
+            key.save(update_fields=["key_hash", "prefix"])
+            _show_once(request, key, secret)
+
+
+def _show_once(request: HttpRequest, key: ClientKey, secret: str) -> None:
+    messages.success(
+        request,
+        f"The key of “{key.name}” is {secret} — copy it now: it is stored hashed and "
+        "cannot be shown again.",
+    )

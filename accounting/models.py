@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from django.core.validators import MinValueValidator
 from django.db import models
+
+from accounting.keys import hash_key, new_key, shown_prefix
 
 
 class Request(models.Model):
@@ -68,3 +71,60 @@ class Request(models.Model):
         if self.prompt_tokens and self.cached_tokens is not None:
             return self.cached_tokens / self.prompt_tokens
         return None
+
+
+class ClientKey(models.Model):
+    """A key a client sends as `Authorization: Bearer <key>`, and what it may do.
+
+    Only the key's sha256 and its first characters are stored; the key itself is shown once,
+    when it is issued. Route names are plain strings, like a Request's, so accounting does not
+    depend on routing.
+    """
+
+    name = models.CharField(
+        max_length=100, unique=True, help_text="Shown on request rows, in reports and metrics."
+    )
+    prefix = models.CharField(
+        max_length=16, editable=False, help_text="The start of the key, to recognize it."
+    )
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    enabled = models.BooleanField(default=True)
+    routes = models.CharField(
+        max_length=1000,
+        blank=True,
+        help_text="Route names the key may use, separated by commas or spaces; empty: every route.",
+    )
+    max_concurrent = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Requests in flight at once; more get 429. Empty: no limit.",
+    )
+    requests_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Requests started in any 60 seconds; more get 429. Empty: no limit.",
+    )
+    created = models.DateTimeField(auto_now_add=True)
+    notes = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def route_names(self) -> list[str]:
+        return self.routes.replace(",", " ").split()
+
+    def issue_key(self) -> str:
+        """Give the row a new random key and return it: the only time it exists in clear.
+
+        The caller saves the row; the old key, if any, stops working once it is saved.
+        """
+        key = new_key()
+        self.key_hash = hash_key(key)
+        self.prefix = shown_prefix(key)
+        return key

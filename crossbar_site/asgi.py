@@ -16,12 +16,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crossbar_site.settings")
 site_app = get_asgi_application()
 
 # Imports that need Django set up first.
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
-from django.urls import set_urlconf  # noqa: E402
+from django.urls import path, set_urlconf  # noqa: E402
+
+from routing.dashboard import DashboardConsumer  # noqa: E402
 
 # First path segments served by the site; everything else is the gateway's.
 SITE_PREFIXES = ("/admin", "/static/", "/dashboard", "/metrics", "/api/")
@@ -58,4 +62,13 @@ async def http_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def
     await app(scope, receive, send)
 
 
-application = ProtocolTypeRouter({"http": http_app})
+application = ProtocolTypeRouter(
+    {
+        "http": http_app,
+        # The live dashboard: session-authenticated, and only from pages of an allowed host
+        # (a cookie-authenticated socket must not be opened by another site's script).
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter([path("dashboard/ws/", DashboardConsumer.as_asgi())]))
+        ),
+    }
+)

@@ -6,25 +6,11 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from hosts.actions import set_draining
 from hosts.models import Host, HostModel
-
-
-def set_draining(hosts: QuerySet[Host], draining: bool) -> int:
-    """Start or stop draining these hosts; return how many changed.
-
-    Saves each host, rather than one UPDATE, so the gateway hears of it through the signals.
-    """
-    changed = 0
-    with transaction.atomic():
-        for host in hosts.exclude(draining=draining):
-            host.draining = draining
-            host.save(update_fields=["draining"])
-            changed += 1
-    return changed
 
 
 class HostForm(forms.ModelForm):
@@ -112,7 +98,7 @@ class HostAdmin(admin.ModelAdmin):
         self._drain(request, queryset, draining=False)
 
     def _drain(self, request: HttpRequest, queryset: QuerySet[Host], draining: bool) -> None:
-        changed = set_draining(queryset, draining)
+        changed = set_draining(queryset.values_list("name", flat=True), draining)
         text = f"{_hosts(changed)} {'started' if draining else 'stopped'} draining"
         if unchanged := queryset.count() - changed:
             text += f" ({unchanged} unchanged)"

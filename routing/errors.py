@@ -19,9 +19,10 @@ class GatewayError(Exception):
     status = 400
     code = "bad_request"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.retry_after = retry_after
 
 
 class MissingRoute(GatewayError):
@@ -82,6 +83,34 @@ class UpstreamTimeout(GatewayError):
     code = "upstream_timeout"
 
 
+class MissingKey(GatewayError):
+    """Client keys are required and the request sent no `Authorization: Bearer` key."""
+
+    status = 401
+    code = "missing_api_key"
+
+
+class InvalidKey(GatewayError):
+    """The key is unknown or disabled."""
+
+    status = 401
+    code = "invalid_api_key"
+
+
+class RouteNotAllowed(GatewayError):
+    """The key may not use this route."""
+
+    status = 403
+    code = "route_not_allowed"
+
+
+class ClientLimited(GatewayError):
+    """The key is over its concurrency or requests-per-minute limit; `retry_after` says when."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+
+
 @dataclass(slots=True, frozen=True)
 class Answer:
     status: int
@@ -116,5 +145,7 @@ def answer_for(exc: Exception) -> Answer:
     if isinstance(exc, QueueTimeout):
         return Answer(503, exc.message, "server_error", exc.code, retry_after=5)
     if isinstance(exc, GatewayError):
-        return Answer(exc.status, exc.message, _error_type(exc.status), exc.code)
+        return Answer(
+            exc.status, exc.message, _error_type(exc.status), exc.code, exc.retry_after
+        )
     return Answer(500, "internal gateway error", "server_error", "internal_error")

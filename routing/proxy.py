@@ -26,7 +26,8 @@ from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
 
 from accounting.recorder import RequestRecord, get_recorder
-from routing import sse
+from routing import metrics, sse
+from routing.clients import ClientPass
 from routing.errors import (
     Answer,
     BadBody,
@@ -86,7 +87,7 @@ class Exchange:
 
     __slots__ = (
         "route", "fingerprint", "model", "host", "lease", "fallback", "started", "t0",
-        "queued_ms", "ttfb_ms", "streamed", "done", "_lock",
+        "queued_ms", "ttfb_ms", "streamed", "done", "_lock", "client", "client_pass",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -96,6 +97,8 @@ class Exchange:
         self.host = ""
         self.lease = ""
         self.fallback = ""
+        self.client = ""  # the client key's name
+        self.client_pass: ClientPass | None = None  # released when the exchange finishes
         self.started = datetime.now(UTC)
         self.t0 = time.perf_counter()
         self.queued_ms = 0
@@ -127,27 +130,30 @@ class Exchange:
             if self.done:
                 return
             self.done = True
+        if self.client_pass is not None:
+            self.client_pass.release()
         total_ms = self.elapsed_ms()
-        get_recorder().record(
-            RequestRecord(
-                route=self.route,
-                fingerprint=self.fingerprint,
-                model=self.model,
-                host=self.host,
-                started=self.started,
-                queued_ms=self.queued_ms,
-                ttfb_ms=self.ttfb_ms,
-                total_ms=total_ms,
-                status=status,
-                streamed=self.streamed,
-                lease=self.lease,
-                prompt_tokens=prompt_tokens,
-                cached_tokens=cached_tokens,
-                completion_tokens=completion_tokens,
-                error=error,
-                fallback=self.fallback,
-            )
+        record = RequestRecord(
+            route=self.route,
+            fingerprint=self.fingerprint,
+            model=self.model,
+            host=self.host,
+            started=self.started,
+            queued_ms=self.queued_ms,
+            ttfb_ms=self.ttfb_ms,
+            total_ms=total_ms,
+            status=status,
+            streamed=self.streamed,
+            lease=self.lease,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            completion_tokens=completion_tokens,
+            error=error,
+            client=self.client,
+            fallback=self.fallback,
         )
+        get_recorder().record(record)
+        metrics.observe(record)
         log.info(
             "route=%s model=%s host=%s status=%d lease=%s queued_ms=%d total_ms=%d fp=%s%s",
             self.route or "-",
@@ -287,6 +293,8 @@ def error_response(exc: Exception, exchange: Exchange) -> HttpResponse:
     response = JsonResponse(answer.body(), status=answer.status)
     if answer.retry_after is not None:
         response["Retry-After"] = str(answer.retry_after)
+    if answer.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="crossbar"'
     if exchange.host:
         response["X-Crossbar-Host"] = exchange.host
     exchange.finish(answer.status, answer.message)
@@ -448,6 +456,10 @@ async def _serve(request: HttpRequest, exchange: Exchange) -> HttpResponse | Str
     await runtime.refresh()
     route, rest = resolve_route(request, runtime.fleet)
     exchange.route = route.name
+    client = runtime.clients.identify(request.headers.get("Authorization"))
+    if client is not None:
+        exchange.client = client.name
+        exchange.client_pass = runtime.clients.admit(client, route.name)
     method = request.method or "GET"
 
     if rest == "/v1/models" and method in _LOCAL_METHODS:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from asgiref.sync import sync_to_async
@@ -25,6 +25,7 @@ from django.db import close_old_connections
 from hosts.health import HealthTable, Probe, poll_forever
 from routing import signals
 from routing.choose import Candidate, best
+from routing.clients import ClientGate, ClientSpec
 from routing.leases import LeaseKey, LeaseOutcome, LeaseTable
 from routing.limiter import Limiter
 
@@ -71,6 +72,7 @@ class Fleet:
     hosts: Mapping[str, HostConfig]
     routes: Mapping[str, RouteConfig]
     revision: int
+    clients: Mapping[str, ClientSpec] = field(default_factory=dict)  # enabled keys by sha256
 
     def route_models(self, route: RouteConfig) -> list[str]:
         """Every model some enabled host of the route serves, in route order."""
@@ -123,7 +125,21 @@ def load_fleet() -> Fleet:
             "route_hosts__host"
         )
     }
-    return Fleet(hosts=hosts, routes=routes, revision=revision)
+    return Fleet(hosts=hosts, routes=routes, revision=revision, clients=_load_clients())
+
+
+def _load_clients() -> dict[str, ClientSpec]:
+    from accounting.models import ClientKey
+
+    return {
+        key.key_hash: ClientSpec(
+            name=key.name,
+            routes=frozenset(key.route_names),
+            max_concurrent=key.max_concurrent,
+            per_minute=key.requests_per_minute,
+        )
+        for key in ClientKey.objects.filter(enabled=True)
+    }
 
 
 def _current_revision() -> int:
@@ -142,6 +158,7 @@ class Runtime:
         self.limiter = Limiter()
         self.leases = LeaseTable()
         self.health = HealthTable()
+        self.clients = ClientGate(require=conf["REQUIRE_KEY"])
         self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
         self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
         self.stream_idle_timeout: float = conf["STREAM_IDLE_TIMEOUT"]
@@ -213,6 +230,7 @@ class Runtime:
             if current is None:
                 self.leases.drop_host(host.name)
         self.health.track({host.name: host.url for host in fleet.hosts.values()})
+        self.clients.configure(fleet.clients)
         self.fleet = fleet
         log.info(
             "config loaded: revision=%s hosts=%d routes=%d",

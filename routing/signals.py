@@ -1,4 +1,4 @@
-"""Admin or ORM edits to hosts, models and routes reach the running gateway.
+"""Admin or ORM edits to hosts, models, routes and client keys reach the running gateway.
 
 Every save or delete, once its transaction commits, bumps this process's generation (an
 integer the runtime compares on every request, so admin edits apply at once) and the shared
@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
+from accounting.models import ClientKey
 from hosts.models import Host, HostModel
 from routing.models import ConfigRevision, Route, RouteHost
 
@@ -45,9 +46,11 @@ def config_changed() -> None:
 @receiver(post_save, sender=HostModel)
 @receiver(post_save, sender=Route)
 @receiver(post_save, sender=RouteHost)
+@receiver(post_save, sender=ClientKey)
 @receiver(post_delete, sender=Host)
 @receiver(post_delete, sender=HostModel)
 @receiver(post_delete, sender=Route)
 @receiver(post_delete, sender=RouteHost)
+@receiver(post_delete, sender=ClientKey)
 def _config_changed(**kwargs: object) -> None:
     transaction.on_commit(config_changed, using=kwargs.get("using"))  # type: ignore[arg-type]
