@@ -18,7 +18,9 @@ def validate_weight(value: float) -> None:
 class Host(models.Model):
     """One OpenAI-compatible engine (usually a llama-server) behind the gateway."""
 
-    name = models.SlugField(max_length=64, unique=True, help_text="Shown in headers, logs and rows.")
+    name = models.SlugField(
+        max_length=64, unique=True, help_text="Shown in headers, logs and rows."
+    )
     url = models.CharField(
         max_length=500,
         validators=[URLValidator(schemes=["http", "https"])],
