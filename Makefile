@@ -26,3 +26,22 @@ test: lint
 
 clean:
 	rm -rf $(VENV) var/static
+
+# Benchmarks (bench/README.md): the gateway against a fake upstream; bench-compare adds LiteLLM,
+# installed on first use into its own venv (bench/.venv-litellm, gitignored).
+LITELLM_VENV := bench/.venv-litellm
+LITELLM_PIN := litellm[proxy]==1.108.7
+
+.PHONY: bench bench-compare
+
+bench: $(VENV)/.installed
+	$(PY) bench/bench_gateway.py
+
+bench-compare: $(VENV)/.installed $(LITELLM_VENV)/.installed
+	$(PY) bench/bench_gateway.py --compare
+
+$(LITELLM_VENV)/.installed:
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install --quiet --disable-pip-version-check '$(LITELLM_PIN)' \
+		|| { echo "bench-compare: could not install $(LITELLM_PIN) into $(LITELLM_VENV) (see pip's error above)"; exit 1; }
+	touch $@

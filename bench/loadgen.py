@@ -1,0 +1,385 @@
+"""A load generator for streaming chat completions, on raw asyncio protocols.
+
+    python bench/loadgen.py --url http://127.0.0.1:PORT/bench/v1/chat/completions \
+        --concurrency 32 --requests 6 --chunks 64 --watch-pid PID
+
+Runs `concurrency` clients, each on its own keep-alive connection (opened again whenever the
+server closes it, as llama-server does after every stream). Every client first sends one
+unmeasured warm-up request; then all start together and each sends up to `requests` more, one
+after the other, until `max_seconds` have passed. Prints one JSON document to stdout: every
+measured request's timings, this process's own CPU time (to show it is not the bottleneck), and,
+for `--watch-pid`, that process's CPU time and peak RSS over the measured part.
+
+It speaks just enough HTTP/1.1 for a streamed response: a head, then a chunked or
+Content-Length body, in which it counts SSE `data:` events. Deliberately no httpx: a client
+library would cost more CPU per chunk than the gateway it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+SAMPLE_INTERVAL = 0.05  # seconds between RSS samples of the watched process
+DATA = b"data: "
+DONE = b"data: [DONE]"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(slots=True)
+class Sample:
+    """One request: milliseconds from sending it to its response head, first token and end."""
+
+    status: int
+    head_ms: float
+    ttfb_ms: float
+    total_ms: float
+    events: int
+    error: str = ""
+
+
+class ResponseReader(asyncio.Protocol):
+    """One keep-alive connection; reads one response at a time into `Sample`s."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+        self._done: asyncio.Future[Sample] | None = None
+        self.sent_at = 0.0
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._buffer = b""
+        self._in_body = False
+        self._status = 0
+        self._chunked = False
+        self._remaining = -1  # bytes left of the current chunk or Content-Length body
+        self._chunk_tail = False  # a chunk's data ended; its CRLF is still to come
+        self._keep_alive = True
+        self._events = 0
+        self._done_seen = False
+        self._carry = b""  # the end of the last body piece, for a `data: ` split across reads
+        self._t0 = 0.0
+        self._head_at = 0.0
+        self._first_at = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+        if self._done is not None and not self._done.done():
+            if self._in_body and not self._chunked and self._remaining < 0:
+                self._finish()  # a body delimited by the close
+            else:
+                self._fail(f"connection closed: {exc or 'by the server'}")
+
+    def send(self, request: bytes) -> asyncio.Future[Sample]:
+        assert self.transport is not None
+        self._reset_state()
+        self._done = asyncio.get_running_loop().create_future()
+        self._t0 = self.sent_at = time.perf_counter()
+        self.transport.write(request)
+        return self._done
+
+    def data_received(self, data: bytes) -> None:
+        if self._done is None or self._done.done():
+            return
+        if not self._in_body:
+            self._buffer += data
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self._head_at = time.perf_counter()
+            self._read_head(self._buffer[:end].decode("latin-1"))
+            data, self._buffer = self._buffer[end + 4 :], b""
+            self._in_body = True
+        if self._chunked:
+            self._read_chunked(data)
+        else:
+            self._body(data)
+            if self._remaining > 0:
+                self._remaining -= len(data)
+            if self._remaining == 0:
+                self._finish()
+
+    def _read_head(self, head: str) -> None:
+        status_line, *lines = head.split("\r\n")
+        self._status = int(status_line.split(" ", 2)[1])
+        for line in lines:
+            name, _, value = line.partition(":")
+            name, value = name.strip().lower(), value.strip().lower()
+            if name == "transfer-encoding" and "chunked" in value:
+                self._chunked = True
+            elif name == "content-length":
+                self._remaining = int(value)
+            elif name == "connection" and value == "close":
+                self._keep_alive = False
+
+    def _read_chunked(self, data: bytes) -> None:
+        buffer = self._buffer + data if self._buffer else data
+        position = 0
+        while position < len(buffer):
+            if self._chunk_tail:
+                if len(buffer) - position < 2:
+                    break
+                position += 2
+                self._chunk_tail = False
+            elif self._remaining > 0:
+                piece = buffer[position : position + self._remaining]
+                self._body(piece)
+                position += len(piece)
+                self._remaining -= len(piece)
+                self._chunk_tail = self._remaining == 0
+            else:
+                end = buffer.find(b"\r\n", position)
+                if end < 0:
+                    break
+                size = int(buffer[position:end].split(b";")[0], 16)
+                position = end + 2
+                if size == 0:
+                    self._finish()  # trailers are not used by anything measured here
+                    return
+                self._remaining = size
+        self._buffer = buffer[position:]
+
+    def _body(self, piece: bytes) -> None:
+        if not piece:
+            return
+        # The carry is too short to hold a whole `data: `, so none is counted twice; `[DONE]`
+        # is looked for with a longer one (finding it twice does no harm).
+        text = self._carry + piece
+        count = text[len(self._carry) - min(len(self._carry), len(DATA) - 1) :].count(DATA)
+        if count:
+            if not self._first_at:
+                self._first_at = time.perf_counter()
+            self._events += count
+            if not self._done_seen and DONE in text:
+                self._done_seen = True
+        self._carry = text[-(len(DONE) - 1) :]
+
+    def _finish(self) -> None:
+        now = time.perf_counter()
+        error = ""
+        if self._status == 200 and not self._done_seen:
+            error = "stream ended without [DONE]"
+        self._complete(
+            Sample(
+                status=self._status,
+                head_ms=(self._head_at - self._t0) * 1000,
+                ttfb_ms=((self._first_at or now) - self._t0) * 1000,
+                total_ms=(now - self._t0) * 1000,
+                events=self._events - self._done_seen,
+                error=error,
+            )
+        )
+        if not self._keep_alive and self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, error: str) -> None:
+        now = (time.perf_counter() - self._t0) * 1000
+        self._complete(Sample(self._status, now, now, now, self._events, error))
+
+    def _complete(self, sample: Sample) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(sample)
+
+
+class Client:
+    """One simulated user: a conversation of its own on a connection of its own."""
+
+    def __init__(
+        self, host: str, port: int, request: bytes, timeout: float, reconnect: bool
+    ) -> None:
+        self.host, self.port, self.request, self.timeout = host, port, request, timeout
+        self.reconnect = reconnect
+        self.reader: ResponseReader | None = None
+
+    async def send(self) -> Sample:
+        """One request. With `reconnect`, on a new connection whose setup counts in its time."""
+        started = time.perf_counter()
+        try:
+            if self.reconnect or self.reader is None or self.reader.closed.done():
+                self.close()
+                loop = asyncio.get_running_loop()
+                _, self.reader = await loop.create_connection(ResponseReader, self.host, self.port)
+            async with asyncio.timeout(self.timeout):
+                sample = await self.reader.send(self.request)
+            if self.reconnect:
+                elapsed = (self.reader.sent_at - started) * 1000
+                sample.head_ms += elapsed
+                sample.ttfb_ms += elapsed
+                sample.total_ms += elapsed
+            return sample
+        except (OSError, TimeoutError) as exc:
+            if self.reader is not None and self.reader.transport is not None:
+                self.reader.transport.abort()
+            self.reader = None
+            elapsed = (time.perf_counter() - started) * 1000
+            return Sample(0, elapsed, elapsed, elapsed, 0, f"{type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        if self.reader is not None and self.reader.transport is not None:
+            self.reader.transport.close()
+
+
+def build_request(url: str, number: int, chunks: int, model: str, headers: list[str]) -> bytes:
+    parts = urlsplit(url)
+    body = json.dumps(
+        {
+            "model": model,
+            "stream": True,
+            "max_tokens": chunks,
+            "messages": [
+                {"role": "system", "content": "You are a terse benchmark."},
+                {"role": "user", "content": f"Client {number}: count to {chunks}."},
+            ],
+        }
+    ).encode()
+    head = [
+        f"POST {parts.path or '/'} HTTP/1.1",
+        f"Host: {parts.netloc}",
+        "Content-Type: application/json",
+        "Accept: text/event-stream",
+        f"Content-Length: {len(body)}",
+        *headers,
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def read_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, all its threads, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def read_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all processes of the machine have used (all cores), from /proc/stat."""
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(field) for field in Path("/proc/stat").read_text().split(maxsplit=8)[1:8]
+    )
+    return (user + nice + system + irq + softirq) / CLOCK_TICKS
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """CPU seconds of the main thread: the event loop, as opposed to sync_to_async workers."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def thread_count(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+
+
+async def watch_rss(pid: int, peak: list[float]) -> None:
+    while True:
+        peak[0] = max(peak[0], read_rss_mb(pid))
+        await asyncio.sleep(SAMPLE_INTERVAL)
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    parts = urlsplit(args.url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    clients = [
+        Client(
+            host,
+            port,
+            build_request(args.url, number, args.chunks, args.model, args.header),
+            args.timeout,
+            args.reconnect,
+        )
+        for number in range(args.concurrency)
+    ]
+    warmup = await asyncio.gather(*(client.send() for client in clients))
+
+    pid = args.watch_pid
+    peak = [0.0]
+    cpu_before = read_cpu_seconds(pid) if pid else 0.0
+    main_before = main_thread_cpu_seconds(pid) if pid else 0.0
+    own_before = time.process_time()
+    machine_before = machine_busy_seconds()
+    watcher = asyncio.create_task(watch_rss(pid, peak)) if pid else None
+    started = time.perf_counter()
+    deadline = started + args.max_seconds
+    samples: list[Sample] = []
+
+    async def drive(client: Client) -> None:
+        for _ in range(args.requests):
+            if time.perf_counter() > deadline:
+                break
+            samples.append(await client.send())
+
+    await asyncio.gather(*(drive(client) for client in clients))
+    wall = time.perf_counter() - started
+    own_cpu = time.process_time() - own_before
+    machine_busy = machine_busy_seconds() - machine_before
+    result: dict[str, object] = {
+        "concurrency": args.concurrency,
+        "chunks": args.chunks,
+        "wall_s": wall,
+        "loadgen_cpu_s": own_cpu,
+        "machine_busy_cores": machine_busy / wall,
+        "warmup_errors": sum(1 for s in warmup if s.error or s.status != 200),
+        "samples": [asdict(s) for s in samples],
+    }
+    if pid:
+        assert watcher is not None
+        watcher.cancel()
+        peak[0] = max(peak[0], read_rss_mb(pid))
+        cpu = read_cpu_seconds(pid) - cpu_before
+        main_cpu = main_thread_cpu_seconds(pid) - main_before
+        result |= {
+            "cpu_s": cpu,
+            "rss_peak_mb": peak[0],
+            # Threads that ended meanwhile count in the process, not in /proc/<pid>/task.
+            "thread_cpu_s": {"main": main_cpu, "other": cpu - main_cpu},
+            "threads": thread_count(pid),
+        }
+    for client in clients:
+        client.close()
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True, help="the chat completions URL")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=4, help="measured requests per client")
+    parser.add_argument("--max-seconds", type=float, default=20.0, help="no new request after")
+    parser.add_argument("--chunks", type=int, default=64, help="max_tokens of each request")
+    parser.add_argument("--model", default="test-model")
+    parser.add_argument("--header", action="append", default=[], help="'Name: value'")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    parser.add_argument(
+        "--reconnect",
+        action="store_true",
+        help="a new connection per request (llama-server closes one after every stream)",
+    )
+    parser.add_argument("--watch-pid", type=int, default=0, help="report this process's CPU")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    json.dump(asyncio.run(run(args)), sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
