@@ -1,0 +1,215 @@
+"""/metrics: Prometheus' text format, moved by real requests through the real gateway."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import free_port, running_gateway, wait_until
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.fleet import MODEL, add_host, add_route, chat
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str, token: str | None = None) -> Samples:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.get(f"{url}/metrics", headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def scrape_until(url: str, predicate, what: str) -> Samples:  # type: ignore[no-untyped-def]
+    """Scrape until `predicate(samples)` holds; return those samples."""
+    found: list[Samples] = []
+
+    def check() -> bool:
+        found[:] = [scrape(url)]
+        return bool(predicate(found[0]))
+
+    wait_until(check, what=what)
+    return found[0]
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """A sample's value; 0 when the series does not exist yet (counters start there)."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+PLACE = {"route": "chat", "host": "gpu1", "model": MODEL}
+
+
+def test_finished_requests_move_the_counters_histograms_and_token_counts(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url)])
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    before = scrape(gateway.url)
+
+    first = httpx.post(url, json=chat("metrics please", max_tokens=3))
+    second = httpx.post(
+        url,
+        json=chat(
+            "metrics please", stream=True, max_tokens=4, stream_options={"include_usage": True}
+        ),
+    )
+    after = scrape(gateway.url)
+
+    assert first.status_code == second.status_code == 200
+    assert delta(before, after, "crossbar_requests_total", **PLACE, status="200") == 2
+    assert delta(before, after, "crossbar_request_duration_seconds_count", **PLACE) == 2
+    assert delta(before, after, "crossbar_ttfb_seconds_count", **PLACE) == 2
+    assert delta(before, after, "crossbar_queue_wait_seconds_count", **PLACE) == 2
+    assert delta(before, after, "crossbar_completion_tokens_total", **PLACE) == 3 + 4
+    prompt = first.json()["usage"]["prompt_tokens"] * 2  # the same prompt twice
+    assert delta(before, after, "crossbar_prompt_tokens_total", **PLACE) == prompt
+    # The second turn found the conversation's lease and the host's cache.
+    assert delta(before, after, "crossbar_cached_tokens_total", **PLACE) > 0
+    leases = {"route": "chat", "host": "gpu1"}
+    assert delta(before, after, "crossbar_lease_outcomes_total", **leases, outcome="new") == 1
+    assert delta(before, after, "crossbar_lease_outcomes_total", **leases, outcome="reused") == 1
+
+
+def test_a_refused_request_counts_its_status_without_the_client_chosen_model(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url)])
+    gateway.sync()
+    before = scrape(gateway.url)
+
+    response = httpx.post(
+        f"{gateway.url}/chat/v1/chat/completions",
+        json={"model": "no-such-model-x9", "messages": []},
+    )
+    text = httpx.get(f"{gateway.url}/metrics").text
+    after = scrape(gateway.url)
+
+    assert response.status_code == 404
+    labels = {"route": "chat", "host": "", "model": "", "status": "404"}
+    assert delta(before, after, "crossbar_requests_total", **labels) == 1
+    assert "no-such-model-x9" not in text
+
+
+def test_slots_in_flight_and_queue_show_while_requests_run(gateway, fake):
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 3)})])
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    pair = {"host": "gpu1", "model": MODEL}
+
+    def stream(i: int) -> None:
+        httpx.post(url, json=chat(f"long {i}", stream=True, max_tokens=15), timeout=30)
+
+    before = scrape(gateway.url)
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    busy = scrape_until(
+        gateway.url,
+        lambda s: value(s, "crossbar_queued", **pair) == 1,
+        what="one request running and one queued",
+    )
+    for thread in threads:
+        thread.join()
+    idle = scrape(gateway.url)
+
+    assert value(busy, "crossbar_in_flight", **pair) == 1
+    assert value(busy, "crossbar_slots", **pair) == 1
+    assert value(busy, "crossbar_queue_max", **pair) == 3
+    assert delta(before, busy, "crossbar_leases_held", host="gpu1") == 2  # two conversations
+    assert value(idle, "crossbar_in_flight", **pair) == 0
+    assert value(idle, "crossbar_queued", **pair) == 0
+
+
+def test_host_state_is_one_gauge_per_host_and_state(gateway, fake):
+    gone = f"http://127.0.0.1:{free_port()}"  # nothing listens: the poller marks it down
+    add_route("chat", [add_host("gpu1", fake.url), add_host("gpu2", gone, draining=True)])
+    gateway.sync()
+
+    samples = scrape_until(
+        gateway.url,
+        lambda s: value(s, "crossbar_host_state", host="gpu2", state="down") == 1
+        and value(s, "crossbar_host_state", host="gpu1", state="up") == 1,
+        what="gpu1 up and gpu2 down",
+    )
+
+    states = {"up": 1, "down": 0, "loading": 0, "unknown": 0}
+    assert {s: value(samples, "crossbar_host_state", host="gpu1", state=s) for s in states} == (
+        states
+    )
+    assert value(samples, "crossbar_host_draining", host="gpu2") == 1
+    assert value(samples, "crossbar_host_draining", host="gpu1") == 0
+
+
+def test_a_request_served_by_the_fallback_route_is_counted(gateway, fake):
+    fake.token_delay = 0.1
+    with FakeLlamaServer(slots=2, models=("small",)) as cpu:
+        cpu_route = add_route("cpu", [add_host("cpu1", cpu.url, models={"small": (2, 0)})])
+        add_route(
+            "chat",
+            [add_host("gpu1", fake.url, models={MODEL: (1, 4)})],
+            fallback=cpu_route,
+            fallback_after=0.3,
+            fallback_model="small",
+        )
+        gateway.sync()
+        url = f"{gateway.url}/chat/v1/chat/completions"
+        before = scrape(gateway.url)
+        hold = chat("hold", stream=True, max_tokens=20)
+        holder = threading.Thread(target=lambda: httpx.post(url, json=hold, timeout=30))
+        holder.start()
+        wait_until(lambda: fake.in_flight == 1, what="the only slot to be taken")
+        response = httpx.post(url, json=chat("help"))
+        holder.join()
+    after = scrape(gateway.url)
+
+    assert response.headers["x-crossbar-fallback"] == "cpu"
+    assert delta(before, after, "crossbar_fallbacks_total", route="chat", fallback="cpu") == 1
+    labels = {"route": "chat", "host": "cpu1", "model": "small", "status": "200"}
+    assert delta(before, after, "crossbar_requests_total", **labels) == 1
+
+
+def test_the_recorder_reports_its_backlog_and_losses(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url)])
+    gateway.sync()
+    httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=chat())
+
+    samples = scrape(gateway.url)
+
+    assert ("crossbar_recorder_backlog", frozenset()) in samples
+    assert value(samples, "crossbar_recorder_dropped_total") == 0
+    assert value(samples, "crossbar_recorder_written_total") >= 0
+
+
+@pytest.fixture
+def gateway_with_metrics_token(django_db_setup, tmp_path):  # type: ignore[no-untyped-def]
+    with running_gateway(tmp_path, CROSSBAR_METRICS_TOKEN="scrape-secret") as gw:
+        yield gw
+
+
+def test_the_metrics_token_is_required_when_set(gateway_with_metrics_token):
+    url = f"{gateway_with_metrics_token.url}/metrics"
+
+    missing = httpx.get(url)
+    wrong = httpx.get(url, headers={"Authorization": "Bearer nope"})
+    samples = scrape(gateway_with_metrics_token.url, token="scrape-secret")
+
+    assert missing.status_code == wrong.status_code == 401
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    assert "crossbar_requests" not in missing.text
+    assert ("crossbar_recorder_backlog", frozenset()) in samples
+
+
+def test_metrics_need_no_token_by_default(gateway):
+    assert httpx.get(f"{gateway.url}/metrics").status_code == 200
