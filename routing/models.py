@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 
 from django.core.exceptions import ValidationError
@@ -14,6 +15,12 @@ from hosts.models import Host
 RESERVED_ROUTE_NAMES = frozenset(
     {"admin", "static", "v1", "health", "props", "metrics", "dashboard", "api"}
 )
+
+
+def validate_seconds(value: float) -> None:
+    # `not value >= 0` also refuses NaN, which TOML can spell.
+    if not value >= 0 or math.isinf(value):
+        raise ValidationError("Enter a number of seconds, 0 or more.")
 
 
 def validate_route_name(value: str) -> None:
@@ -54,7 +61,7 @@ class Route(models.Model):
     )
     lease_patience = models.FloatField(
         default=2.0,
-        validators=[MinValueValidator(0.0)],
+        validators=[validate_seconds],
         help_text="Seconds a conversation waits for its own (cache-warm) host before it goes "
         "to another host with a free slot. 0: never wait while another host is free.",
     )
@@ -68,7 +75,7 @@ class Route(models.Model):
     )
     fallback_after = models.FloatField(
         default=10.0,
-        validators=[MinValueValidator(0.0)],
+        validators=[validate_seconds],
         help_text="Seconds a request waits (queued, or for a healthy host) before the fallback.",
     )
     fallback_model = models.CharField(

@@ -82,3 +82,14 @@ def test_a_masked_api_key_shows_at_most_the_last_four_characters() -> None:
     assert Host(api_key="sk-1234567890abcdef").masked_api_key == "…cdef"
     assert Host(api_key="short").masked_api_key == "set"
     assert Host(api_key="").masked_api_key == ""
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_patience_and_fallback_waits_must_be_finite_seconds(value):
+    route = Route(name="chat", lease_patience=value, fallback_after=value)
+
+    with pytest.raises(ValidationError) as raised:
+        route.full_clean()
+
+    assert set(raised.value.message_dict) >= {"lease_patience", "fallback_after"}
