@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from hosts.actions import set_draining
+from hosts.live import HostStates, host_states
 from hosts.models import Host, HostModel
 
 
@@ -70,13 +71,28 @@ class HostAdmin(admin.ModelAdmin):
         "clear_api_key",
         "api_key_env",
         "notes",
+        "live_state",
     ]
-    readonly_fields = ["api_key_env"]
+    readonly_fields = ["api_key_env", "live_state"]
     list_display = ["name", "url", "enabled", "draining", "weight", "models_summary", "key"]
     list_editable = ["draining"]
     list_filter = ["enabled", "draining"]
     search_fields = ["name", "url", "notes"]
     actions = ["start_draining", "stop_draining"]
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        # One read of the gateway's state per page, not one per row.
+        states = host_states()
+
+        @admin.display(description="live")
+        def live(host: Host) -> str:
+            return describe_live(states, host)
+
+        return [*self.list_display, live]
+
+    @admin.display(description="live state")
+    def live_state(self, host: Host) -> str:
+        return describe_live(host_states(), host) if host.pk else "-"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
         return super().get_queryset(request).prefetch_related("models")
@@ -103,6 +119,27 @@ class HostAdmin(admin.ModelAdmin):
         if unchanged := queryset.count() - changed:
             text += f" ({unchanged} unchanged)"
         self.message_user(request, text + ".", messages.SUCCESS)
+
+
+def describe_live(states: HostStates, host: Host) -> str:
+    """The gateway's view of a host in one line: health, slots and queue per model, drain."""
+    state = states.get(host.name)
+    if state is None:
+        return "not served by this process" if states else "gateway not running here"
+    health = state["state"]
+    if state.get("reason"):
+        health += f" ({state['reason']})"
+    if state.get("since"):
+        health += f" since {state['since'][:19].replace('T', ' ')}"
+    busy = sum(m["in_flight"] + m["queued"] for m in state["models"])
+    models = "; ".join(
+        f"{m['name']} {m['in_flight']}/{m['parallel']} running, {m['queued']} queued"
+        for m in state["models"]
+    )
+    parts = [health, models] if models else [health]
+    if host.draining:
+        parts.append("draining, idle" if busy == 0 else f"draining, {busy} still running")
+    return " · ".join(parts)
 
 
 def _hosts(count: int) -> str:

@@ -11,3 +11,8 @@ class RoutingConfig(AppConfig):
         from routing.checks import check_configuration
 
         checks.register(check_configuration, "crossbar")
+
+        from hosts import live
+        from routing.runtime import live_host_states
+
+        live.provide(live_host_states)

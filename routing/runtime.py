@@ -155,6 +155,7 @@ class Runtime:
     def __init__(self, fleet: Fleet, generation: int) -> None:
         conf = settings.CROSSBAR
         self.fleet = fleet
+        self.loop = asyncio.get_running_loop()
         self.limiter = Limiter()
         self.leases = LeaseTable()
         self.health = HealthTable()
@@ -360,6 +361,33 @@ async def get_runtime() -> Runtime:
             runtime.start()
             _runtimes[loop] = runtime
     return runtime
+
+
+def live_host_states() -> dict[str, dict[str, object]]:
+    """Each host's live state, read on the runtime's own loop; safe from any thread.
+
+    Blocks the calling thread (an admin view's) for at most a second; {} when no gateway
+    runs in this process.
+    """
+    from routing.dashboard import state
+
+    runtime = current_runtime()
+    if runtime is None or runtime.loop.is_closed():
+        return {}
+
+    async def read() -> dict[str, object]:
+        return state(runtime)
+
+    try:
+        running_here = asyncio.get_running_loop() is runtime.loop
+    except RuntimeError:
+        running_here = False
+    snapshot = (
+        state(runtime)
+        if running_here
+        else asyncio.run_coroutine_threadsafe(read(), runtime.loop).result(timeout=1)
+    )
+    return {host["name"]: host for host in snapshot["hosts"]}
 
 
 def current_runtime() -> Runtime | None:

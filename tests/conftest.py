@@ -172,3 +172,17 @@ def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
     if name:
         for suffix in ("-wal", "-shm", "-journal"):
             Path(f"{name}{suffix}").unlink(missing_ok=True)
+
+
+def signed_in(
+    gateway: Gateway, username: str = "admin", password: str = "password"
+) -> httpx.Client:
+    """An httpx client signed in to the admin of the real server (the user must exist)."""
+    client = httpx.Client(base_url=gateway.url, headers={"Origin": gateway.url})
+    token = client.get("/admin/login/").cookies["csrftoken"]
+    response = client.post(
+        "/admin/login/",
+        data={"username": username, "password": password, "csrfmiddlewaretoken": token},
+    )
+    assert response.status_code == 302, "the admin login failed"
+    return client

@@ -1,0 +1,55 @@
+"""The host admin shows what the running gateway knows: health, slots, queues, idle drains."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from tests.conftest import signed_in, wait_until
+from tests.fleet import MODEL, add_host, add_route, chat
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_the_host_list_shows_health_and_requests_running(gateway, fake, admin_user):
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 4)})])
+    gateway.sync()
+    admin = signed_in(gateway)
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    body = chat(stream=True, max_tokens=20)
+    running = threading.Thread(target=lambda: httpx.post(url, json=body, timeout=30))
+    running.start()
+    wait_until(lambda: fake.in_flight == 1, what="the request to run")
+
+    page = admin.get("/admin/hosts/host/").text
+    running.join()
+
+    assert "up since" in page
+    assert f"{MODEL} 1/2 running, 0 queued" in page
+
+
+def test_a_draining_host_shows_when_it_is_idle(gateway, fake, admin_user):
+    add_route("chat", [add_host("gpu1", fake.url, draining=True)])
+    gateway.sync()
+
+    page = signed_in(gateway).get("/admin/hosts/host/").text
+
+    assert "draining, idle" in page
+
+
+def test_a_down_host_shows_why(gateway, fake, admin_user):
+    fake.health = "error"
+    host = add_host("gpu1", fake.url)
+    add_route("chat", [host])
+    gateway.sync()
+    admin = signed_in(gateway)
+
+    def change_page() -> str:
+        return admin.get(f"/admin/hosts/host/{host.pk}/change/").text
+
+    wait_until(lambda: "/health answered 500" in change_page(), what="the health poll")
+
+    assert "down (/health answered 500) since" in change_page()
