@@ -73,13 +73,14 @@ def test_the_real_server_serves_the_page_behind_the_login(gateway):
     assert response.headers["location"] == "/admin/login/?next=/dashboard/"
 
 
-def websocket_handshake(url: str, cookie: str = "") -> str:
+def websocket_handshake(url: str, cookie: str = "", origin: str = "") -> str:
     """Open a WebSocket on the real server by hand; return the status line it answers."""
     parts = urlsplit(url)
+    origin = origin or url
     request = (
         f"GET /dashboard/ws/ HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
         "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-        f"Sec-WebSocket-Version: 13\r\nOrigin: {url}\r\n"
+        f"Sec-WebSocket-Version: 13\r\nOrigin: {origin}\r\n"
         + (f"Cookie: {cookie}\r\n" if cookie else "")
         + "\r\n"
     )
@@ -92,7 +93,8 @@ def test_the_real_server_refuses_an_anonymous_websocket(gateway):
     assert " 403 " in websocket_handshake(gateway.url)
 
 
-def test_the_real_server_opens_the_websocket_for_a_signed_in_admin(gateway, admin_user):
+def signed_in_session(gateway) -> str:  # type: ignore[no-untyped-def]
+    """Sign in as pytest-django's `admin_user` through the real server; the session cookie."""
     cookies = httpx.get(f"{gateway.url}/admin/login/").cookies
     response = httpx.post(
         f"{gateway.url}/admin/login/",
@@ -107,8 +109,19 @@ def test_the_real_server_opens_the_websocket_for_a_signed_in_admin(gateway, admi
     assert response.status_code == 302
     session = response.cookies.get("sessionid") or ""
     assert session, "the login gave no session"
+    return f"sessionid={session}"
 
-    assert " 101 " in websocket_handshake(gateway.url, f"sessionid={session}")
+
+def test_the_real_server_opens_the_websocket_for_a_signed_in_admin(gateway, admin_user):
+    assert " 101 " in websocket_handshake(gateway.url, signed_in_session(gateway))
+
+
+def test_a_page_of_another_site_cannot_open_the_websocket_with_the_admin_cookie(
+    gateway, admin_user
+):
+    cookie = signed_in_session(gateway)
+
+    assert " 403 " in websocket_handshake(gateway.url, cookie, origin="http://evil.example")
 
 
 # -- the consumer -----------------------------------------------------------------------------
