@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_gateway.py             # make bench
     .venv/bin/python bench/bench_gateway.py --compare   # make bench-compare: LiteLLM too
-    .venv/bin/python bench/bench_gateway.py --profile   # py-spy on the gateway at c=32
+    .venv/bin/python bench/bench_gateway.py --profile   # py-spy on the gateway (c=32, or N)
     .venv/bin/python bench/bench_gateway.py --rev HEAD  # a commit instead of the working tree
 
 Starts a lean fake llama-server (`bench/fake_upstream.py`), then crossbar as users run it
@@ -50,7 +50,7 @@ PLAN = ((1, 30), (8, 16), (32, 10), (128, 4), (512, 2))
 PHASE_SECONDS = 8.0  # no client starts a new request after this; LiteLLM needs the cap
 # The per-request part of the CPU cost: the same clients asking for one token each.
 SPLIT_CONCURRENCY, SPLIT_REQUESTS = 8, 40
-PROFILE_CONCURRENCY, PROFILE_SECONDS = 32, 20.0
+PROFILE_CONCURRENCY, PROFILE_SECONDS, PROFILE_RATE = 32, 20.0, 200
 APP_DIRS = ("crossbar_site", "routing", "hosts", "accounting")
 LOADGEN_BUSY = 0.8  # of one core: above this, the load generator may be what limits
 
@@ -352,8 +352,8 @@ def print_table(name: str, report: dict) -> None:
         print(
             f"{'':>5} {p['requests']:>5} {p['ttfb_p50_ms']:>10.2f} {p['ttfb_p99_ms']:>10.2f}"
             f" {p['total_p50_ms']:>11.1f} {p['machine_busy_cores']:>5.2f}   {name}"
-            f" (event loop {p['thread_cpu_s']['main']:.2f} s,"
-            f" other threads {p['thread_cpu_s']['other']:.2f} s of CPU)"
+            f" (CPU: event loop {p['thread_cpu_s']['main']:.2f} s,"
+            f" other threads {p['thread_cpu_s']['other']:.2f} s; {p['threads_peak']} threads)"
         )
     for p in report["phases"]:
         if p["error_kinds"] or p["warmup_errors"]:
@@ -435,43 +435,53 @@ def litellm_version() -> str:
 # Profiling.
 
 
-def profile(gateway: Server, out: Path) -> None:
-    """py-spy on the gateway while clients stream at PROFILE_CONCURRENCY; prints the top."""
+def profile(gateway: Server, out: Path, concurrency: int) -> None:
+    """py-spy on the gateway while clients stream at `concurrency`; prints where CPU went.
+
+    py-spy stops the process for each sample (its default), so every stack is whole; that
+    slows the gateway by a fifth or so, which changes how much it gets done, not where.
+    """
     pyspy = shutil.which("py-spy", path=str(Path(PYTHON).parent)) or shutil.which("py-spy")
     if pyspy is None:
         sys.exit("py-spy is not installed: `.venv/bin/pip install py-spy` (not a requirement)")
     raw = out.with_suffix(".txt")
-    requests = int(PROFILE_SECONDS * 1000 / (CHUNKS * TOKEN_DELAY * 1000)) * 4
     completions = gateway.url + "/bench/v1/chat/completions"
-    load(completions, gateway.pid, PROFILE_CONCURRENCY, 1)  # warm
+    load(completions, gateway.pid, concurrency, 1)  # the runtime and the connections
     recorder = subprocess.Popen(
-        [pyspy, "record", "--pid", str(gateway.pid), "--rate", "250", "--format", "raw",
-         "--threads", "--output", str(raw),
+        [pyspy, "record", "--pid", str(gateway.pid), "--rate", str(PROFILE_RATE),
+         "--format", "raw", "--threads", "--output", str(raw),
          "--duration", str(int(PROFILE_SECONDS))],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     time.sleep(1.0)
-    phase = load(
-        completions, gateway.pid, PROFILE_CONCURRENCY, requests,
-        seconds=PROFILE_SECONDS - 3,
-    )  # fmt: skip
+    phase = load(completions, gateway.pid, concurrency, 10_000, seconds=PROFILE_SECONDS - 3)
     _, error = recorder.communicate()
     if recorder.returncode != 0 or not raw.exists():
         sys.exit(f"py-spy failed: {error.decode(errors='replace')}")
-    print(
-        f"profiled {phase['requests']} requests at concurrency {PROFILE_CONCURRENCY}:"
-        f" {phase['cpu_ms_per_request']:.2f} ms CPU per request, {phase['errors']} errors;"
-        f" raw stacks in {raw}"
-    )
     from profile_report import report
 
-    print(report(raw.read_text()))
+    text = (
+        f"profiled {phase['requests']} requests at concurrency {concurrency}:"
+        f" {phase['cpu_ms_per_request']:.2f} ms CPU per request,"
+        f" {phase['cpu_us_per_chunk']:.1f} µs per chunk, {phase['errors']} errors\n\n"
+        + report(raw.read_text(errors="replace"))
+    )
+    out.with_suffix(".report.txt").write_text(text + "\n")
+    print(text)
+    print(f"\nraw stacks: {raw.relative_to(ROOT)}; this report: {raw.stem}.report.txt")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compare", action="store_true", help="also through LiteLLM's proxy")
-    parser.add_argument("--profile", action="store_true", help="py-spy the gateway instead")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        nargs="?",
+        const=PROFILE_CONCURRENCY,
+        metavar="CONCURRENCY",
+        help=f"py-spy the gateway instead, at this concurrency ({PROFILE_CONCURRENCY})",
+    )
     parser.add_argument("--rev", help="benchmark this commit (default: the working tree)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(BENCH))
@@ -503,8 +513,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         with fake_upstream(work) as upstream, crossbar(work, upstream, source) as gateway:
             try:
-                if args.profile:
-                    profile(gateway, RESULTS / f"profile-{stamp}")
+                if args.profile is not None:
+                    profile(gateway, RESULTS / f"profile-c{args.profile}-{stamp}", args.profile)
                     return
                 direct: dict[int, dict] = {}
                 completions = gateway.url + "/bench/v1/chat/completions"

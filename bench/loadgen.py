@@ -8,7 +8,8 @@ server closes it, as llama-server does after every stream). Every client first s
 unmeasured warm-up request; then all start together and each sends up to `requests` more, one
 after the other, until `max_seconds` have passed. Prints one JSON document to stdout: every
 measured request's timings, this process's own CPU time (to show it is not the bottleneck), and,
-for `--watch-pid`, that process's CPU time and peak RSS over the measured part.
+for `--watch-pid`, that process's CPU time and its peak RSS and thread count over the measured
+part.
 
 It speaks just enough HTTP/1.1 for a streamed response: a head, then a chunked or
 Content-Length body, in which it counts SSE `data:` events. Deliberately no httpx: a client
@@ -287,9 +288,11 @@ def thread_count(pid: int) -> int:
     return len(list(Path(f"/proc/{pid}/task").iterdir()))
 
 
-async def watch_rss(pid: int, peak: list[float]) -> None:
+async def watch(pid: int, peak: list[float]) -> None:
+    """Keep the peaks of RSS (MB) and of the number of threads in `peak`."""
     while True:
         peak[0] = max(peak[0], read_rss_mb(pid))
+        peak[1] = max(peak[1], thread_count(pid))
         await asyncio.sleep(SAMPLE_INTERVAL)
 
 
@@ -309,12 +312,12 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     warmup = await asyncio.gather(*(client.send() for client in clients))
 
     pid = args.watch_pid
-    peak = [0.0]
+    peak = [0.0, 0.0]
     cpu_before = read_cpu_seconds(pid) if pid else 0.0
     main_before = main_thread_cpu_seconds(pid) if pid else 0.0
     own_before = time.process_time()
     machine_before = machine_busy_seconds()
-    watcher = asyncio.create_task(watch_rss(pid, peak)) if pid else None
+    watcher = asyncio.create_task(watch(pid, peak)) if pid else None
     started = time.perf_counter()
     deadline = started + args.max_seconds
     samples: list[Sample] = []
@@ -349,7 +352,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             "rss_peak_mb": peak[0],
             # Threads that ended meanwhile count in the process, not in /proc/<pid>/task.
             "thread_cpu_s": {"main": main_cpu, "other": cpu - main_cpu},
-            "threads": thread_count(pid),
+            "threads_peak": int(peak[1]),
         }
     for client in clients:
         client.close()
