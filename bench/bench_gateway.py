@@ -362,6 +362,12 @@ def print_table(name: str, report: dict) -> None:
         if p["loadgen_core"] > LOADGEN_BUSY:
             print(f"  at concurrency {p['concurrency']} the load generator was busy: its figures")
             print("  are a lower bound of what the gateway could do")
+        if p["direct"]["loadgen_core"] > LOADGEN_BUSY:
+            print(
+                f"  at concurrency {p['concurrency']} the direct run kept the load generator busy"
+                f" ({p['direct']['loadgen_core']:.0%} of a core): its latencies are high,"
+                " and what the gateway adds is understated"
+            )
     print(f"idle: {report['idle_cpu_ms_per_s']:.1f} ms of CPU per second")
 
 
@@ -529,7 +535,9 @@ def main(argv: list[str] | None = None) -> None:
                         )
                     results["litellm"]["version"] = litellm_version()
             finally:
-                shutil.copy(work / "crossbar.log", RESULTS / f"crossbar-{stamp}.log")
+                for name in ("crossbar", "litellm"):
+                    if (work / f"{name}.log").exists():
+                        shutil.copy(work / f"{name}.log", RESULTS / f"{name}-{stamp}.log")
     print_table("crossbar", results["crossbar"])
     print_targets(results["crossbar"])
     if args.compare:
