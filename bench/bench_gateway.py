@@ -37,6 +37,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+# This directory is on sys.path when the script runs.
+from loadgen import read_cpu_seconds
+from profile_report import report
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
@@ -239,10 +243,12 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def summarize(result: dict) -> dict:
     samples = result.pop("samples")
-    good = [s for s in samples if s["status"] == 200 and not s["error"]]
+    good = []
     errors: dict[str, int] = {}
     for s in samples:
-        if s not in good:
+        if s["status"] == 200 and not s["error"]:
+            good.append(s)
+        else:
             key = s["error"] or f"HTTP {s['status']}"
             errors[key] = errors.get(key, 0) + 1
     events = sum(s["events"] for s in good)
@@ -267,8 +273,6 @@ def summarize(result: dict) -> dict:
 
 
 def idle_cpu_ms_per_s(pid: int, seconds: float = 2.0) -> float:
-    from loadgen import read_cpu_seconds
-
     before = read_cpu_seconds(pid)
     time.sleep(seconds)
     return (read_cpu_seconds(pid) - before) * 1000 / seconds
@@ -464,8 +468,6 @@ def profile(gateway: Server, out: Path, concurrency: int) -> None:
     _, error = recorder.communicate()
     if recorder.returncode != 0 or not raw.exists():
         sys.exit(f"py-spy failed: {error.decode(errors='replace')}")
-    from profile_report import report
-
     text = (
         f"profiled {phase['requests']} requests at concurrency {concurrency}:"
         f" {phase['cpu_ms_per_request']:.2f} ms CPU per request,"
@@ -490,7 +492,6 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--rev", help="benchmark this commit (default: the working tree)")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(BENCH))
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     started = time.monotonic()
