@@ -111,6 +111,12 @@ class ClientLimited(GatewayError):
     code = "rate_limit_exceeded"
 
 
+def describe_error(exc: BaseException) -> str:
+    """An exception as one line for a person: its type, and its message when it has one."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 @dataclass(slots=True, frozen=True)
 class Answer:
     status: int

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import httpx
 
-from routing.proxy import Relay
+from routing.relay import Relay
 
 FIRST = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
 
