@@ -16,7 +16,7 @@ setup: $(VENV)/.installed
 	$(PY) manage.py crossbar_setup
 
 run: setup
-	$(VENV)/bin/daphne --bind $(firstword $(subst :, ,$(BIND))) --port $(lastword $(subst :, ,$(BIND))) crossbar_site.asgi:application
+	$(PY) manage.py crossbar_serve --bind $(firstword $(subst :, ,$(BIND))) --port $(lastword $(subst :, ,$(BIND)))
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

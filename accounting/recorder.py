@@ -76,6 +76,10 @@ _MAX_LENGTHS = {
 
 def _to_model(row: RequestRecord) -> Request:
     values = {name: getattr(row, name) for name in _FIELDS}
+    for name, value in values.items():
+        if isinstance(value, str) and "\x00" in value:
+            # PostgreSQL refuses NUL in text, and a client can send one (`%00` in a path).
+            values[name] = value.replace("\x00", "\ufffd")
     for name, limit in _MAX_LENGTHS.items():
         if len(values[name]) > limit:
             values[name] = values[name][:limit]

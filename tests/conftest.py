@@ -77,7 +77,7 @@ class Gateway:
 
 @contextlib.contextmanager
 def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
-    """crossbar as users run it: daphne on a free port, on the test database.
+    """crossbar as users run it (`manage.py crossbar_serve`) on a free port and the test database.
 
     `settings` override the environment (e.g. CROSSBAR_HEALTH_INTERVAL="60").
     """
@@ -98,8 +98,8 @@ def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
     }
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "crossbar_site.asgi:application"],
+            [sys.executable, "manage.py", "crossbar_serve", "--bind", "127.0.0.1",
+             "--port", str(port)],
             cwd=ROOT,
             env=env,
             stdout=log_file,
@@ -146,6 +146,19 @@ def fake() -> Iterator[FakeLlamaServer]:
 def fake2() -> Iterator[FakeLlamaServer]:
     with FakeLlamaServer(slots=4) as server:
         yield server
+
+
+@pytest.fixture
+def ledger(request, gateway):  # type: ignore[no-untyped-def]
+    """Counts the test's requests to `gateway`; when the test passes, checks that the gateway
+    holds no slot or queue place and wrote exactly one row per request (tests/invariants.py)."""
+    from tests.invariants import Ledger
+
+    with Ledger(gateway) as book:
+        yield book
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.passed:
+            book.settle()
 
 
 @pytest.fixture(autouse=True)

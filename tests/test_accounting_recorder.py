@@ -265,6 +265,17 @@ def test_names_longer_than_their_column_are_cut_to_fit(recorder: Recorder) -> No
     assert Request.objects.get().model == "m" * 200
 
 
+def test_nul_characters_a_client_sent_are_stored_as_replacement_characters(
+    recorder: Recorder,
+) -> None:
+    recorder.record(make_record(1, model="a\x00b", error="unknown route: “ch\x00t”"))
+
+    assert recorder.flush()
+    assert recorder.dropped == 0
+    row = Request.objects.get()
+    assert (row.model, row.error) == ("a\ufffdb", "unknown route: “ch\ufffdt”")
+
+
 def test_stop_writes_what_is_held_and_ends_the_thread() -> None:
     recorder = Recorder(batch_size=1_000, flush_interval=60)
     for n in range(30):

@@ -252,3 +252,15 @@ def test_reformatting_the_json_never_changes_the_fingerprint(body: dict[str, obj
     spread = json.loads(json.dumps(body, indent=3, sort_keys=True))
 
     assert fingerprint("POST", body, None) == fingerprint("POST", spread, None)
+
+
+@given(opening=opening_messages, first=json_values, second=json_values)
+def test_conversations_whose_first_questions_differ_never_share_a_fingerprint(
+    opening: list[object], first: object, second: object
+) -> None:
+    def named(question: object) -> str:
+        return fingerprint("POST", {"messages": [*opening, user(question)]}, None)  # type: ignore[arg-type]
+
+    assert (named(first) == named(second)) == (
+        json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+    )

@@ -1,0 +1,160 @@
+"""Clients that leave early or read slowly.
+
+A client that leaves gives back its slot or queue place at once, the host sees its request
+cancelled, and a 499 row says so. A client that reads slowly is fed at its own pace: the
+gateway stops reading from the host instead of buffering the answer; one that reads nothing at
+all is disconnected after the idle timeout. The `ledger` checks slots, queues and rows after
+each test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.fakes.flood_server import FloodServer
+from tests.fleet import MODEL, add_host, add_route, chat
+from tests.invariants import gauge, rss_mib
+from tests.wire import send
+
+pytestmark = pytest.mark.django_db(transaction=True)
+URL = "/chat/v1/chat/completions"
+PAIR = {"host": "gpu1", "model": MODEL}
+MiB = 1024 * 1024
+
+
+def send_chat(gateway, ledger, body: dict, **options: object):  # type: ignore[no-untyped-def]
+    """Send a chat request over a raw socket, to leave at a moment of the test's choosing."""
+    ledger.sent()
+    return send(gateway.url, b"POST", URL.encode(), json.dumps(body).encode(), **options)
+
+
+def completions(fake) -> list[str]:  # type: ignore[no-untyped-def]
+    return [
+        seen.json["messages"][-1]["content"]
+        for seen in fake.seen
+        if seen.path == "/v1/chat/completions"
+    ]
+
+
+def the_499(ledger):  # type: ignore[no-untyped-def]
+    rows = ledger.rows().filter(status=499)
+    wait_until(rows.exists, what="the 499 row")
+    (row,) = rows
+    assert "disconnected" in row.error
+    return row
+
+
+@pytest.mark.parametrize("wait_status", [False, True], ids=["plain", "with-wait-status"])
+def test_a_client_leaving_while_queued_gives_its_place_back_at_once(
+    gateway, fake, ledger, wait_status
+):
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 1)})], wait_status=wait_status)
+    gateway.sync()
+    holder = send_chat(gateway, ledger, chat("holder", stream=True, max_tokens=20))
+    wait_until(lambda: fake.in_flight == 1, what="the slot taken")
+    impatient = send_chat(gateway, ledger, chat("impatient", stream=True))
+    wait_until(lambda: gauge(gateway.url, "crossbar_queued", **PAIR) == 1, what="it queues")
+
+    impatient.close()
+
+    wait_until(
+        lambda: gauge(gateway.url, "crossbar_queued", **PAIR) == 0,
+        timeout=2,
+        what="the queue place back",
+    )
+    assert gauge(gateway.url, "crossbar_in_flight", **PAIR) == 1  # the holder's, untouched
+    # The freed place takes the next request (queue_max 1: it would be refused otherwise).
+    after = ledger.client.post(URL, json=chat("next"))
+    holder.close()
+    assert after.status_code == 200
+    assert completions(fake) == ["holder", "next"]
+    assert the_499(ledger).host == "gpu1"
+
+
+def test_a_client_leaving_while_the_host_prepares_its_head_cancels_the_upstream_request(
+    gateway, fake, ledger
+):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 0)})])
+    gateway.sync()
+    fake.fail_mode, fake.fail_count = "hang", 1
+    client = send_chat(gateway, ledger, chat("slow prompt"))
+    wait_until(lambda: fake.in_flight == 1, what="the host to take the request")
+
+    client.close()
+
+    wait_until(lambda: fake.disconnects == 1, timeout=2, what="the host to see it cancelled")
+    wait_until(
+        lambda: gauge(gateway.url, "crossbar_in_flight", **PAIR) == 0, timeout=2, what="the slot"
+    )
+    # parallel 1, queue 0: only a slot given back lets the next request in.
+    assert ledger.client.post(URL, json=chat("next")).status_code == 200
+    row = the_499(ledger)
+    assert row.ttfb_ms is None and row.host == "gpu1"
+
+
+def test_a_client_leaving_mid_stream_cancels_the_upstream_request(gateway, fake, ledger):
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 0)})])
+    gateway.sync()
+
+    with ledger.client.stream("POST", URL, json=chat(stream=True, max_tokens=100)) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+
+    wait_until(lambda: fake.disconnects == 1, timeout=2, what="the host to see it cancelled")
+    wait_until(
+        lambda: gauge(gateway.url, "crossbar_in_flight", **PAIR) == 0, timeout=2, what="the slot"
+    )
+    row = the_499(ledger)
+    assert row.streamed and row.ttfb_ms is not None
+
+
+def test_a_slow_reader_holds_the_host_back_instead_of_filling_the_gateways_memory(
+    gateway, ledger
+):
+    with FloodServer(total=256 * MiB) as flood:
+        add_route("chat", [add_host("gpu1", flood.url)])
+        gateway.sync()
+        before = rss_mib(gateway.process.pid)
+        client = send_chat(gateway, ledger, chat(stream=True), rcvbuf=64 * 1024)
+        client.recv(4096)  # the head is out; now read nothing for a while
+
+        time.sleep(1.5)
+        sent_meanwhile, grown = flood.sent, rss_mib(gateway.process.pid) - before
+        received, tail = 4096, b""
+        while chunk := client.recv(MiB):
+            received, tail = received + len(chunk), (tail + chunk)[-64:]
+        client.close()
+
+    # Kernel socket buffers hold a few MiB between the host and the client; the gateway's
+    # own buffer holds 64 KiB. Without backpressure the host sends all 256 MiB at once and
+    # the gateway holds them in memory.
+    assert sent_meanwhile < 64 * MiB
+    assert grown < 48
+    assert received > flood.stream_bytes  # all of it arrived once the client read (plus framing)
+    assert tail.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    wait_until(lambda: ledger.rows().filter(status=200).exists(), what="the row")
+
+
+def test_a_client_that_reads_nothing_is_disconnected_after_the_idle_timeout(gateway, ledger):
+    with FloodServer(total=256 * MiB) as flood:
+        add_route("chat", [add_host("gpu1", flood.url)])
+        gateway.sync()
+        client = send_chat(gateway, ledger, chat(stream=True), rcvbuf=64 * 1024)
+        client.recv(4096)
+
+        wait_until(
+            lambda: gauge(gateway.url, "crossbar_in_flight", **PAIR) == 0,
+            timeout=15,
+            what="the slot freed",
+        )
+        client.close()
+
+    row = the_499(ledger)
+    assert row.streamed and row.host == "gpu1"
+    assert "read nothing for 3 s; closing its connection" in gateway.log()

@@ -1,0 +1,76 @@
+"""Stopping the gateway (`manage.py crossbar_serve`, what `make run` runs) with SIGTERM: it stops
+accepting connections at once, lets the streams in flight finish within the grace, writes
+their rows, and exits 0."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import pytest
+
+from accounting.models import Request
+from tests.conftest import running_gateway, wait_until
+from tests.fleet import add_host, add_route, chat
+
+pytestmark = pytest.mark.django_db(transaction=True)
+URL = "/chat/v1/chat/completions"
+
+
+def refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def test_sigterm_refuses_new_connections_and_lets_the_stream_in_flight_finish(
+    django_db_setup, tmp_path, fake
+):
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url)])
+    with running_gateway(tmp_path, CROSSBAR_SHUTDOWN_GRACE="30") as gateway:
+        gateway.sync()
+        body = chat(stream=True, max_tokens=20)
+        with httpx.stream("POST", f"{gateway.url}{URL}", json=body, timeout=30) as response:
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+
+            gateway.process.send_signal(signal.SIGTERM)
+
+            wait_until(lambda: refused(gateway.url), timeout=5, what="new connections refused")
+            rest = [line for line in lines if line.startswith("data: ")]
+        exit_code = gateway.process.wait(timeout=30)
+
+    assert len(rest) == 20 - 1 + 1 and rest[-1] == "data: [DONE]"
+    assert exit_code == 0
+    # Written when the interpreter exited: the stream ended a moment before.
+    (row,) = Request.objects.all()
+    assert (row.status, row.completion_tokens, row.error) == (200, 20, "")
+    assert "SIGTERM: no new connections; waiting up to 30 s for 1 requests" in gateway.log()
+
+
+def test_a_stream_longer_than_the_grace_is_cut_when_it_runs_out(django_db_setup, tmp_path, fake):
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url)])
+    with running_gateway(tmp_path, CROSSBAR_SHUTDOWN_GRACE="1") as gateway:
+        gateway.sync()
+        body = chat(stream=True, max_tokens=300)
+        with httpx.stream("POST", f"{gateway.url}{URL}", json=body, timeout=30) as response:
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            gateway.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            with pytest.raises(httpx.TransportError):  # cut mid-answer
+                list(lines)
+        exit_code = gateway.process.wait(timeout=30)
+        stopped_after = time.monotonic() - signalled
+
+    assert exit_code == 0
+    assert stopped_after < 20  # the grace, not the stream's 30 s
+    wait_until(lambda: fake.disconnects == 1, what="the host to see the request cancelled")
+    (row,) = Request.objects.all()
+    assert row.status == 499
+    assert "grace of 1 s over; cutting 1 requests" in gateway.log()

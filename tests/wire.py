@@ -1,0 +1,87 @@
+"""HTTP/1.1 by hand over a socket, for requests no client library would send as written
+(raw paths, odd methods, bytes a client would escape) and for leaving at an exact moment."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+    def json(self) -> object:
+        return json.loads(self.body)
+
+
+def connect(url: str, *, rcvbuf: int | None = None, timeout: float = 30.0) -> socket.socket:
+    """A socket connected to the gateway at `url`; `rcvbuf` shrinks the receive buffer."""
+    parts = urlsplit(url)
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(timeout)
+    sock.connect((parts.hostname, parts.port))
+    return sock
+
+
+def request_bytes(
+    method: bytes, target: bytes, body: bytes = b"", headers: dict[bytes, bytes] | None = None
+) -> bytes:
+    head = [method + b" " + target + b" HTTP/1.1", b"Host: gateway", b"Connection: close"]
+    head += [name + b": " + value for name, value in (headers or {}).items()]
+    if body and not any(name.lower() == b"transfer-encoding" for name in headers or {}):
+        head.append(b"Content-Length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def send(
+    url: str,
+    method: bytes,
+    target: bytes,
+    body: bytes = b"",
+    headers: dict[bytes, bytes] | None = None,
+    **options: object,
+) -> socket.socket:
+    """Connect and send one request as written; the socket is left open for the answer."""
+    sock = connect(url, **options)  # type: ignore[arg-type]
+    sock.sendall(request_bytes(method, target, body, headers))
+    return sock
+
+
+def read_answer(sock: socket.socket) -> Answer:
+    """Read a whole answer until the server closes (requests say Connection: close)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding") == "chunked":
+        body = _unchunk(body)
+    return Answer(int(status_line.split(" ")[1]), headers, body)
+
+
+def exchange(url: str, method: bytes, target: bytes, body: bytes = b"", **kw: object) -> Answer:
+    """Send one request as written and read its whole answer."""
+    return read_answer(send(url, method, target, body, **kw))  # type: ignore[arg-type]
+
+
+def _unchunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out, data = out + data[:size], data[size + 2 :]
+    return out
