@@ -127,20 +127,26 @@ class Placer:
         waiting = asyncio.ensure_future(
             self.runtime.limiter.acquire(self.host, self.model, self._ticket)
         )
+        settled = False  # whether the acquire's outcome is in hand (a slot to use, or none)
         try:
             while True:
                 done, _ = await asyncio.wait((waiting,), timeout=TICK)
                 if done:
+                    settled = True
                     return self._placed(self.host, waiting.result())
                 switch = self._spill_target() or self._fallback_target()
                 if switch is not None:
                     slot = await _withdraw(waiting)
+                    settled = True
                     if slot is not None:  # granted at home in the same instant: stay
                         return self._placed(self.host, slot)
                     return await self._switch(*switch)
                 self._check_deadline()
         finally:
-            if not waiting.done():
+            if not settled:
+                # Cancelled (the client left) or timed out. The acquire may still be pending,
+                # or may have been granted a slot in the turn this wait was cancelled: either
+                # way the slot goes back (a callback on a done future runs on the next turn).
                 waiting.cancel()
                 waiting.add_done_callback(_release_if_granted)
 

@@ -29,12 +29,6 @@ def one_host_fleet(parallel: int, queue_max: int) -> Fleet:
     return Fleet(hosts={"gpu1": host}, routes={"chat": route}, revision=1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="routing/placement.py: Placer._wait_in_line's `finally` releases a granted slot only "
-    "while the acquire is still pending; a cancel landing after the acquire task finished, "
-    "before the wait saw it, leaks the slot (see docs/reliability.md)",
-)
 async def test_a_wait_cancelled_in_the_turn_its_slot_is_granted_gives_the_slot_back():
     runtime = Runtime(one_host_fleet(parallel=1, queue_max=1), generation=0)
     try:

@@ -169,10 +169,6 @@ async def load(url: str, ledger: Ledger, seconds: float, rng: random.Random) -> 
     return outcomes
 
 
-@pytest.mark.xfail(
-    reason="leaks slots until routing/placement.py gives back a slot granted in the instant its "
-    "wait is cancelled (tests/test_placement_races.py); drop this mark with that one"
-)
 def test_a_soak_of_random_faults_and_departures_leaks_nothing(soak_gateway, fakes):
     gateway = soak_gateway
     hosts = [
