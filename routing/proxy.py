@@ -43,7 +43,7 @@ from routing.leases import NoHealthyHost
 from routing.placement import TICK, Placement, Placer
 from routing.relay import Relay
 from routing.runtime import Fleet, RouteConfig, Runtime, get_runtime
-from routing.upstream import forward
+from routing.upstream import Ask, forward
 
 log = logging.getLogger("crossbar.proxy")
 
@@ -221,6 +221,7 @@ async def _serve(request: HttpRequest, exchange: Exchange) -> HttpResponse | Str
             if not isinstance(payload.get("messages", []), list):
                 raise BadBody("messages must be a list of message objects")
     exchange.model = model or ""
+    ask = Ask(request, rest, body, payload)
 
     if model is None:
         # Requests without a model (/health, /props, GETs) take no lease and no slot.
@@ -228,7 +229,7 @@ async def _serve(request: HttpRequest, exchange: Exchange) -> HttpResponse | Str
         if host is None:
             raise NoHealthyHost(route.name)
         exchange.host = host
-        upstream = await forward(runtime, request, rest, body, payload, None, host, exchange)
+        upstream = await forward(runtime, ask, None, host, exchange)
         return _client_response(upstream, Relay(upstream, None, exchange, runtime), exchange)
 
     if not runtime.serves(route, model):
@@ -239,13 +240,11 @@ async def _serve(request: HttpRequest, exchange: Exchange) -> HttpResponse | Str
     if placement is None:
         exchange.host, exchange.lease = placer.host, placer.lease
         if _wants_wait_status(request, route, payload):
-            return _waiting_response(runtime, request, rest, body, payload, placer, exchange)
+            return _waiting_response(runtime, ask, placer, exchange)
         placement = await placer.wait()
     exchange.placed(placement)
     try:
-        upstream = await forward(
-            runtime, request, rest, body, payload, placement.model, placement.host, exchange
-        )
+        upstream = await forward(runtime, ask, placement.model, placement.host, exchange)
     except BaseException:
         placement.slot.release()
         raise
@@ -272,18 +271,12 @@ def _wants_wait_status(
 
 
 def _waiting_response(
-    runtime: Runtime,
-    request: HttpRequest,
-    rest: str,
-    body: bytes,
-    payload: dict[str, object] | None,
-    placer: Placer,
-    exchange: Exchange,
+    runtime: Runtime, ask: Ask, placer: Placer, exchange: Exchange
 ) -> StreamingHttpResponse:
     """The response head now; status comments while the request waits; then the stream."""
     exchange.streamed = True
     response = StreamingHttpResponse(
-        _wait_then_stream(runtime, request, rest, body, payload, placer, exchange),
+        _wait_then_stream(runtime, ask, placer, exchange),
         content_type="text/event-stream",
     )
     response["Cache-Control"] = "no-cache"
@@ -294,13 +287,7 @@ def _waiting_response(
 
 
 async def _wait_then_stream(
-    runtime: Runtime,
-    request: HttpRequest,
-    rest: str,
-    body: bytes,
-    payload: dict[str, object] | None,
-    placer: Placer,
-    exchange: Exchange,
+    runtime: Runtime, ask: Ask, placer: Placer, exchange: Exchange
 ) -> AsyncIterator[bytes]:
     """The body of a waiting response. The head is out: failures become one error event."""
     loop = asyncio.get_running_loop()
@@ -344,9 +331,7 @@ async def _wait_then_stream(
         if placement.fallback:
             yield sse.comment(f"fallback {placement.fallback}")
         yield sse.comment("running")
-        upstream = await forward(
-            runtime, request, rest, body, payload, placement.model, placement.host, exchange
-        )
+        upstream = await forward(runtime, ask, placement.model, placement.host, exchange)
     except GatewayError as exc:
         placement.slot.release()
         answer = answer_for(exc)

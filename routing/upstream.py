@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 
 import httpx
 from django.http import HttpRequest
@@ -78,30 +79,38 @@ def _with_model(payload: dict[str, object], model: str) -> bytes:
         raise BadBody("request body is not valid JSON: nested too deeply") from None
 
 
+@dataclass(slots=True, frozen=True)
+class Ask:
+    """What the client asked, ready to be asked of a host."""
+
+    request: HttpRequest
+    path: str  # the upstream path, e.g. /v1/chat/completions
+    body: bytes
+    payload: dict[str, object] | None  # the body's JSON object, when it names a model
+
+
 async def forward(
-    runtime: Runtime,
-    request: HttpRequest,
-    rest: str,
-    body: bytes,
-    payload: dict[str, object] | None,
-    model: str | None,
-    host: str,
-    exchange: Exchange,
+    runtime: Runtime, ask: Ask, model: str | None, host: str, exchange: Exchange
 ) -> httpx.Response:
+    """Send the ask to `host` for `model` and return once its response head arrived.
+
+    Raises UpstreamUnreachable (marking the host down) or UpstreamTimeout.
+    """
     config = runtime.fleet.hosts[host]
-    if model is not None and payload is not None:
+    body = ask.body
+    if model is not None and ask.payload is not None:
         wanted = config.models[model].upstream_name or model
-        if wanted != payload.get("model"):
+        if wanted != ask.payload.get("model"):
             # Re-serialised only when the model changes: the original bytes go otherwise.
-            body = _with_model(payload, wanted)
-    url = config.url + rest
-    query = request.META.get("QUERY_STRING", "")
+            body = _with_model(ask.payload, wanted)
+    url = config.url + ask.path
+    query = ask.request.META.get("QUERY_STRING", "")
     if query:
         url = f"{url}?{query}"
     upstream_request = runtime.client.build_request(
-        request.method or "GET",
+        ask.request.method or "GET",
         url,
-        headers=_headers(request, config.api_key),
+        headers=_headers(ask.request, config.api_key),
         content=body or None,
     )
     response = await _send(runtime, host, upstream_request)
