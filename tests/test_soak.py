@@ -50,12 +50,21 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def fd_targets(pid: int) -> list[str]:
+    """What the process's open files point at; a file closed while we look is skipped."""
+    targets = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            pass
+    return targets
+
+
 def client_connections(pid: int, port: int) -> int:
     """The gateway's TCP connections on its listening port (its clients' connections)."""
     inodes = {
-        os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1]
-        for fd in os.listdir(f"/proc/{pid}/fd")
-        if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        target[8:-1] for target in fd_targets(pid) if target.startswith("socket:")
     }
     count = 0
     for table in ("tcp", "tcp6"):
