@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_gateway.py --compare   # make bench-compare: LiteLLM too
     .venv/bin/python bench/bench_gateway.py --profile   # py-spy on the gateway (c=32, or N)
     .venv/bin/python bench/bench_gateway.py --rev HEAD  # a commit instead of the working tree
+    .venv/bin/python bench/bench_gateway.py --server uvicorn   # another ASGI server (SERVERS)
 
 Starts a lean fake llama-server (`bench/fake_upstream.py`), then crossbar as users run it
 (daphne on a free port, a throwaway SQLite database, DEBUG off, log level WARNING), and drives
@@ -35,6 +36,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 
 # This directory is on sys.path when the script runs.
@@ -57,6 +59,24 @@ SPLIT_CONCURRENCY, SPLIT_REQUESTS = 8, 40
 PROFILE_CONCURRENCY, PROFILE_SECONDS, PROFILE_RATE = 32, 20.0, 200
 APP_DIRS = ("crossbar_site", "routing", "hosts", "accounting")
 LOADGEN_BUSY = 0.8  # of one core: above this, the load generator may be what limits
+APP = "crossbar_site.asgi:application"
+# The ASGI servers `--server` can put crossbar behind: how each is started on 127.0.0.1:PORT,
+# and the package whose version the results record. None writes an access log (`make run`
+# has none); crossbar's own line per request is off at log level WARNING.
+SERVERS: dict[str, tuple[list[str], str]] = {
+    "daphne": (["daphne", "-v", "0", "-b", "127.0.0.1", "-p", "PORT", APP], "daphne"),
+    # daphne's loop made by uvloop: the policy set before daphne builds its loop at import.
+    "daphne-uvloop": ([PYTHON, str(BENCH / "daphne_uvloop.py"), "-v", "0",
+                       "-b", "127.0.0.1", "-p", "PORT", APP], "daphne"),
+    # What `make run` serves: daphne with backpressure, capped bodies, a graceful stop.
+    "crossbar_serve": ([PYTHON, "manage.py", "crossbar_serve", "--port", "PORT"], "daphne"),
+    # uvicorn[standard] picks uvloop and httptools by itself; no lifespan: no rows at exit here.
+    "uvicorn": (["uvicorn", APP, "--host", "127.0.0.1", "--port", "PORT", "--no-access-log",
+                 "--lifespan", "off"], "uvicorn"),
+    # One worker process (a child of granian's main process); it picks uvloop by itself.
+    "granian": (["granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", "PORT",
+                 "--workers", "1", "--no-access-log", APP], "granian"),
+}  # fmt: skip
 
 FLEET_TOML = """\
 [[hosts]]
@@ -146,10 +166,10 @@ def fake_upstream(work: Path) -> contextlib.AbstractContextManager[Server]:
     return serving(command, port, "/health", work / "upstream.log")
 
 
-def crossbar(
-    work: Path, upstream: Server, source: Path
-) -> contextlib.AbstractContextManager[Server]:
-    """crossbar from `source` on a new SQLite database with one host (the fake), one route."""
+@contextlib.contextmanager
+def crossbar(work: Path, upstream: Server, source: Path, server: str) -> Iterator[Server]:
+    """crossbar from `source` behind `server` (a key of SERVERS), on a new SQLite database
+    with one host (the fake), one route. The pid watched is the process that serves."""
     env = {
         **os.environ,
         "DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}",
@@ -166,9 +186,25 @@ def crossbar(
         if done.returncode != 0:
             sys.exit(f"manage.py {' '.join(step)} failed:\n{done.stdout}{done.stderr}")
     port = free_port()
-    daphne = str(Path(PYTHON).parent / "daphne")
-    command = [daphne, "-b", "127.0.0.1", "-p", str(port), "crossbar_site.asgi:application"]
-    return serving(command, port, "/health", work / "crossbar.log", env=env, cwd=source)
+    command = [str(port) if arg == "PORT" else arg for arg in SERVERS[server][0]]
+    if not command[0].startswith("/"):
+        command[0] = str(Path(PYTHON).parent / command[0])
+    if not Path(command[0]).exists():
+        sys.exit(f"{command[0]} is not installed (bench/README.md says which versions)")
+    with serving(command, port, "/health", work / "crossbar.log", env=env, cwd=source) as main:
+        yield Server(main.url, worker_pid(main.pid)) if server == "granian" else main
+
+
+def worker_pid(pid: int) -> int:
+    """The one child of granian's main process: the worker, which runs the application."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    if len(children) != 1:
+        sys.exit(f"expected one granian worker under pid {pid}, found {children}")
+    return int(children[0])
+
+
+def server_version(server: str) -> str:
+    return metadata.version(SERVERS[server][1])
 
 
 def source_tree(work: Path, rev: str | None) -> tuple[Path, dict[str, object]]:
@@ -491,6 +527,12 @@ def main(argv: list[str] | None = None) -> None:
         help=f"py-spy the gateway instead, at this concurrency ({PROFILE_CONCURRENCY})",
     )
     parser.add_argument("--rev", help="benchmark this commit (default: the working tree)")
+    parser.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="daphne",
+        help="the ASGI server in front of crossbar (default daphne)",
+    )
     args = parser.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -498,6 +540,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
+        "server": {"name": args.server, "version": server_version(args.server)},
         "load_average_before": os.getloadavg(),
         "workload": {
             "chunks": CHUNKS,
@@ -517,8 +560,12 @@ def main(argv: list[str] | None = None) -> None:
             f"crossbar at {code['commit']}"
             + (" + uncommitted changes" if code["uncommitted"] else "")
             + ("" if code["working_tree"] else " (exported)")
+            + f", served by {args.server} {results['server']['version']}"
         )
-        with fake_upstream(work) as upstream, crossbar(work, upstream, source) as gateway:
+        with (
+            fake_upstream(work) as upstream,
+            crossbar(work, upstream, source, args.server) as gateway,
+        ):
             try:
                 if args.profile is not None:
                     profile(gateway, RESULTS / f"profile-c{args.profile}-{stamp}", args.profile)
