@@ -3,6 +3,11 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 BIND ?= $(or $(CROSSBAR_BIND),127.0.0.1:8080)
+HOST := $(firstword $(subst :, ,$(BIND)))
+PORT := $(lastword $(subst :, ,$(BIND)))
+# CROSSBAR_SERVER=uvicorn: uvicorn instead of daphne (README "Production", bench/README.md).
+SERVER ?= $(or $(CROSSBAR_SERVER),daphne)
+GRACE ?= $(or $(CROSSBAR_SHUTDOWN_GRACE),30)
 
 .PHONY: setup run test lint clean
 
@@ -16,7 +21,13 @@ setup: $(VENV)/.installed
 	$(PY) manage.py crossbar_setup
 
 run: setup
-	$(PY) manage.py crossbar_serve --bind $(firstword $(subst :, ,$(BIND))) --port $(lastword $(subst :, ,$(BIND)))
+ifeq ($(SERVER),uvicorn)
+	$(VENV)/bin/uvicorn crossbar_site.asgi:application --host $(HOST) --port $(PORT) --lifespan on --timeout-graceful-shutdown $(firstword $(subst ., ,$(GRACE))) --no-access-log
+else ifeq ($(SERVER),daphne)
+	$(PY) manage.py crossbar_serve --bind $(HOST) --port $(PORT)
+else
+	$(error CROSSBAR_SERVER is daphne or uvicorn, not "$(SERVER)")
+endif
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

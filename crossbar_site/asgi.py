@@ -7,6 +7,7 @@ through Django's own handler and the full middleware stack. Proxied requests go 
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from django.core.asgi import get_asgi_application
@@ -21,8 +22,10 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from accounting.recorder import get_recorder  # noqa: E402
 from crossbar_site.handler import GatewayHandler  # noqa: E402
 from routing.dashboard import DashboardConsumer  # noqa: E402
+from routing.runtime import close_runtime  # noqa: E402
 
 # First path segments served by the site; everything else is the gateway's.
 SITE_PREFIXES = ("/admin", "/static/", "/dashboard", "/metrics", "/api/")
@@ -34,14 +37,44 @@ gateway_app = GatewayHandler()
 site_with_static = ASGIStaticFilesHandler(site_app)
 
 
+_in_flight: set[asyncio.Task] = set()  # HTTP requests being served, for a clean shutdown
+
+
 async def http_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     path: str = scope["path"]
     app = site_with_static if path.startswith(SITE_PREFIXES) else gateway_app
-    await app(scope, receive, send)
+    task = asyncio.current_task()
+    _in_flight.add(task)  # type: ignore[arg-type]
+    try:
+        await app(scope, receive, send)
+    finally:
+        _in_flight.discard(task)  # type: ignore[arg-type]
+
+
+async def lifespan(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    """Startup and shutdown under servers that send them (uvicorn with `--lifespan on`).
+
+    uvicorn ends the process by re-raising SIGTERM after its graceful stop, so `atexit` (where
+    the recorder writes its last rows) never runs: write them here, once the requests are done.
+    """
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            # uvicorn has cancelled the requests still running past its grace: let them record
+            # their 499 rows before the recorder stops.
+            if _in_flight:
+                await asyncio.wait(set(_in_flight), timeout=5)
+            await close_runtime()
+            await asyncio.to_thread(get_recorder().stop)
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 application = ProtocolTypeRouter(
     {
+        "lifespan": lifespan,
         "http": http_app,
         # The live dashboard: session-authenticated, and only from pages of an allowed host
         # (a cookie-authenticated socket must not be opened by another site's script).
