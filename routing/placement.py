@@ -89,18 +89,15 @@ class Placer:
         """
         if not await self._take_lease():
             return None
-        limiter = self.runtime.limiter
-        if limiter.free_for(self.host, self.model) > 0:
-            return self._placed(self.host, await limiter.acquire(self.host, self.model))
-        if limiter.has_room(self.host, self.model):
+        if (placement := await self._take_free_slot()) is not None:
+            return placement
+        if self.runtime.limiter.has_room(self.host, self.model):
             return None
         other = self._other_host(need_free=False)
         if other is None:
             raise QueueFull(self.host, self.model)
         self.host, self.lease = other, SPILLED
-        if limiter.free_for(other, self.model) > 0:
-            return self._placed(other, await limiter.acquire(other, self.model))
-        return None
+        return await self._take_free_slot()
 
     async def wait(self) -> Placement:
         """Wait for a placement, after `now()` returned None.
@@ -117,7 +114,8 @@ class Placer:
                 return placement
         return await self._wait_in_line()
 
-    async def now_on_host(self) -> Placement | None:
+    async def _take_free_slot(self) -> Placement | None:
+        """A slot on the current host when one is free right now (the acquire does not wait)."""
         limiter = self.runtime.limiter
         if limiter.free_for(self.host, self.model) > 0:
             return self._placed(self.host, await limiter.acquire(self.host, self.model))
@@ -191,7 +189,7 @@ class Placer:
         else:
             fallback = ""
         self.host, self.lease, self._patience_at = host, lease, math.inf
-        placement = await self.now_on_host() or await self._wait_in_line()
+        placement = await self._take_free_slot() or await self._wait_in_line()
         placement.fallback = fallback or placement.fallback
         return placement
 
