@@ -33,6 +33,7 @@ UNKNOWN_HOST = "E003"
 DEFAULT_MODEL_NOT_SERVED = "E004"
 UNKNOWN_FALLBACK = "E005"
 FALLBACK_CHAIN = "E006"
+FALLBACK_MODEL_NOT_SERVED = "E007"
 ROUTE_WITHOUT_HOSTS = "W001"
 
 
@@ -127,6 +128,7 @@ def config_problems(hosts: list[HostSpec], routes: list[RouteSpec]) -> list[Prob
         *_duplicate_names("Route", [route.name for route in routes], "routes"),
         *(problem for route in routes for problem in route_problems(route, hosts_by_name)),
         *_fallback_problems(routes),
+        *_fallback_model_problems(routes, hosts_by_name),
     ]
 
 
@@ -215,6 +217,25 @@ def _fallback_problems(routes: list[RouteSpec]) -> Iterator[Problem]:
                 f"Route “{route.name}” falls back to route “{target.name}”, which falls back "
                 f"to “{target.fallback}” in turn; a fallback may not have a fallback of its own.",
                 FALLBACK_CHAIN,
+            )
+
+
+def _fallback_model_problems(
+    routes: list[RouteSpec], hosts: Mapping[str, HostSpec]
+) -> Iterator[Problem]:
+    """A fallback model that no host of the fallback route serves would fail every switch."""
+    routes_by_name = {route.name: route for route in routes}
+    for route in routes:
+        target = routes_by_name.get(route.fallback)
+        if not route.fallback_model or target is None:
+            continue
+        known = [hosts[name] for name in dict.fromkeys(target.hosts) if name in hosts]
+        if known and route.fallback_model not in {m.name for h in known for m in h.models}:
+            yield Problem(
+                entry_key("routes", route.name) + ".fallback_model",
+                f"Fallback model “{route.fallback_model}” is not served by any of route "
+                f"“{target.name}”'s hosts: {', '.join(host.name for host in known)}.",
+                FALLBACK_MODEL_NOT_SERVED,
             )
 
 

@@ -331,9 +331,12 @@ def gpu(name: str, *models: str) -> HostSpec:
     )
 
 
-def route(name: str, default_model: str, *hosts: str, fallback: str = "") -> RouteSpec:
+def route(
+    name: str, default_model: str, *hosts: str, fallback: str = "", fallback_model: str = ""
+) -> RouteSpec:
     spec = RouteSpec.from_route(Route(name=name, default_model=default_model), list(hosts))
     spec.fallback = fallback
+    spec.fallback_model = fallback_model
     return spec
 
 
@@ -474,4 +477,21 @@ def test_a_fallback_must_be_another_route_without_a_fallback_of_its_own() -> Non
             "routes.spare.fallback",
             "Route “spare” falls back to route “nowhere”, which does not exist.",
         ),
+    ]
+
+
+def test_a_fallback_model_must_be_served_by_the_fallback_routes_hosts() -> None:
+    hosts = [gpu("a", "llama"), gpu("b", "small")]
+    routes = [
+        route("chat", "", "a", fallback="cpu", fallback_model="tiny"),
+        route("code", "", "a", fallback="cpu", fallback_model="small"),
+        route("cpu", "", "b"),
+    ]
+
+    assert [(p.code, p.key, p.message) for p in config_problems(hosts, routes)] == [
+        (
+            "E007",
+            "routes.chat.fallback_model",
+            "Fallback model “tiny” is not served by any of route “cpu”'s hosts: b.",
+        )
     ]
