@@ -19,6 +19,7 @@ from hosts.models import Host
 from routing import metrics
 from routing.dashboard import DashboardConsumer
 from routing.runtime import close_runtime
+from tests.conftest import signed_in
 from tests.fleet import MODEL, add_host, add_route
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -95,19 +96,7 @@ def test_the_real_server_refuses_an_anonymous_websocket(gateway):
 
 def signed_in_session(gateway) -> str:  # type: ignore[no-untyped-def]
     """Sign in as pytest-django's `admin_user` through the real server; the session cookie."""
-    cookies = httpx.get(f"{gateway.url}/admin/login/").cookies
-    response = httpx.post(
-        f"{gateway.url}/admin/login/",
-        data={
-            "username": "admin",
-            "password": "password",
-            "csrfmiddlewaretoken": cookies["csrftoken"],
-        },
-        cookies=cookies,
-        headers={"Origin": gateway.url},
-    )
-    assert response.status_code == 302
-    session = response.cookies.get("sessionid") or ""
+    session = signed_in(gateway).cookies.get("sessionid") or ""
     assert session, "the login gave no session"
     return f"sessionid={session}"
 
