@@ -26,10 +26,10 @@ def main() -> None:
 
 
 async def run() -> None:
-    from routing.choose import Candidate, best
-    from routing.fingerprint import fingerprint
-    from routing.leases import LeaseKey, LeaseTable
-    from routing.limiter import Limiter
+    from routing.core.choose import Candidate, best
+    from routing.core.fingerprint import fingerprint
+    from routing.core.leases import LeaseKey, LeaseTable
+    from routing.core.limiter import Limiter
 
     limiter = Limiter()
     limiter.configure("h1", "qwen", parallel=4, queue_max=4)

@@ -24,7 +24,7 @@ from django.urls import path  # noqa: E402
 
 from accounting.recorder import get_recorder  # noqa: E402
 from crossbar_site.handler import GatewayHandler  # noqa: E402
-from routing.dashboard import DashboardConsumer  # noqa: E402
+from routing.ops.dashboard import DashboardConsumer  # noqa: E402
 from routing.runtime import close_runtime  # noqa: E402
 
 # First path segments served by the site; everything else is the gateway's.

@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "hosts",
     "routing",
     "accounting",
+    "crossbar_site",  # the site-wide commands: crossbar_serve, crossbar_setup
 ]
 
 MIDDLEWARE = [

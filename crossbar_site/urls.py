@@ -1,9 +1,9 @@
 from django.contrib import admin
 from django.urls import path, re_path
 
-from routing.dashboard import dashboard_page
-from routing.metrics import metrics_view
-from routing.proxy import proxy
+from routing.ops.dashboard import dashboard_page
+from routing.ops.metrics import metrics_view
+from routing.proxy.view import proxy
 
 admin.site.site_url = "/dashboard/"  # the admin's "View site" link
 

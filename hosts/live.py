@@ -22,7 +22,7 @@ def provide(provider: Callable[[], HostStates]) -> None:
 
 
 def host_states() -> HostStates:
-    """{host name: state} as `routing.dashboard.state` describes it; {} without a gateway."""
+    """{host name: state} as `routing.ops.dashboard.state` describes it; {} without a gateway."""
     if _provider is None:
         return {}
     try:

@@ -10,8 +10,7 @@ from django.db.models import Prefetch, QuerySet
 from django.forms import BaseFormSet, BaseInlineFormSet, ModelForm
 from django.http import HttpRequest
 
-from routing.models import Route, RouteHost
-from routing.validation import (
+from routing.config.validation import (
     DUPLICATE_NAME,
     INVALID_VALUE,
     HostSpec,
@@ -20,6 +19,7 @@ from routing.validation import (
     config_problems,
     route_problems,
 )
+from routing.models import Route, RouteHost
 
 
 class RouteHostFormSet(BaseInlineFormSet):

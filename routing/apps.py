@@ -13,6 +13,6 @@ class RoutingConfig(AppConfig):
         checks.register(check_configuration, "crossbar")
 
         from hosts import live
-        from routing.runtime import live_host_states
+        from routing.ops.live import live_host_states
 
         live.provide(live_host_states)

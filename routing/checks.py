@@ -16,7 +16,7 @@ from django.apps import AppConfig
 from django.core.checks import CheckMessage, Warning
 from django.db import DatabaseError
 
-from routing.validation import config_from_db, config_problems
+from routing.config.validation import config_from_db, config_problems
 
 
 def check_configuration(

@@ -14,139 +14,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
 
 from hosts.health import HealthTable, Probe, poll_forever
 from routing import signals
-from routing.choose import Candidate, best
-from routing.clients import ClientGate, ClientSpec
-from routing.leases import LeaseKey, LeaseOutcome, LeaseTable
-from routing.limiter import Limiter
+from routing.config.reader import current_revision, load_fleet
+from routing.config.shape import Fleet, RouteConfig
+from routing.core.choose import Candidate, best
+from routing.core.clients import ClientGate
+from routing.core.leases import LeaseKey, LeaseOutcome, LeaseTable
+from routing.core.limiter import Limiter
 
 log = logging.getLogger("crossbar.runtime")
-
-
-@dataclass(slots=True, frozen=True)
-class ModelConfig:
-    name: str
-    upstream_name: str
-    parallel: int
-    queue_max: int
-
-
-@dataclass(slots=True, frozen=True)
-class HostConfig:
-    name: str
-    url: str
-    weight: float
-    enabled: bool
-    draining: bool
-    api_key: str
-    models: Mapping[str, ModelConfig]
-
-
-@dataclass(slots=True, frozen=True)
-class RouteConfig:
-    name: str
-    default_model: str
-    lease_ttl: float
-    strict: bool
-    enabled: bool
-    hosts: tuple[str, ...]
-    wait_status: bool = False
-    queue_timeout: float = 300.0
-    lease_patience: float = 2.0
-    fallback: str = ""  # a route name
-    fallback_after: float = 10.0
-    fallback_model: str = ""
-
-
-@dataclass(slots=True, frozen=True)
-class Fleet:
-    hosts: Mapping[str, HostConfig]
-    routes: Mapping[str, RouteConfig]
-    revision: int
-    clients: Mapping[str, ClientSpec] = field(default_factory=dict)  # enabled keys by sha256
-
-    def route_models(self, route: RouteConfig) -> list[str]:
-        """Every model some enabled host of the route serves, in route order."""
-        seen: dict[str, None] = {}
-        for name in route.hosts:
-            host = self.hosts.get(name)
-            if host is not None and host.enabled:
-                seen.update(dict.fromkeys(host.models))
-        return list(seen)
-
-
-def load_fleet() -> Fleet:
-    """Read hosts, models and routes from the database. Sync: call through sync_to_async."""
-    from hosts.models import Host
-    from routing.models import ConfigRevision, Route
-
-    close_old_connections()  # a connection broken by a database restart is replaced, not reused
-    revision = ConfigRevision.current()
-    hosts = {
-        host.name: HostConfig(
-            name=host.name,
-            url=host.url.rstrip("/"),
-            weight=host.weight,
-            enabled=host.enabled,
-            draining=host.draining,
-            api_key=host.api_key,
-            models={
-                m.name: ModelConfig(m.name, m.upstream_name, max(1, m.parallel), m.queue_max)
-                for m in host.models.all()
-            },
-        )
-        for host in Host.objects.prefetch_related("models")
-    }
-    routes = {
-        route.name: RouteConfig(
-            name=route.name,
-            default_model=route.default_model,
-            lease_ttl=float(route.lease_ttl),
-            strict=route.sticky == Route.Sticky.STRICT,
-            enabled=route.enabled,
-            hosts=tuple(rh.host.name for rh in route.route_hosts.all()),
-            wait_status=route.wait_status,
-            queue_timeout=float(route.queue_timeout),
-            lease_patience=route.lease_patience,
-            fallback=route.fallback.name if route.fallback else "",
-            fallback_after=route.fallback_after,
-            fallback_model=route.fallback_model,
-        )
-        for route in Route.objects.select_related("fallback").prefetch_related(
-            "route_hosts__host"
-        )
-    }
-    return Fleet(hosts=hosts, routes=routes, revision=revision, clients=_load_clients())
-
-
-def _load_clients() -> dict[str, ClientSpec]:
-    from accounting.models import ClientKey
-
-    return {
-        key.key_hash: ClientSpec(
-            name=key.name,
-            routes=frozenset(key.route_names),
-            max_concurrent=key.max_concurrent,
-            per_minute=key.requests_per_minute,
-        )
-        for key in ClientKey.objects.filter(enabled=True)
-    }
-
-
-def _current_revision() -> int:
-    from routing.models import ConfigRevision
-
-    close_old_connections()
-    return ConfigRevision.current()
 
 
 class Runtime:
@@ -244,7 +126,7 @@ class Runtime:
         while True:
             await asyncio.sleep(interval)
             try:
-                revision = await sync_to_async(_current_revision)()
+                revision = await sync_to_async(current_revision)()
             except Exception as exc:  # the database being down must not kill the watcher
                 log.warning("config revision check failed: %s", exc)
                 continue
@@ -361,33 +243,6 @@ async def get_runtime() -> Runtime:
             runtime.start()
             _runtimes[loop] = runtime
     return runtime
-
-
-def live_host_states() -> dict[str, dict[str, object]]:
-    """Each host's live state, read on the runtime's own loop; safe from any thread.
-
-    Blocks the calling thread (an admin view's) for at most a second; {} when no gateway
-    runs in this process.
-    """
-    from routing.dashboard import state
-
-    runtime = current_runtime()
-    if runtime is None or runtime.loop.is_closed():
-        return {}
-
-    async def read() -> dict[str, object]:
-        return state(runtime)
-
-    try:
-        running_here = asyncio.get_running_loop() is runtime.loop
-    except RuntimeError:
-        running_here = False
-    snapshot = (
-        state(runtime)
-        if running_here
-        else asyncio.run_coroutine_threadsafe(read(), runtime.loop).result(timeout=1)
-    )
-    return {host["name"]: host for host in snapshot["hosts"]}
 
 
 def current_runtime() -> Runtime | None:

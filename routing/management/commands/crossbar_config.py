@@ -15,9 +15,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import models, transaction
 
 from hosts.models import Host, HostModel
-from routing.config_file import api_key_problems, dump_config, parse_config
-from routing.models import Route, RouteHost
-from routing.validation import (
+from routing.config.toml import api_key_problems, dump_config, parse_config
+from routing.config.validation import (
     HostSpec,
     ModelSpec,
     Problem,
@@ -26,6 +25,7 @@ from routing.validation import (
     config_problems,
     single_values,
 )
+from routing.models import Route, RouteHost
 
 OUTCOMES = ("created", "updated", "unchanged", "deleted")
 KINDS = {Host: "hosts", HostModel: "models", Route: "routes"}

@@ -1,0 +1,64 @@
+"""The fleet as the gateway serves it: hosts with their models, routes, client keys.
+
+Immutable values, built by `routing.config.reader` from the database and swapped whole by the
+runtime on a reload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from routing.core.clients import ClientSpec
+
+
+@dataclass(slots=True, frozen=True)
+class ModelConfig:
+    name: str
+    upstream_name: str
+    parallel: int
+    queue_max: int
+
+
+@dataclass(slots=True, frozen=True)
+class HostConfig:
+    name: str
+    url: str
+    weight: float
+    enabled: bool
+    draining: bool
+    api_key: str
+    models: Mapping[str, ModelConfig]
+
+
+@dataclass(slots=True, frozen=True)
+class RouteConfig:
+    name: str
+    default_model: str
+    lease_ttl: float
+    strict: bool
+    enabled: bool
+    hosts: tuple[str, ...]
+    wait_status: bool = False
+    queue_timeout: float = 300.0
+    lease_patience: float = 2.0
+    fallback: str = ""  # a route name
+    fallback_after: float = 10.0
+    fallback_model: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class Fleet:
+    hosts: Mapping[str, HostConfig]
+    routes: Mapping[str, RouteConfig]
+    revision: int
+    clients: Mapping[str, ClientSpec] = field(default_factory=dict)  # enabled keys by sha256
+
+    def route_models(self, route: RouteConfig) -> list[str]:
+        """Every model some enabled host of the route serves, in route order."""
+        seen: dict[str, None] = {}
+        for name in route.hosts:
+            host = self.hosts.get(name)
+            if host is not None and host.enabled:
+                seen.update(dict.fromkeys(host.models))
+        return list(seen)

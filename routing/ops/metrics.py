@@ -1,0 +1,269 @@
+"""Prometheus metrics: what the gateway did (counted as requests finish) and what it holds
+right now (read from the runtime when scraped), served at `/metrics`.
+
+Request-level metrics come from the same `RequestRecord` the recorder gets: `Exchange.finish`
+calls `observe(record)` once per request, from whichever thread finishes it. That costs a few
+counter and histogram updates (prometheus-client's own locks, nothing else) and one append to
+the dashboard's tail of recent requests.
+
+State gauges (in flight, queued, slots, host state, leases, recorder backlog) are collected at
+scrape time by `StateCollector`, from the runtime and the recorder, on the event loop that
+serves the scrape; the runtime is never read from another thread.
+
+Label values are bounded by the configuration: route, host, model and client names, status
+codes, lease outcomes. Never a fingerprint, a client address or a key. A request that reached
+no host keeps its model label empty, because the model is whatever the client sent.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_safe
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from accounting.recorder import RequestRecord, get_recorder
+from hosts.health import HostState
+from routing.core.clients import bearer_token
+from routing.core.recent import RecentRequests
+from routing.runtime import Runtime, current_runtime, get_runtime
+
+REGISTRY = CollectorRegistry()
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+_PLACE = ["route", "host", "model"]
+# Queue waits and first bytes are short or very long (a prompt of 100k tokens); whole requests
+# run from milliseconds to the ten minutes of a long generation.
+_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TTFB_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOTAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+REQUESTS = Counter(
+    "crossbar_requests",
+    "Requests answered, by route, host, model and HTTP status (499: the client left).",
+    [*_PLACE, "status"],
+    registry=REGISTRY,
+)
+QUEUE_WAIT = Histogram(
+    "crossbar_queue_wait_seconds",
+    "Time requests that reached a host waited for a slot.",
+    _PLACE,
+    buckets=_WAIT_BUCKETS,
+    registry=REGISTRY,
+)
+TTFB = Histogram(
+    "crossbar_ttfb_seconds",
+    "Time from the request's arrival to the host's response head.",
+    _PLACE,
+    buckets=_TTFB_BUCKETS,
+    registry=REGISTRY,
+)
+DURATION = Histogram(
+    "crossbar_request_duration_seconds",
+    "Time from the request's arrival to its last byte (or its failure).",
+    _PLACE,
+    buckets=_TOTAL_BUCKETS,
+    registry=REGISTRY,
+)
+PROMPT_TOKENS = Counter(
+    "crossbar_prompt_tokens", "Prompt tokens, the cached part included.", _PLACE, registry=REGISTRY
+)
+CACHED_TOKENS = Counter(
+    "crossbar_cached_tokens", "Prompt tokens served from the KV cache.", _PLACE, registry=REGISTRY
+)
+COMPLETION_TOKENS = Counter(
+    "crossbar_completion_tokens", "Tokens generated.", _PLACE, registry=REGISTRY
+)
+LEASES = Counter(
+    "crossbar_lease_outcomes",
+    "How requests found their host: new, reused, moved or spilled.",
+    ["route", "host", "outcome"],
+    registry=REGISTRY,
+)
+FALLBACKS = Counter(
+    "crossbar_fallbacks",
+    "Requests served by a route's fallback route.",
+    ["route", "fallback"],
+    registry=REGISTRY,
+)
+CLIENT_REQUESTS = Counter(
+    "crossbar_client_requests",
+    "Requests sent with a client key, by the key's name and HTTP status.",
+    ["client", "status"],
+    registry=REGISTRY,
+)
+
+# The dashboard's tail of finished requests.
+recent: RecentRequests[RequestRecord] = RecentRequests()
+
+
+@dataclass(slots=True, frozen=True)
+class _Series:
+    """The labelled children of one (route, host, model), looked up once and kept."""
+
+    queue_wait: Histogram
+    ttfb: Histogram
+    duration: Histogram
+    prompt: Counter
+    cached: Counter
+    completion: Counter
+
+
+_series: dict[tuple[str, str, str], _Series] = {}
+
+
+def _series_for(route: str, host: str, model: str) -> _Series:
+    key = (route, host, model)
+    series = _series.get(key)
+    if series is None:
+        # Two threads may build the same children at once; prometheus-client hands both the
+        # same objects, so either may win the assignment.
+        series = _series[key] = _Series(
+            QUEUE_WAIT.labels(*key),
+            TTFB.labels(*key),
+            DURATION.labels(*key),
+            PROMPT_TOKENS.labels(*key),
+            CACHED_TOKENS.labels(*key),
+            COMPLETION_TOKENS.labels(*key),
+        )
+    return series
+
+
+def observe(record: RequestRecord) -> None:
+    """Count one finished request. Cheap, thread-safe, never touches the database."""
+    model = record.model if record.host else ""
+    status = str(record.status)
+    REQUESTS.labels(record.route, record.host, model, status).inc()
+    series = _series_for(record.route, record.host, model)
+    if record.host:
+        series.queue_wait.observe(record.queued_ms / 1000)
+    if record.ttfb_ms is not None:
+        series.ttfb.observe(record.ttfb_ms / 1000)
+    series.duration.observe(record.total_ms / 1000)
+    if record.prompt_tokens:
+        series.prompt.inc(record.prompt_tokens)
+    if record.cached_tokens:
+        series.cached.inc(record.cached_tokens)
+    if record.completion_tokens:
+        series.completion.inc(record.completion_tokens)
+    if record.lease:
+        LEASES.labels(record.route, record.host, record.lease).inc()
+    if record.fallback:
+        FALLBACKS.labels(record.route, record.fallback).inc()
+    if record.client:
+        CLIENT_REQUESTS.labels(record.client, status).inc()
+    recent.add(record)
+
+
+class StateCollector:
+    """The gateway's state at scrape time: slots, queues, host health, leases, the recorder.
+
+    Reads `current_runtime()`; call `collect` on that runtime's loop (the metrics view does).
+    """
+
+    def collect(self) -> Iterator[Metric]:
+        runtime = current_runtime()
+        if runtime is not None:
+            yield from _runtime_state(runtime)
+        recorder = get_recorder()
+        yield GaugeMetricFamily(
+            "crossbar_recorder_backlog",
+            "Accounting rows waiting to be written to the database.",
+            value=recorder.backlog,
+        )
+        yield CounterMetricFamily(
+            "crossbar_recorder_dropped",
+            "Accounting rows lost: backlog full, refused by the database, or unwritten at stop.",
+            value=recorder.dropped,
+        )
+        yield CounterMetricFamily(
+            "crossbar_recorder_written", "Accounting rows written.", value=recorder.written
+        )
+
+
+def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
+    pairs = ["host", "model"]
+    in_flight = GaugeMetricFamily("crossbar_in_flight", "Requests holding a slot.", labels=pairs)
+    queued = GaugeMetricFamily("crossbar_queued", "Requests waiting for a slot.", labels=pairs)
+    slots = GaugeMetricFamily(
+        "crossbar_slots", "Slots (parallel) configured per host and model.", labels=pairs
+    )
+    queue_max = GaugeMetricFamily(
+        "crossbar_queue_max", "Queue places configured per host and model.", labels=pairs
+    )
+    for pair in runtime.limiter.snapshot():
+        labels = [pair.host, pair.model]
+        in_flight.add_metric(labels, pair.in_flight)
+        queued.add_metric(labels, pair.queued)
+        slots.add_metric(labels, pair.parallel)
+        queue_max.add_metric(labels, pair.queue_max)
+    yield from (in_flight, queued, slots, queue_max)
+
+    state = GaugeMetricFamily(
+        "crossbar_host_state",
+        "1 for the host's current health state (unknown, up, loading, down), else 0.",
+        labels=["host", "state"],
+    )
+    draining = GaugeMetricFamily(
+        "crossbar_host_draining", "1 while the host drains.", labels=["host"]
+    )
+    leases = GaugeMetricFamily(
+        "crossbar_leases_held", "Unexpired conversation leases on the host.", labels=["host"]
+    )
+    health = runtime.health.snapshot()
+    held = runtime.leases.held_by_host()
+    for name, host in sorted(runtime.fleet.hosts.items()):
+        current = health[name].state if name in health else HostState.UNKNOWN
+        for each in HostState:
+            state.add_metric([name, each.value], 1 if each == current else 0)
+        draining.add_metric([name], 1 if host.draining else 0)
+        leases.add_metric([name], held.get(name, 0))
+    yield from (state, draining, leases)
+
+    clients = GaugeMetricFamily(
+        "crossbar_client_in_flight", "Requests in flight per client key.", labels=["client"]
+    )
+    for spec in runtime.fleet.clients.values():
+        clients.add_metric([spec.name], runtime.clients.in_flight(spec.name))
+    yield clients
+
+
+REGISTRY.register(StateCollector())
+
+
+def _authorized(request: HttpRequest, token: str) -> bool:
+    presented = bearer_token(request.headers.get("Authorization"))
+    return hmac.compare_digest(presented.encode(), token.encode())
+
+
+@require_safe
+async def metrics_view(request: HttpRequest) -> HttpResponse:
+    """`/metrics` in Prometheus' text format; a bearer token when CROSSBAR_METRICS_TOKEN is set."""
+    token = settings.CROSSBAR["METRICS_TOKEN"]
+    if token and not _authorized(request, token):
+        response = HttpResponse(
+            "send the metrics token as Authorization: Bearer <token>\n",
+            status=401,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="crossbar metrics"'
+        return response
+    runtime = await get_runtime()
+    await runtime.refresh()
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,118 @@
+"""Talking to a host: the request it gets, and waiting for its response head."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import httpx
+from django.http import HttpRequest
+
+from routing.core.errors import BadBody, UpstreamTimeout, UpstreamUnreachable, describe_error
+from routing.proxy.exchange import Exchange
+from routing.runtime import Runtime
+
+# Never forwarded upstream: hop-by-hop headers (RFC 9110 7.6.1), what httpx sets itself, the
+# client's credentials (a host's own key replaces them), and the gateway's own headers.
+# Accept-Encoding is replaced by identity so the tee can read token counts.
+_REQUEST_DROP = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+        "trailer", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
+        "cookie", "accept-encoding", "x-crossbar-route", "x-crossbar-session",
+        "x-crossbar-wait-status",
+    }
+)  # fmt: skip
+
+
+def _headers(request: HttpRequest, api_key: str) -> list[tuple[str, str]]:
+    headers = [
+        (name, value)
+        for name, value in request.headers.items()
+        if name.lower() not in _REQUEST_DROP
+    ]
+    headers.append(("Accept-Encoding", "identity"))
+    if api_key:
+        headers.append(("Authorization", f"Bearer {api_key}"))
+    return headers
+
+
+async def _send(runtime: Runtime, host: str, request: httpx.Request) -> httpx.Response:
+    """Send and wait for the response head; one retry when a pooled connection was stale.
+
+    llama-server closes the connection after each streamed response while advertising
+    keep-alive, so a pooled connection can die between requests. A failure before any response
+    byte is retried once; a refused connection is not (the host is down).
+    """
+    for attempt in (1, 2):
+        try:
+            async with asyncio.timeout(runtime.headers_timeout):
+                return await runtime.client.send(request, stream=True)
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"host {host} sent no response head within {runtime.headers_timeout:g} s"
+            ) from None
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            runtime.health.mark_down(host, describe_error(exc))
+            raise UpstreamUnreachable(f"host {host} unreachable: {describe_error(exc)}") from None
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            if attempt == 2:
+                runtime.health.mark_down(host, describe_error(exc))
+                raise UpstreamUnreachable(
+                    f"host {host} closed the connection: {describe_error(exc)}"
+                ) from None
+        except httpx.HTTPError as exc:
+            raise UpstreamUnreachable(f"host {host} failed: {describe_error(exc)}") from None
+    raise AssertionError("unreachable")
+
+
+def _with_model(payload: dict[str, object], model: str) -> bytes:
+    """The body again, naming `model`. Raises BadBody when it cannot be written back."""
+    document = {**payload, "model": model}
+    try:
+        return json.dumps(document, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        # A lone surrogate, valid as a JSON escape but not in UTF-8: keep it an escape.
+        return json.dumps(document).encode()
+    except RecursionError:
+        raise BadBody("request body is not valid JSON: nested too deeply") from None
+
+
+@dataclass(slots=True, frozen=True)
+class Ask:
+    """What the client asked, ready to be asked of a host."""
+
+    request: HttpRequest
+    path: str  # the upstream path, e.g. /v1/chat/completions
+    body: bytes
+    payload: dict[str, object] | None  # the body's JSON object, when it names a model
+
+
+async def forward(
+    runtime: Runtime, ask: Ask, model: str | None, host: str, exchange: Exchange
+) -> httpx.Response:
+    """Send the ask to `host` for `model` and return once its response head arrived.
+
+    Raises UpstreamUnreachable (marking the host down) or UpstreamTimeout.
+    """
+    config = runtime.fleet.hosts[host]
+    body = ask.body
+    if model is not None and ask.payload is not None:
+        wanted = config.models[model].upstream_name or model
+        if wanted != ask.payload.get("model"):
+            # Re-serialised only when the model changes: the original bytes go otherwise.
+            body = _with_model(ask.payload, wanted)
+    url = config.url + ask.path
+    query = ask.request.META.get("QUERY_STRING", "")
+    if query:
+        url = f"{url}?{query}"
+    upstream_request = runtime.client.build_request(
+        ask.request.method or "GET",
+        url,
+        headers=_headers(ask.request, config.api_key),
+        content=body or None,
+    )
+    response = await _send(runtime, host, upstream_request)
+    exchange.ttfb_ms = exchange.elapsed_ms()
+    return response

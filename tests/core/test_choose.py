@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+from routing.core.choose import Candidate, best
+
+
+def candidate(host: str, **changes: object) -> Candidate:
+    """A healthy host with the model loaded, two free slots and weight 1, unless changed."""
+    base = Candidate(
+        host=host,
+        healthy=True,
+        draining=False,
+        loaded=True,
+        can_serve=True,
+        free=2,
+        queued=0,
+        weight=1.0,
+    )
+    return replace(base, **changes)
+
+
+def test_host_with_the_model_loaded_wins_over_one_that_only_lists_it() -> None:
+    listed = candidate("listed", loaded=False, free=8, weight=4.0)
+    loaded = candidate("loaded", free=0)
+
+    assert best([listed, loaded]) == "loaded"
+
+
+def test_host_that_only_lists_the_model_is_chosen_when_none_has_it_loaded() -> None:
+    hosts = [
+        candidate("a", loaded=False, free=1),
+        candidate("b", loaded=False, free=3),
+        candidate("c", loaded=False, can_serve=False, free=9),
+    ]
+
+    assert best(hosts) == "b"
+
+
+def test_most_free_slots_times_weight_wins() -> None:
+    hosts = [
+        candidate("many-slots", free=4, weight=1.0),
+        candidate("heavy", free=3, weight=2.0),
+        candidate("light", free=8, weight=0.5),
+    ]
+
+    assert best(hosts) == "heavy"
+
+
+def test_equal_scores_go_to_the_shortest_queue() -> None:
+    hosts = [
+        candidate("a", free=0, queued=3),
+        candidate("b", free=0, queued=1),
+        candidate("c", free=0, queued=2),
+    ]
+
+    assert best(hosts) == "b"
+
+
+def test_equal_scores_and_queues_go_to_route_order() -> None:
+    hosts = [candidate("first"), candidate("second"), candidate("third")]
+
+    assert best(hosts) == "first"
+    assert best(list(reversed(hosts))) == "third"
+
+
+def test_full_host_is_still_eligible() -> None:
+    assert best([candidate("full", free=0, queued=4)]) == "full"
+
+
+def test_draining_and_unhealthy_hosts_are_never_chosen() -> None:
+    hosts = [
+        candidate("draining", draining=True, free=9),
+        candidate("down", healthy=False, free=9),
+        candidate("busy", free=0, queued=2),
+    ]
+
+    assert best(hosts) == "busy"
+
+
+def test_draining_loaded_host_does_not_hide_a_host_that_lists_the_model() -> None:
+    hosts = [candidate("draining", draining=True), candidate("listed", loaded=False)]
+
+    assert best(hosts) == "listed"
+
+
+def test_nothing_is_chosen_when_no_host_is_eligible() -> None:
+    hosts = [
+        candidate("draining", draining=True),
+        candidate("down", healthy=False),
+        candidate("unrelated", loaded=False, can_serve=False),
+    ]
+
+    assert best(hosts) is None
+    assert best([]) is None

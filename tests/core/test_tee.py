@@ -1,0 +1,265 @@
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from routing.core.tee import MAX_BUFFER, Tee, Usage
+
+SSE = "text/event-stream"
+
+
+def _event(document: object) -> bytes:
+    return b"data: " + json.dumps(document, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _content(text: str) -> bytes:
+    return _event({"object": "chat.completion.chunk", "choices": [{"delta": {"content": text}}]})
+
+
+TIMINGS = {"prompt_n": 1, "prompt_ms": 3.2, "cache_n": 66, "predicted_n": 8, "predicted_ms": 40.0}
+USAGE = {
+    "prompt_tokens": 67,
+    "completion_tokens": 8,
+    "total_tokens": 75,
+    "prompt_tokens_details": {"cached_tokens": 66},
+}
+LAST_CONTENT = _event(
+    {"choices": [{"delta": {"content": "end"}, "finish_reason": "stop"}], "timings": TIMINGS}
+)
+USAGE_CHUNK = _event({"choices": [], "usage": USAGE})
+DONE = b"data: [DONE]\n\n"
+
+
+def _usage_of(chunks: list[bytes], content_type: str = SSE) -> Usage:
+    tee = Tee(content_type)
+    for chunk in chunks:
+        tee.feed(chunk)
+    return tee.usage()
+
+
+def test_timings_alone_give_prompt_as_evaluated_plus_cached_tokens():
+    stream = _content("hi ") + LAST_CONTENT + DONE
+
+    assert _usage_of([stream]) == Usage(prompt_tokens=67, cached_tokens=66, completion_tokens=8)
+
+
+def test_usage_alone_gives_its_own_counts():
+    usage = {**USAGE, "prompt_tokens": 70, "prompt_tokens_details": {"cached_tokens": 12}}
+    stream = _content("hi ") + _event({"choices": [], "usage": usage}) + DONE
+
+    assert _usage_of([stream]) == Usage(prompt_tokens=70, cached_tokens=12, completion_tokens=8)
+
+
+def test_usage_wins_over_timings_when_both_are_sent():
+    timings = {"prompt_n": 5, "cache_n": 3, "predicted_n": 2}
+    usage = {
+        "prompt_tokens": 9,
+        "completion_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
+    stream = (
+        _event({"choices": [{"delta": {}, "finish_reason": "stop"}], "timings": timings})
+        + _event({"choices": [], "usage": usage})
+        + DONE
+    )
+
+    assert _usage_of([stream]) == Usage(prompt_tokens=9, cached_tokens=1, completion_tokens=4)
+
+
+def test_missing_usage_fields_fall_back_to_timings_one_by_one():
+    usage = {"completion_tokens": 8}
+    stream = LAST_CONTENT + _event({"choices": [], "usage": usage}) + DONE
+
+    assert _usage_of([stream]) == Usage(prompt_tokens=67, cached_tokens=66, completion_tokens=8)
+
+
+def test_a_stream_without_usage_or_timings_counts_nothing():
+    stream = b": keep-alive\n\n" + _content("a") + _content("b") + DONE
+
+    assert _usage_of([stream]) == Usage(None, None, None)
+
+
+def test_null_usage_on_content_chunks_does_not_erase_the_final_usage():
+    null_usage = _event({"choices": [{"delta": {"content": "x"}}], "usage": None})
+    stream = null_usage + USAGE_CHUNK + null_usage + DONE
+
+    assert _usage_of([stream]).prompt_tokens == 67
+
+
+def test_the_last_usage_seen_is_the_one_counted():
+    first = _event({"usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    second = _event({"usage": {"prompt_tokens": 2, "completion_tokens": 3}})
+
+    assert _usage_of([first + second]) == Usage(2, None, 3)
+
+
+def test_a_data_line_split_at_every_byte_position_still_counts():
+    stream = _content("hello ") + LAST_CONTENT + USAGE_CHUNK + DONE
+    whole = _usage_of([stream])
+
+    for cut in range(len(stream) + 1):
+        assert _usage_of([stream[:cut], stream[cut:]]) == whole, cut
+
+
+def test_a_stream_fed_one_byte_at_a_time_still_counts():
+    stream = LAST_CONTENT + USAGE_CHUNK + DONE
+
+    chunks = [stream[i : i + 1] for i in range(len(stream))]
+
+    assert _usage_of(chunks) == Usage(67, 66, 8)
+
+
+def test_crlf_line_endings_and_data_without_a_space_are_read():
+    body = json.dumps({"choices": [], "usage": USAGE}).encode()
+    stream = b"data:" + body + b"\r\n\r\n" + b"data: [DONE]\r\n\r\n"
+
+    assert _usage_of([stream]) == Usage(67, 66, 8)
+
+
+def test_line_separator_characters_in_content_do_not_split_lines():
+    # U+2028 and U+2029 are line breaks to str.splitlines, not to SSE.
+    timings_event = json.dumps(
+        {"choices": [{"delta": {"content": "a\u2028b\u2029c"}}], "timings": TIMINGS},
+        ensure_ascii=False,
+    )
+    stream = b"data: " + timings_event.encode() + b"\n\n" + DONE
+
+    assert "\u2028".encode() in stream
+    assert _usage_of([stream]) == Usage(67, 66, 8)
+
+
+def test_invalid_json_comments_and_done_are_skipped_silently():
+    stream = (
+        b': comment with "usage"\n\n'
+        + b'data: {"usage": {"prompt_tokens": 3\n\n'
+        + b'data: ["usage", "timings"]\n\n'
+        + b'event: {"usage": {"prompt_tokens": 4}}\n\n'
+        + USAGE_CHUNK
+        + DONE
+    )
+
+    assert _usage_of([stream]) == Usage(67, 66, 8)
+
+
+def test_nonsense_counts_are_unknown_not_zero():
+    usage = {"prompt_tokens": -1, "completion_tokens": True, "prompt_tokens_details": [1]}
+    timings = {"prompt_n": "5", "cache_n": 2.0, "predicted_n": None}
+    stream = _event({"timings": timings}) + _event({"usage": usage})
+
+    assert _usage_of([stream]) == Usage(None, None, None)
+
+
+def test_prompt_is_unknown_when_timings_lack_the_cached_part():
+    stream = _event({"timings": {"prompt_n": 5, "predicted_n": 2}})
+
+    assert _usage_of([stream]) == Usage(prompt_tokens=None, cached_tokens=None, completion_tokens=2)
+
+
+def test_a_json_body_with_usage_is_counted():
+    body = json.dumps(
+        {"object": "chat.completion", "choices": [], "usage": USAGE, "timings": TIMINGS}
+    ).encode()
+
+    chunks = [body[:10], body[10:50], body[50:]]
+
+    assert _usage_of(chunks, "application/json; charset=utf-8") == Usage(67, 66, 8)
+
+
+def test_a_json_body_with_only_timings_is_counted():
+    body = json.dumps({"object": "text_completion", "timings": TIMINGS}).encode()
+
+    assert _usage_of([body], "application/json") == Usage(67, 66, 8)
+
+
+def test_a_json_body_over_one_mebibyte_records_no_tokens():
+    padding = "x" * MAX_BUFFER
+    body = json.dumps({"choices": [{"text": padding}], "usage": USAGE}).encode()
+
+    chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)]
+
+    assert _usage_of(chunks, "application/json") == Usage(None, None, None)
+
+
+def test_an_sse_line_over_one_mebibyte_is_dropped_and_the_next_lines_still_count():
+    long_line = (
+        b'data: {"usage": {"prompt_tokens": 1}, "pad": "' + b"x" * 2 * MAX_BUFFER + b'"}\n\n'
+    )
+    chunks = [long_line[i : i + 4096] for i in range(0, len(long_line), 4096)]
+
+    assert _usage_of([*chunks, USAGE_CHUNK]) == Usage(67, 66, 8)
+    assert _usage_of(chunks) == Usage(None, None, None)
+
+
+def test_other_content_types_count_nothing():
+    body = json.dumps({"usage": USAGE}).encode()
+
+    tee = Tee("text/plain")
+    tee.feed(body)
+
+    assert tee.streamed is False
+    assert tee.usage() == Usage(None, None, None)
+
+
+def test_content_type_is_matched_without_regard_to_case():
+    assert Tee("Text/Event-Stream; charset=utf-8").streamed is True
+    assert Tee("application/json").streamed is False
+    assert _usage_of([json.dumps({"usage": USAGE}).encode()], "Application/JSON") == Usage(
+        67, 66, 8
+    )
+
+
+def test_usage_may_be_asked_more_than_once():
+    tee = Tee(SSE)
+    tee.feed(LAST_CONTENT)
+    tee.feed(USAGE_CHUNK)
+
+    assert tee.usage() == tee.usage() == Usage(67, 66, 8)
+
+
+_texts = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12
+) | st.sampled_from(["\u2028", "\r", "\n", '"usage"', "data: ", "\r\n"])
+_counts = st.integers(min_value=0, max_value=10_000)
+
+
+@st.composite
+def _streams(draw: st.DrawFn) -> bytes:
+    events = [_content(text) for text in draw(st.lists(_texts, max_size=6))]
+    if draw(st.booleans()):
+        timings = {
+            "prompt_n": draw(_counts),
+            "cache_n": draw(_counts),
+            "predicted_n": draw(_counts),
+        }
+        events.append(_event({"choices": [], "timings": timings}))
+    if draw(st.booleans()):
+        usage = {
+            "prompt_tokens": draw(_counts),
+            "completion_tokens": draw(_counts),
+            "prompt_tokens_details": {"cached_tokens": draw(_counts)},
+        }
+        events.append(_event({"choices": [], "usage": usage}))
+    events.append(DONE)
+    stream = b"".join(events)
+    if draw(st.booleans()):
+        stream = stream.replace(b"\n", b"\r\n")
+    return stream
+
+
+@given(stream=_streams(), data=st.data())
+def test_any_split_into_chunks_passes_the_same_bytes_and_counts_the_same(
+    stream: bytes, data: st.DataObject
+):
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=20)))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+
+    tee = Tee(SSE)
+    sent = []
+    for chunk in chunks:
+        tee.feed(chunk)
+        sent.append(chunk)
+
+    assert b"".join(sent) == stream
+    assert tee.usage() == _usage_of([stream])

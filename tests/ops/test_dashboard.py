@@ -1,0 +1,247 @@
+"""The live dashboard: the page for staff only, and the WebSocket that feeds and drains."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Permission, User
+
+from accounting.recorder import RequestRecord
+from hosts.models import Host
+from routing.ops import metrics
+from routing.ops.dashboard import DashboardConsumer
+from routing.runtime import close_runtime
+from tests.conftest import signed_in
+from tests.fleet import MODEL, add_host, add_route
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+# -- the page ---------------------------------------------------------------------------------
+
+
+def test_the_page_renders_for_staff_with_its_socket_and_drain_buttons(admin_client):
+    add_route("chat", [add_host("gpu1", "http://10.0.0.5:8080")])
+
+    response = admin_client.get("/dashboard/")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Live dashboard" in page
+    assert '"/dashboard/ws/"' in page
+    assert 'data-can-drain="true"' in page
+
+
+def test_anonymous_visitors_are_sent_to_the_admin_login(client):
+    response = client.get("/dashboard/")
+
+    assert response.status_code == 302
+    assert response["Location"] == "/admin/login/?next=/dashboard/"
+
+
+def test_signed_in_users_who_are_not_staff_are_sent_to_the_admin_login(client):
+    User.objects.create_user("visitor", password="pw-visitor-1")
+    client.login(username="visitor", password="pw-visitor-1")
+
+    response = client.get("/dashboard/")
+
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+
+
+def test_staff_without_the_right_to_change_hosts_see_no_drain_buttons(client):
+    User.objects.create_user("watcher", password="pw-watcher-1", is_staff=True)
+    client.login(username="watcher", password="pw-watcher-1")
+
+    response = client.get("/dashboard/")
+
+    assert response.status_code == 200
+    assert 'data-can-drain="false"' in response.content.decode()
+
+
+def test_the_real_server_serves_the_page_behind_the_login(gateway):
+    response = httpx.get(f"{gateway.url}/dashboard/")
+
+    assert response.status_code == 302
+    assert response.headers["location"] == "/admin/login/?next=/dashboard/"
+
+
+def websocket_handshake(url: str, cookie: str = "", origin: str = "") -> str:
+    """Open a WebSocket on the real server by hand; return the status line it answers."""
+    parts = urlsplit(url)
+    origin = origin or url
+    request = (
+        f"GET /dashboard/ws/ HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        f"Sec-WebSocket-Version: 13\r\nOrigin: {origin}\r\n"
+        + (f"Cookie: {cookie}\r\n" if cookie else "")
+        + "\r\n"
+    )
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(request.encode())
+        return sock.recv(4096).decode(errors="replace").split("\r\n", 1)[0]
+
+
+def test_the_real_server_refuses_an_anonymous_websocket(gateway):
+    assert " 403 " in websocket_handshake(gateway.url)
+
+
+def signed_in_session(gateway) -> str:  # type: ignore[no-untyped-def]
+    """Sign in as pytest-django's `admin_user` through the real server; the session cookie."""
+    session = signed_in(gateway).cookies.get("sessionid") or ""
+    assert session, "the login gave no session"
+    return f"sessionid={session}"
+
+
+def test_the_real_server_opens_the_websocket_for_a_signed_in_admin(gateway, admin_user):
+    assert " 101 " in websocket_handshake(gateway.url, signed_in_session(gateway))
+
+
+def test_a_page_of_another_site_cannot_open_the_websocket_with_the_admin_cookie(
+    gateway, admin_user
+):
+    cookie = signed_in_session(gateway)
+
+    assert " 403 " in websocket_handshake(gateway.url, cookie, origin="http://evil.example")
+
+
+# -- the consumer -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def connect():  # type: ignore[no-untyped-def]
+    """Open a dashboard socket as a given user; closes sockets and the runtime afterwards."""
+    opened: list[WebsocketCommunicator] = []
+
+    async def open_as(user: Any) -> tuple[WebsocketCommunicator, bool]:
+        communicator = WebsocketCommunicator(DashboardConsumer.as_asgi(), "/dashboard/ws/")
+        communicator.scope["user"] = user
+        connected, _ = await communicator.connect()
+        if connected:
+            opened.append(communicator)
+        return communicator, connected
+
+    yield open_as
+    for communicator in opened:
+        await communicator.disconnect()
+    await close_runtime()
+
+
+async def receive_until(communicator: WebsocketCommunicator, wanted):  # type: ignore[no-untyped-def]
+    """The first message `wanted(message)` accepts; fail after 5 seconds."""
+    async with asyncio.timeout(5):
+        while True:
+            message = await communicator.receive_json_from(timeout=5)
+            if wanted(message):
+                return message
+
+
+def host_in(message: dict[str, Any], name: str) -> dict[str, Any] | None:
+    if message.get("type") != "state":
+        return None
+    return next((host for host in message["hosts"] if host["name"] == name), None)
+
+
+async def test_anonymous_and_non_staff_sockets_are_refused(connect):
+    from django.contrib.auth.models import AnonymousUser
+
+    visitor = await sync_to_async(User.objects.create_user)("visitor", password="x-1234567")
+
+    _, anonymous = await connect(AnonymousUser())
+    _, not_staff = await connect(visitor)
+
+    assert not anonymous and not not_staff
+
+
+async def test_staff_get_hosts_with_slots_and_the_requests_going_by(connect):
+    staff = await sync_to_async(User.objects.create_superuser)("ops", password="x-1234567")
+    gpu1 = await sync_to_async(add_host)("gpu1", "http://127.0.0.1:9", models={MODEL: (3, 2)})
+    await sync_to_async(add_route)("chat", [gpu1])
+
+    communicator, connected = await connect(staff)
+    first = await receive_until(communicator, lambda m: host_in(m, "gpu1"))
+    metrics.observe(
+        RequestRecord(
+            route="chat", fingerprint="f" * 64, model=MODEL, host="gpu1",
+            started=datetime.now(UTC), queued_ms=0, ttfb_ms=12, total_ms=345, status=200,
+            streamed=True, lease="new", prompt_tokens=7, cached_tokens=0, completion_tokens=5,
+            client="team-a",
+        )  # fmt: skip
+    )
+    later = await receive_until(
+        communicator, lambda m: any(r["total_ms"] == 345 for r in m.get("requests", []))
+    )
+
+    assert connected
+    host = host_in(first, "gpu1")
+    assert host is not None
+    assert host["models"] == [
+        {"name": MODEL, "in_flight": 0, "parallel": 3, "queued": 0, "queue_max": 2}
+    ]
+    assert host["draining"] is False and host["leases"] == 0
+    assert host["state"] in ("unknown", "down")
+    seen = next(r for r in later["requests"] if r["total_ms"] == 345)
+    assert seen == seen | {
+        "route": "chat", "model": MODEL, "host": "gpu1", "status": 200, "client": "team-a",
+        "prompt_tokens": 7, "completion_tokens": 5,
+    }  # fmt: skip
+    assert "fingerprint" not in seen
+
+
+async def test_drain_and_undrain_from_the_socket_reach_the_database_and_every_dashboard(connect):
+    staff = await sync_to_async(User.objects.create_superuser)("ops", password="x-1234567")
+    gpu1 = await sync_to_async(add_host)("gpu1", "http://127.0.0.1:9")
+    await sync_to_async(add_route)("chat", [gpu1])
+    mine, _ = await connect(staff)
+    other, _ = await connect(staff)
+
+    await mine.send_json_to({"type": "drain", "host": "gpu1", "on": True})
+    drained = await receive_until(mine, lambda m: (h := host_in(m, "gpu1")) and h["draining"])
+    notice = await receive_until(other, lambda m: m["type"] == "notice")
+    in_db = await sync_to_async(lambda: Host.objects.get(name="gpu1").draining)()
+    await mine.send_json_to({"type": "drain", "host": "gpu1", "on": False})
+    await receive_until(mine, lambda m: (h := host_in(m, "gpu1")) and not h["draining"])
+
+    assert host_in(drained, "gpu1")["draining"] is True  # type: ignore[index]
+    assert notice["text"] == "ops started draining gpu1."
+    assert in_db is True
+    assert await sync_to_async(lambda: Host.objects.get(name="gpu1").draining)() is False
+
+
+async def test_staff_without_the_right_to_change_hosts_cannot_drain(connect):
+    watcher = await sync_to_async(User.objects.create_user)(
+        "watcher", password="x-1234567", is_staff=True
+    )
+    await sync_to_async(add_host)("gpu1", "http://127.0.0.1:9")
+    communicator, connected = await connect(watcher)
+
+    await communicator.send_json_to({"type": "drain", "host": "gpu1", "on": True})
+    notice = await receive_until(communicator, lambda m: m["type"] == "notice")
+
+    assert connected
+    assert notice["text"] == "You may not change hosts."
+    assert await sync_to_async(lambda: Host.objects.get(name="gpu1").draining)() is False
+
+
+async def test_a_staff_user_granted_the_permission_can_drain(connect):
+    def user_with_permission() -> User:
+        user = User.objects.create_user("oncall", password="x-1234567", is_staff=True)
+        user.user_permissions.add(Permission.objects.get(codename="change_host"))
+        return user
+
+    oncall = await sync_to_async(user_with_permission)()
+    await sync_to_async(add_host)("gpu1", "http://127.0.0.1:9")
+    communicator, _ = await connect(oncall)
+
+    await communicator.send_json_to({"type": "drain", "host": "gpu1", "on": True})
+    await receive_until(communicator, lambda m: (h := host_in(m, "gpu1")) and h["draining"])
+
+    assert await sync_to_async(lambda: Host.objects.get(name="gpu1").draining)() is True

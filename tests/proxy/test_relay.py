@@ -1,0 +1,104 @@
+"""The relay, the piece that hands the host's bytes to the client: whatever chunks the host's
+answer arrives in, the client gets the same chunks, byte for byte, and the row the same token
+counts. No server and no database: a made-up upstream response and a stand-in exchange."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import httpx
+from hypothesis import given
+from hypothesis import strategies as st
+
+from routing.proxy.relay import Relay
+from tests.test_tee import _streams
+
+SSE = "text/event-stream"
+
+
+class _Upstream(httpx.AsyncByteStream):
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+
+
+class _Exchange:
+    """What the relay needs of an exchange; keeps what it was finished with."""
+
+    def __init__(self) -> None:
+        self.host = "gpu1"
+        self.streamed = False
+        self.finished: list[tuple[object, ...]] = []
+
+    def finish(self, *outcome: object) -> None:
+        self.finished.append(outcome)
+
+
+def relay(chunks: list[bytes], content_type: str) -> tuple[list[bytes], tuple[object, ...]]:
+    """What the client receives through a relay, and what the exchange was finished with."""
+
+    async def run() -> tuple[list[bytes], tuple[object, ...]]:
+        upstream = httpx.Response(
+            200, headers={"content-type": content_type}, stream=_Upstream(chunks)
+        )
+        exchange = _Exchange()
+        runtime = SimpleNamespace(stream_idle_timeout=5.0)
+        received = [chunk async for chunk in Relay(upstream, None, exchange, runtime)]  # type: ignore[arg-type]
+        (outcome,) = exchange.finished
+        return received, outcome
+
+    return asyncio.run(run())
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    cuts = sorted(cuts)
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+
+
+@given(stream=_streams(), data=st.data())
+def test_any_chunking_of_a_stream_reaches_the_client_unchanged_with_the_same_counts(
+    stream: bytes, data: st.DataObject
+) -> None:
+    chunks = split(stream, data.draw(st.lists(st.integers(0, len(stream)), max_size=20)))
+
+    received, outcome = relay(chunks, SSE)
+
+    assert received == [chunk for chunk in chunks if chunk]
+    assert outcome == relay([stream], SSE)[1]
+    assert outcome[0] == 200 and outcome[1] == ""
+
+
+_counts = st.none() | st.integers(min_value=0, max_value=100_000)
+
+
+@given(
+    usage=st.fixed_dictionaries(
+        {"prompt_tokens": _counts, "completion_tokens": _counts},
+        optional={"prompt_tokens_details": st.fixed_dictionaries({"cached_tokens": _counts})},
+    ),
+    text=st.text(max_size=50),
+    data=st.data(),
+)
+def test_any_chunking_of_a_whole_json_answer_reaches_the_client_unchanged_with_the_same_counts(
+    usage: dict[str, object], text: str, data: st.DataObject
+) -> None:
+    body = json.dumps(
+        {"choices": [{"message": {"content": text}}], "usage": usage}, ensure_ascii=False
+    ).encode()
+    chunks = split(body, data.draw(st.lists(st.integers(0, len(body)), max_size=20)))
+
+    received, outcome = relay(chunks, "application/json")
+
+    assert b"".join(received) == body
+    assert outcome == relay([body], "application/json")[1]
+    assert outcome[2:] == (
+        usage["prompt_tokens"],
+        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),  # type: ignore[union-attr]
+        usage["completion_tokens"],
+    )

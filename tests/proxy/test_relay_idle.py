@@ -1,0 +1,86 @@
+"""The relay's idle timeout: a host that stalls mid-stream ends the stream; a slow client
+does not count as a stalled host."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import httpx
+
+from routing.proxy.relay import Relay
+
+FIRST = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+
+
+class _Stalling(httpx.AsyncByteStream):
+    """One chunk, then nothing until `resume` is set, then a second chunk."""
+
+    def __init__(self) -> None:
+        self.resume = asyncio.Event()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield FIRST
+        await self.resume.wait()
+        yield b"data: [DONE]\n\n"
+
+
+class _Exchange:
+    host = "gpu1"
+    streamed = False
+
+    def __init__(self) -> None:
+        self.finished: list[tuple[object, ...]] = []
+
+    def finish(self, *outcome: object) -> None:
+        self.finished.append(outcome)
+
+
+def make_relay(upstream: _Stalling, idle: float) -> tuple[Relay, _Exchange]:
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=upstream)
+    exchange = _Exchange()
+    runtime = SimpleNamespace(stream_idle_timeout=idle)
+    return Relay(response, None, exchange, runtime), exchange  # type: ignore[arg-type]
+
+
+async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error_event():
+    relay, exchange = make_relay(_Stalling(), idle=0.2)
+
+    received = [chunk async for chunk in relay]
+
+    assert received[0] == FIRST
+    assert len(received) == 2
+    event = json.loads(received[1].removeprefix(b"data: "))
+    assert event["error"]["code"] == "upstream_failed" and "0.2 s" in event["error"]["message"]
+    assert exchange.finished[0][:2] == (504, event["error"]["message"])
+    assert asyncio.current_task().cancelling() == 0  # the watchdog's cancel was taken back
+
+
+async def test_time_the_client_takes_to_read_is_not_a_stall():
+    upstream = _Stalling()
+    relay, exchange = make_relay(upstream, idle=0.2)
+
+    first = await anext(relay)
+    await asyncio.sleep(0.5)  # a slow client: the relay is not reading meanwhile
+    upstream.resume.set()
+    rest = [chunk async for chunk in relay]
+
+    assert first == FIRST and rest == [b"data: [DONE]\n\n"]
+    assert exchange.finished[0][0] == 200
+
+
+async def test_a_client_that_leaves_is_not_taken_for_a_stall():
+    relay, exchange = make_relay(_Stalling(), idle=5)
+
+    async def consume() -> None:
+        async for _ in relay:
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+    assert exchange.finished[0][:2] == (499, "client disconnected mid-stream")
