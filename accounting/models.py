@@ -23,6 +23,14 @@ class Request(models.Model):
         SPILLED = "spilled", "spilled"
         NONE = "", "none"
 
+    class Placement(models.TextChoices):
+        HOME = "home", "home"  # the conversation's lease host
+        NEW = "new", "new"  # a new conversation, to the host with the most free slots
+        SPILLED = "spilled", "spilled"  # patience spent, or home's queue full
+        MOVED = "moved", "moved"  # home down or draining
+        FALLBACK = "fallback", "fallback"  # the route's fallback route served
+        NONE = "none", "none"  # no conversation (e.g. a GET) or no host reached
+
     route = models.CharField(max_length=64, blank=True, help_text="Empty when none was named.")
     fingerprint = models.CharField(
         max_length=64, blank=True, help_text="The conversation's fingerprint (hex sha256), if any."
@@ -49,6 +57,18 @@ class Request(models.Model):
     client = models.CharField(max_length=100, blank=True, help_text="The client key's name.")
     fallback = models.CharField(
         max_length=64, blank=True, help_text="The fallback route taken, if any."
+    )
+    placement = models.CharField(
+        max_length=10,
+        choices=Placement.choices,
+        blank=True,
+        help_text="Why the request went to its host.",
+    )
+    code = models.CharField(
+        max_length=40,
+        blank=True,
+        db_index=True,
+        help_text="The error's code (e.g. queue_full); empty when the request succeeded.",
     )
 
     class Meta:

@@ -62,6 +62,8 @@ class RequestRecord:
     error: str = ""
     client: str = ""
     fallback: str = ""
+    placement: str = ""
+    code: str = ""
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))

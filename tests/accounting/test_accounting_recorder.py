@@ -327,7 +327,7 @@ def test_the_process_recorder_writes_its_rows_when_the_interpreter_exits(
     shell = [*manage, "shell", "--no-imports", "-c"]
     subprocess.run([*manage, "migrate", "--verbosity", "0"], env=env, check=True)
     script = (
-        "from tests.test_accounting_recorder import make_record\n"
+        "from tests.accounting.test_accounting_recorder import make_record\n"
         "from accounting.recorder import get_recorder\n"
         "assert get_recorder() is get_recorder()\n"
         "for n in range(7):\n"

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from routing.proxy.relay import Relay
-from tests.test_tee import _streams
+from tests.core.test_tee import _streams
 
 SSE = "text/event-stream"
 
