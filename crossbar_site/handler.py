@@ -22,6 +22,8 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix, set_urlconf
 
+from routing.proxy.respond import StreamedResponse
+
 
 class GatewayHandler(ASGIHandler):
     """Django's ASGI handler with no middleware, no per-request thread and no signals."""
@@ -61,6 +63,10 @@ class GatewayHandler(ASGIHandler):
                 await self.send_response(response, send)
             except asyncio.CancelledError:
                 pass  # the client left while the response was being sent
+            finally:
+                if isinstance(response, StreamedResponse):
+                    # Ends the request if its body did not run to its end (no finalizer).
+                    response.close()
 
         watch = asyncio.create_task(self.listen_for_disconnect(receive))
         serve = asyncio.create_task(process_request())

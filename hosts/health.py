@@ -47,11 +47,16 @@ class Probe:
 
 
 class HealthTable:
-    """The last known health of every host, by name."""
+    """The last known health of every host, by name.
 
-    def __init__(self) -> None:
+    `on_eligible(host)` is called, synchronously, whenever a host that could not take new work
+    becomes eligible again (back up, or forgotten after its address changed).
+    """
+
+    def __init__(self, on_eligible: Callable[[str], None] | None = None) -> None:
         self._hosts: dict[str, HostHealth] = {}
         self._urls: dict[str, str] = {}
+        self._on_eligible = on_eligible
 
     def track(self, hosts: dict[str, str]) -> None:
         """Set the hosts to keep health for ({name: url}).
@@ -59,10 +64,12 @@ class HealthTable:
         A host whose address changed starts afresh, and a poll answer from its old address
         (in flight while the change landed) is ignored.
         """
-        for name in list(self._hosts):
-            if hosts.get(name) != self._urls.get(name):
-                del self._hosts[name]
+        forgotten = [name for name in self._hosts if hosts.get(name) != self._urls.get(name)]
+        for name in forgotten:
+            del self._hosts[name]
         self._urls = dict(hosts)
+        for name in forgotten:
+            self._became_eligible(name)
 
     def get(self, host: str) -> HostHealth:
         return self._hosts.get(host) or HostHealth()
@@ -84,6 +91,7 @@ class HealthTable:
         if url is not None and self._urls.get(host) != url:
             return
         current = self._hosts.get(host)
+        was_eligible = self.eligible(host)
         if current is None or current.state != state:
             if current is not None:
                 level = logging.WARNING if state == HostState.DOWN else logging.INFO
@@ -93,6 +101,12 @@ class HealthTable:
         current.reason = reason
         if loaded is not None or state != HostState.UP:
             current.loaded = loaded
+        if not was_eligible and self.eligible(host):
+            self._became_eligible(host)
+
+    def _became_eligible(self, host: str) -> None:
+        if self._on_eligible is not None:
+            self._on_eligible(host)
 
     def mark_down(self, host: str, reason: str) -> None:
         self.set(host, HostState.DOWN, reason)

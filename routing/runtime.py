@@ -23,9 +23,9 @@ from hosts.health import HealthTable, Probe, poll_forever
 from routing import signals
 from routing.config.reader import current_revision, load_fleet
 from routing.config.shape import Fleet, RouteConfig
-from routing.core.choose import Candidate, best
+from routing.core.choose import Candidate
 from routing.core.clients import ClientGate
-from routing.core.leases import LeaseKey, LeaseOutcome, LeaseTable
+from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
 
 log = logging.getLogger("crossbar.runtime")
@@ -40,7 +40,8 @@ class Runtime:
         self.loop = asyncio.get_running_loop()
         self.limiter = Limiter()
         self.leases = LeaseTable()
-        self.health = HealthTable()
+        # A host that becomes usable again offers its free slots to the requests waiting.
+        self.health = HealthTable(on_eligible=self.limiter.wake)
         self.clients = ClientGate(require=conf["REQUIRE_KEY"])
         self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
         self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
@@ -115,6 +116,8 @@ class Runtime:
         self.health.track({host.name: host.url for host in fleet.hosts.values()})
         self.clients.configure(fleet.clients)
         self.fleet = fleet
+        for name in fleet.hosts:  # undrained, enabled or added to a route: waiters may go there
+            self.limiter.wake(name)
         log.info(
             "config loaded: revision=%s hosts=%d routes=%d",
             fleet.revision,
@@ -176,7 +179,6 @@ class Runtime:
             host = self.fleet.hosts.get(name)
             if host is None or not host.enabled:
                 continue
-            health = self.health.get(name)
             if model is None:
                 can_serve = loaded = True
                 free = self.limiter.free_slots(name)
@@ -184,8 +186,9 @@ class Runtime:
             else:
                 spec = host.models.get(model)
                 can_serve = spec is not None
-                loaded = can_serve and (
-                    health.loaded is None or (spec.upstream_name or spec.name) in health.loaded
+                known = self.health.get(name).loaded
+                loaded = spec is not None and (
+                    known is None or (spec.upstream_name or spec.name) in known
                 )
                 free = self.limiter.free_for(name, model) if can_serve else 0
                 queued = self.limiter.queued(name, model)
@@ -199,24 +202,15 @@ class Runtime:
                     free=free,
                     queued=queued,
                     weight=host.weight,
+                    leases=self.leases.held(name),
                 )
             )
         return out
 
-    def choose(self, route: RouteConfig, model: str | None) -> str | None:
-        return best(self.candidates(route, model))
-
-    async def lease(
-        self, route: RouteConfig, fingerprint: str, model: str
-    ) -> tuple[str, LeaseOutcome]:
-        """The host for this conversation. Raises NoHealthyHost or PinnedHostDown."""
-        return await self.leases.lease(
-            LeaseKey(route.name, fingerprint, model),
-            ttl=route.lease_ttl,
-            strict=route.strict,
-            usable=lambda name: self.usable(route, model, name),
-            choose=lambda: self.choose(route, model),
-        )
+    def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
+        """The route's fallback route, when it names an enabled one."""
+        fallback = self.fleet.routes.get(route.fallback) if route.fallback else None
+        return fallback if fallback is not None and fallback.enabled else None
 
 
 _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (

@@ -1,11 +1,11 @@
-"""Pick the host for a new lease among a route's candidates."""
+"""Rank a route's hosts for a request: which to try first."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Candidate", "best"]
+__all__ = ["Candidate", "ranked"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -13,7 +13,8 @@ class Candidate:
     """What the chooser knows about one host of a route, for one model.
 
     ``loaded``: the model is resident on the host. ``can_serve``: the host's configuration lists
-    the model. ``free`` and ``queued`` are the limiter's counts for this (host, model).
+    the model. ``free`` and ``queued`` are the limiter's counts for this (host, model);
+    ``leases`` the conversations the host holds.
     """
 
     host: str
@@ -24,35 +25,30 @@ class Candidate:
     free: int
     queued: int
     weight: float
+    leases: int = 0
+
+    @property
+    def eligible(self) -> bool:
+        return self.healthy and not self.draining and (self.loaded or self.can_serve)
 
 
-def best(candidates: Sequence[Candidate]) -> str | None:
-    """Return the host to lease, or None when no candidate is eligible.
+def ranked(candidates: Sequence[Candidate]) -> list[str]:
+    """The eligible hosts, best first. Pure; never raises.
 
     Eligible: healthy, not draining, and the model loaded or listed. Hosts with the model loaded
-    win over hosts that merely list it. Among those, the highest ``free * weight`` wins; ties go
-    to the lowest ``queued``, then to the earlier candidate (route order). A full host
-    (``free == 0``) is still eligible: its request will queue. Pure; never raises.
+    come before hosts that merely list it; then the highest ``free * weight``; ties go to the
+    host holding fewer leases (so conversations arriving one at a time spread), then to the
+    shorter queue, then to route order. A full host (``free == 0``) is still ranked: its
+    request may queue there.
     """
-    loaded: Candidate | None = None
-    listed: Candidate | None = None
-    for candidate in candidates:
-        if not candidate.healthy or candidate.draining:
-            continue
-        if candidate.loaded:
-            if loaded is None or _beats(candidate, loaded):
-                loaded = candidate
-        elif candidate.can_serve and loaded is None:
-            if listed is None or _beats(candidate, listed):
-                listed = candidate
-    winner = loaded if loaded is not None else listed
-    return winner.host if winner is not None else None
-
-
-def _beats(challenger: Candidate, holder: Candidate) -> bool:
-    # Strict comparisons keep the earlier candidate on a full tie.
-    challenger_score = challenger.free * challenger.weight
-    holder_score = holder.free * holder.weight
-    if challenger_score != holder_score:
-        return challenger_score > holder_score
-    return challenger.queued < holder.queued
+    eligible = [(index, c) for index, c in enumerate(candidates) if c.eligible]
+    eligible.sort(
+        key=lambda entry: (
+            not entry[1].loaded,
+            -entry[1].free * entry[1].weight,
+            entry[1].leases,
+            entry[1].queued,
+            entry[0],
+        )
+    )
+    return [candidate.host for _, candidate in eligible]

@@ -2,28 +2,26 @@
 
 The runtime holds one `ClientGate`, configured from the fleet's enabled keys (by sha256). The
 proxy asks it twice, right after resolving the route and before reading the body:
-`identify(authorization)` (401 for a missing or unknown key) and `admit(client, route)` (403
-for a route the key may not use, 429 over its limits), which returns a `ClientPass` that the
-request's exchange releases when it finishes.
+`identify(key_hash)` (401 for a missing or unknown key) and `admit(client, route)` (403 for a
+route the key may not use, 429 over its limits), which returns a `ClientPass` that the
+request's record gives back when the request ends.
 
 Limits are per key: `max_concurrent` requests from admit to release, and `per_minute` requests
 admitted in any sliding 60 seconds (exact: the admission times of the last `per_minute`
 requests are kept). A refused request counts against neither.
 
-Thread safety: `admit` runs on the event loop, but a pass may be released from another thread
-(an exchange finished by the garbage collector), so the counts sit behind one short lock.
+Loop safety: everything here, `ClientPass.release` included, runs on the gateway's event loop;
+nothing is thread-safe.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from accounting.keys import hash_key
 from routing.core.errors import ClientLimited, InvalidKey, MissingKey, RouteNotAllowed
 
 __all__ = ["ClientGate", "ClientPass", "ClientSpec", "bearer_token"]
@@ -48,7 +46,7 @@ class _Usage:
 
 
 class ClientPass:
-    """An admitted request of one client. `release` is idempotent and thread-safe."""
+    """An admitted request of one client. `release` is idempotent."""
 
     __slots__ = ("client", "_gate", "_usage", "_released")
 
@@ -59,11 +57,10 @@ class ClientPass:
         self._released = False
 
     def release(self) -> None:
-        with self._gate._lock:
-            if self._released:
-                return
-            self._released = True
-            self._usage.in_flight -= 1
+        if self._released:
+            return
+        self._released = True
+        self._usage.in_flight -= 1
 
 
 def bearer_token(authorization: str | None) -> str:
@@ -85,7 +82,6 @@ class ClientGate:
         self._clock = clock
         self._keys: Mapping[str, ClientSpec] = {}
         self._usage: dict[str, _Usage] = {}  # by client name
-        self._lock = threading.Lock()
 
     @property
     def required(self) -> bool:
@@ -97,24 +93,20 @@ class ClientGate:
         New limits apply to the next admission; passes already out release normally.
         """
         names = {spec.name for spec in keys.values()}
-        with self._lock:
-            self._keys = dict(keys)
-            for name in [name for name in self._usage if name not in names]:
-                del self._usage[name]
+        self._keys = dict(keys)
+        for name in [name for name in self._usage if name not in names]:
+            del self._usage[name]
 
-    def identify(self, authorization: str | None) -> ClientSpec | None:
-        """The client presenting this `Authorization` header; None when keys are not required.
+    def identify(self, key_hash: str | None) -> ClientSpec | None:
+        """The client presenting the key with this sha256 (hex); None when keys are not required.
 
-        Raises MissingKey or InvalidKey. The key is never part of an error message.
+        Raises MissingKey (no key presented) or InvalidKey. The key is never in a message.
         """
         if not self.required:
             return None
-        token = bearer_token(authorization)
-        if not token:
-            raise MissingKey(
-                "missing API key: send it as “Authorization: Bearer <key>”"
-            )
-        client = self._keys.get(hash_key(token))
+        if not key_hash:
+            raise MissingKey("missing API key: send it as “Authorization: Bearer <key>”")
+        client = self._keys.get(key_hash)
         if client is None:
             raise InvalidKey("invalid API key")
         return client
@@ -127,32 +119,31 @@ class ClientGate:
         if client.routes and route not in client.routes:
             raise RouteNotAllowed(f"this API key may not use route “{route}”")
         now = self._clock()
-        with self._lock:
-            usage = self._usage.get(client.name)
-            if usage is None:
-                usage = self._usage[client.name] = _Usage()
-            if client.max_concurrent is not None and usage.in_flight >= client.max_concurrent:
-                raise ClientLimited(
-                    f"too many requests in flight for this API key (at most "
-                    f"{client.max_concurrent})",
-                    retry_after=1,
-                )
-            admitted = usage.admitted
-            while admitted and admitted[0] <= now - WINDOW:
+        usage = self._usage.get(client.name)
+        if usage is None:
+            usage = self._usage[client.name] = _Usage()
+        if client.max_concurrent is not None and usage.in_flight >= client.max_concurrent:
+            raise ClientLimited(
+                f"too many requests in flight for this API key (at most "
+                f"{client.max_concurrent})",
+                retry_after=1,
+            )
+        admitted = usage.admitted
+        while admitted and admitted[0] <= now - WINDOW:
+            admitted.popleft()
+        if client.per_minute is not None:
+            while len(admitted) > client.per_minute:  # the limit was lowered
                 admitted.popleft()
-            if client.per_minute is not None:
-                while len(admitted) > client.per_minute:  # the limit was lowered
-                    admitted.popleft()
-                if len(admitted) >= client.per_minute:
-                    wait = admitted[0] + WINDOW - now
-                    raise ClientLimited(
-                        f"rate limit reached for this API key ({client.per_minute} requests "
-                        "per minute)",
-                        retry_after=max(1, math.ceil(wait)),
-                    )
-                admitted.append(now)
-            usage.in_flight += 1
-            return ClientPass(self, client, usage)
+            if len(admitted) >= client.per_minute:
+                wait = admitted[0] + WINDOW - now
+                raise ClientLimited(
+                    f"rate limit reached for this API key ({client.per_minute} requests "
+                    "per minute)",
+                    retry_after=max(1, math.ceil(wait)),
+                )
+            admitted.append(now)
+        usage.in_flight += 1
+        return ClientPass(self, client, usage)
 
     def in_flight(self, name: str) -> int:
         """Requests of the named client admitted and not yet released."""

@@ -1,28 +1,78 @@
-"""Every way a proxied request can fail before the upstream answers, and its HTTP answer.
+"""Every way a proxied request can fail that the gateway answers itself, and its HTTP answer.
 
-The proxy raises these types; `answer_for` is the one place they become status codes and
-OpenAI-shaped error bodies (`{"error": {"message", "type", "code"}}`), so OpenAI clients show
-the message to their user.
+    GatewayError                       400 bad_request (the base: status, code, retry_after)
+    ├── MissingRoute, ConflictingRoute 400            ├── BadBody          400 invalid_body
+    ├── UnknownRoute, NotFound         404            ├── UnknownModel     404 model_not_found
+    ├── MethodNotAllowed               405            ├── BodyTooLarge     413
+    ├── MissingKey, InvalidKey         401            ├── RouteNotAllowed  403
+    ├── ClientLimited                  429 (+ Retry-After)
+    ├── QueueFull                      503 queue_full (+ Retry-After 1)
+    ├── NoHealthyHost                  503 no_healthy_host (+ Retry-After 2)
+    ├── PinnedHostDown                 503 pinned_host_down (+ Retry-After 2)
+    ├── QueueTimeout                   503 queue_timeout (+ Retry-After 5)
+    ├── UpstreamUnreachable            502 upstream_unreachable
+    │   └── HostDown                   (refused or reset before answering: placed again)
+    └── UpstreamTimeout                504 upstream_timeout
+
+Each error carries its own status, code and Retry-After; `answer_for` is the one place an
+exception becomes an `Answer` (anything unexpected: a plain 500), which the proxy writes as an
+OpenAI-shaped body (`{"error": {"message", "type", "code"}}`) so OpenAI clients show it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from routing.core.leases import NoHealthyHost, PinnedHostDown
-from routing.core.limiter import QueueFull
-
 
 class GatewayError(Exception):
-    """A request the gateway answers itself. `status`/`code` are class-level defaults."""
+    """A request the gateway answers itself. `status`, `code` and `retry_after` are class-level
+    defaults; an instance may carry its own `retry_after`."""
 
     status = 400
     code = "bad_request"
+    retry_after: int | None = None
 
     def __init__(self, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.retry_after = retry_after
+        if retry_after is not None:
+            self.retry_after = retry_after
+
+
+class QueueFull(GatewayError):
+    """Every usable host of the route has its slots busy and its queue full."""
+
+    status = 503
+    code = "queue_full"
+    retry_after = 1
+
+    def __init__(self, host: str = "", model: str = "") -> None:
+        super().__init__("queue full")
+        self.host = host
+        self.model = model
+
+
+class NoHealthyHost(GatewayError):
+    """No host of the route may take the request (down, draining, disabled, not serving)."""
+
+    status = 503
+    code = "no_healthy_host"
+    retry_after = 2
+
+    def __init__(self, message: str = "no healthy host") -> None:
+        super().__init__(message)
+
+
+class PinnedHostDown(GatewayError):
+    """A strict route's lease points at a host that cannot take the request."""
+
+    status = 503
+    code = "pinned_host_down"
+    retry_after = 2
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"pinned host down: {host}")
+        self.host = host
 
 
 class MissingRoute(GatewayError):
@@ -67,6 +117,7 @@ class QueueTimeout(GatewayError):
 
     status = 503
     code = "queue_timeout"
+    retry_after = 5
 
 
 class UpstreamUnreachable(GatewayError):
@@ -74,6 +125,11 @@ class UpstreamUnreachable(GatewayError):
 
     status = 502
     code = "upstream_unreachable"
+
+
+class HostDown(UpstreamUnreachable):
+    """The host refused or reset the connection before any response byte: it is down, and the
+    request may be placed again elsewhere, since nothing was sent to the client yet."""
 
 
 class UpstreamTimeout(GatewayError):
@@ -137,21 +193,8 @@ def _error_type(status: int) -> str:
     return "server_error"
 
 
-def answer_for(exc: Exception) -> Answer:
+def answer_for(exc: BaseException) -> Answer:
     """The HTTP answer for a failure; anything unexpected is a plain 500."""
-    if isinstance(exc, QueueFull):
-        return Answer(503, "queue full", "server_error", "queue_full", retry_after=1)
-    if isinstance(exc, NoHealthyHost):
-        return Answer(503, "no healthy host", "server_error", "no_healthy_host", retry_after=2)
-    if isinstance(exc, PinnedHostDown):
-        message = (
-            f"pinned host down: {exc.host}" if getattr(exc, "host", "") else "pinned host down"
-        )
-        return Answer(503, message, "server_error", "pinned_host_down", retry_after=2)
-    if isinstance(exc, QueueTimeout):
-        return Answer(503, exc.message, "server_error", exc.code, retry_after=5)
     if isinstance(exc, GatewayError):
-        return Answer(
-            exc.status, exc.message, _error_type(exc.status), exc.code, exc.retry_after
-        )
+        return Answer(exc.status, exc.message, _error_type(exc.status), exc.code, exc.retry_after)
     return Answer(500, "internal gateway error", "server_error", "internal_error")

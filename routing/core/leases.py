@@ -8,19 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["LeaseKey", "LeaseOutcome", "LeaseTable", "NoHealthyHost", "PinnedHostDown"]
-
-
-class NoHealthyHost(Exception):
-    """No host of the route is eligible for the request."""
-
-
-class PinnedHostDown(Exception):
-    """A strict route's lease points at a host that cannot take the request."""
-
-    def __init__(self, host: str) -> None:
-        super().__init__(f"pinned host down: {host}")
-        self.host = host
+__all__ = ["LeaseKey", "LeaseOutcome", "LeaseTable"]
 
 
 class LeaseOutcome(StrEnum):
@@ -29,6 +17,7 @@ class LeaseOutcome(StrEnum):
     NEW = "new"
     REUSED = "reused"
     MOVED = "moved"
+    SPILLED = "spilled"  # served elsewhere for now; the lease stays with its host
     NONE = ""  # the request has no fingerprint: nothing stored
 
 
@@ -46,14 +35,14 @@ class _Lease:
 
 
 class LeaseTable:
-    """A bounded LRU of leases with a sliding TTL.
+    """A bounded LRU of leases with a sliding TTL, and the count of leases each host holds.
 
-    Expiry is lazy: an expired lease is found out when it is next looked up, or evicted as the
-    least recently used once the table is full. Loop safety: call every method from one event
-    loop; ``lease`` does not suspend, so each call is atomic with respect to other tasks.
+    Expiry is lazy: an expired lease is found out when it is next looked up, or when it reaches
+    the least recently used end (trimmed on every `keep`), or evicted once the table is full.
+    Loop safety: call every method from one event loop; nothing here suspends.
     """
 
-    __slots__ = ("_clock", "_leases", "_max_entries")
+    __slots__ = ("_clock", "_leases", "_max_entries", "_held")
 
     def __init__(
         self, max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic
@@ -61,64 +50,49 @@ class LeaseTable:
         self._max_entries = max(1, max_entries)
         self._clock = clock
         self._leases: OrderedDict[LeaseKey, _Lease] = OrderedDict()
+        self._held: dict[str, int] = {}  # stored leases per host
 
-    async def lease(
-        self,
-        key: LeaseKey,
-        *,
-        ttl: float,
-        strict: bool,
-        usable: Callable[[str], bool],
-        choose: Callable[[], str | None],
-    ) -> tuple[str, LeaseOutcome]:
-        """Return the host for ``key`` and how it was found.
-
-        A live lease on a host ``usable`` accepts is reused and its TTL slides to ``ttl`` from
-        now. A live lease on an unusable host (down, draining, gone from the route) raises
-        ``PinnedHostDown`` when ``strict``, and otherwise moves to the host ``choose`` returns.
-        Without a live lease, ``choose`` picks and the lease is new. An empty fingerprint is
-        never stored (outcome ``NONE``). Raises ``NoHealthyHost`` when ``choose`` returns None;
-        nothing is stored then.
-        """
-        if not key.fingerprint:
-            return _chosen(choose), LeaseOutcome.NONE
-        now = self._clock()
-        current = self._leases.get(key)
-        outcome = LeaseOutcome.NEW
-        if current is not None:
-            if current.expires <= now:
-                del self._leases[key]
-            elif usable(current.host):
-                current.expires = now + ttl
-                self._leases.move_to_end(key)
-                return current.host, LeaseOutcome.REUSED
-            elif strict:
-                raise PinnedHostDown(current.host)
-            else:
-                outcome = LeaseOutcome.MOVED
-        host = _chosen(choose)
-        self._leases[key] = _Lease(host, now + ttl)
-        self._leases.move_to_end(key)
-        while len(self._leases) > self._max_entries:
-            self._leases.popitem(last=False)
-        return host, outcome
-
-    def host_of(self, key: LeaseKey) -> str | None:
+    def find(self, key: LeaseKey) -> str | None:
         """The host holding an unexpired lease for ``key``, without refreshing it."""
         current = self._leases.get(key)
-        if current is None or current.expires <= self._clock():
+        if current is None:
+            return None
+        if current.expires <= self._clock():
+            self._delete(key, current)
             return None
         return current.host
 
+    def keep(self, key: LeaseKey, host: str, ttl: float) -> None:
+        """Lease ``key`` to ``host`` for ``ttl`` seconds from now (new, moved or slid)."""
+        if not key.fingerprint:
+            return
+        now = self._clock()
+        current = self._leases.get(key)
+        if current is None:
+            self._leases[key] = _Lease(host, now + ttl)
+            self._count(host, 1)
+        else:
+            if current.host != host:
+                self._count(current.host, -1)
+                self._count(host, 1)
+                current.host = host
+            current.expires = now + ttl
+            self._leases.move_to_end(key)
+        self._trim(now)
+
     def drop_host(self, host: str) -> int:
         """Remove every lease held by ``host`` (a deleted host); return how many went."""
-        doomed = [key for key, current in self._leases.items() if current.host == host]
-        for key in doomed:
-            del self._leases[key]
+        doomed = [(key, lease) for key, lease in self._leases.items() if lease.host == host]
+        for key, lease in doomed:
+            self._delete(key, lease)
         return len(doomed)
 
+    def held(self, host: str) -> int:
+        """Leases the host holds (expired ones not found out yet included); cheap."""
+        return self._held.get(host, 0)
+
     def held_by_host(self) -> dict[str, int]:
-        """Unexpired leases per host, for the dashboard."""
+        """Unexpired leases per host, for the dashboard (walks the table)."""
         now = self._clock()
         held: dict[str, int] = {}
         for current in self._leases.values():
@@ -130,9 +104,21 @@ class LeaseTable:
         """Stored leases, including expired ones not yet found out."""
         return len(self._leases)
 
+    def _trim(self, now: float) -> None:
+        leases = self._leases
+        while leases:
+            key, oldest = next(iter(leases.items()))
+            if oldest.expires > now and len(leases) <= self._max_entries:
+                return
+            self._delete(key, oldest)
 
-def _chosen(choose: Callable[[], str | None]) -> str:
-    host = choose()
-    if host is None:
-        raise NoHealthyHost()
-    return host
+    def _delete(self, key: LeaseKey, lease: _Lease) -> None:
+        del self._leases[key]
+        self._count(lease.host, -1)
+
+    def _count(self, host: str, change: int) -> None:
+        count = self._held.get(host, 0) + change
+        if count > 0:
+            self._held[host] = count
+        else:
+            self._held.pop(host, None)

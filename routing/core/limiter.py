@@ -1,37 +1,36 @@
-"""Per-(host, model) concurrency slots with a bounded FIFO queue.
+"""Per-(host, model) concurrency slots with a bounded FIFO queue, and waits on several hosts.
 
 A llama-server with ``parallel = 4`` must never see a fifth concurrent request: the fifth waits
 here, in arrival order, and once ``queue_max`` requests already wait the next one is refused at
-once (``QueueFull``) so the client can go elsewhere.
+once so the client can go elsewhere.
 
-Everything here runs on one asyncio event loop and is not thread-safe. No method awaits except
-``Limiter.acquire`` while it waits in the queue, so every state change is atomic with respect to
-the other tasks on the loop.
+Placement is one synchronous step: ``Limiter.place`` takes a free slot on the first pair of an
+ordered list that has one, or else a place in the queue of the first pair with room, and
+nothing can happen in between. A queued request holds a ``Waiter``: its place in one pair's line,
+and optionally a watch on other pairs (``Limiter.watch``): it may also be handed a free slot of
+those when their own queues are empty (a spill to another host after the route's patience, or
+a fallback route). A waiter is granted exactly once, by whichever pair frees a slot first; its
+``granted`` future then holds the ``Slot``. Nothing polls: a release hands its slot on at once.
+
+Everything here runs on one asyncio event loop and is not thread-safe; no method awaits, so
+every state change is atomic with respect to the other tasks on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 
-__all__ = ["Limiter", "PairSnapshot", "QueueFull", "Slot", "Ticket"]
+__all__ = ["Limiter", "PairSnapshot", "Slot", "Waiter"]
 
-
-class QueueFull(Exception):
-    """Raised by ``Limiter.acquire`` when the pair's queue already holds ``queue_max`` waiters."""
-
-    def __init__(self, host: str, model: str) -> None:
-        super().__init__(f"queue full for {model} on {host}")
-        self.host = host
-        self.model = model
+Pair = tuple[str, str]  # (host, model)
 
 
 @dataclass(slots=True, frozen=True)
 class PairSnapshot:
-    """The state of one (host, model) pair at one instant, for the dashboard."""
+    """The state of one (host, model) pair at one instant, for metrics and the dashboard."""
 
     host: str
     model: str
@@ -43,99 +42,161 @@ class PairSnapshot:
 
 @dataclass(slots=True, eq=False)
 class _Pair:
+    host: str
+    model: str
     parallel: int = 1
     queue_max: int = 0
     configured: bool = False
     in_flight: int = 0
-    # Futures of tasks waiting for a slot, oldest first. A cancelled future may linger here
-    # until its task runs again; grants skip it and the queue-full check purges it.
-    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    queued: int = 0  # live waiters in `queue`
+    # Waiters in arrival order. A waiter that left (granted elsewhere, cancelled) stays until it
+    # reaches the head or the line is compacted; `queued` counts only the live ones.
+    queue: deque[Waiter] = field(default_factory=deque)
+    watchers: list[Waiter] = field(default_factory=list)  # in the order they began to watch
+    listeners: int = 0  # queued waiters that want to hear when their place changes
 
-    def live_waiters(self) -> int:
-        return sum(1 for waiter in self.waiters if not waiter.done())
+    def has_free_slot(self) -> bool:
+        return self.in_flight < self.parallel
+
+    def has_queue_room(self) -> bool:
+        return self.queued < self.queue_max
 
     def idle(self) -> bool:
-        return self.in_flight == 0 and not self.waiters
+        return self.in_flight == 0 and self.queued == 0 and not self.watchers
 
 
 class Slot:
-    """One held slot of a (host, model) pair, returned by ``Limiter.acquire``.
+    """One held slot of a (host, model) pair.
 
-    ``waited`` is the time in seconds the caller spent in the queue (0.0 when a slot was free).
-    ``release`` gives the slot back; it is idempotent and safe after the pair was reconfigured
-    or removed. Use it directly or as ``async with await limiter.acquire(host, model) as slot``.
+    ``release`` gives it back (to the head waiter, if any); it is idempotent and safe after
+    the pair was reconfigured or removed.
     """
 
-    __slots__ = ("host", "model", "waited", "_limiter", "_pair", "_released")
+    __slots__ = ("host", "model", "_limiter", "_pair", "_released")
 
-    def __init__(self, limiter: Limiter, pair: _Pair, host: str, model: str, waited: float) -> None:
-        self.host = host
-        self.model = model
-        self.waited = waited
+    def __init__(self, limiter: Limiter, pair: _Pair) -> None:
+        self.host = pair.host
+        self.model = pair.model
         self._limiter = limiter
         self._pair = pair
         self._released = False
 
     def release(self) -> None:
-        """Give the slot back (to the head waiter, if any). A second call is a no-op."""
+        """Give the slot back. A second call is a no-op."""
         if self._released:
             return
         self._released = True
-        self._limiter._release(self.host, self.model, self._pair)
-
-    async def __aenter__(self) -> Slot:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
+        self._limiter._release(self._pair)
 
     def __repr__(self) -> str:
         state = "released" if self._released else "held"
-        return f"<Slot {self.host}/{self.model} {state} waited={self.waited:.3f}s>"
+        return f"<Slot {self.host}/{self.model} {state}>"
 
 
-class Ticket:
-    """Where one waiting ``acquire`` stands in its queue, for a client watching its wait.
+def _accept_any(pair: Pair) -> bool:
+    return True
 
-    Pass a fresh ticket to ``Limiter.acquire``; while that call waits, ``position`` is its
-    1-based place among the live waiters of its pair, and 0 otherwise (not queued yet, granted,
-    or gone); `queued` is set once the call joined the queue. Reading `position` costs a walk
-    of the queue ahead: meant for status updates, not loops.
+
+class Waiter:
+    """A request waiting for a slot: its place in one pair's line, and its watches on others.
+
+    ``granted`` resolves to the ``Slot`` it was handed, or to the exception given to ``fail``.
+    A task that awaits it and is cancelled must call ``cancel()`` and release the slot it
+    returns: a slot handed over in the same loop turn as the cancellation is the caller's.
     """
 
-    __slots__ = ("_pair", "_waiter", "queued")
+    __slots__ = ("granted", "_limiter", "_home", "_watching", "_accept", "_changed", "_attached")
 
-    def __init__(self) -> None:
-        self._pair: _Pair | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self.queued = asyncio.Event()
+    def __init__(self, limiter: Limiter, home: _Pair | None) -> None:
+        self.granted: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        self._limiter = limiter
+        self._home = home
+        self._watching: list[_Pair] = []
+        self._accept: Callable[[Pair], bool] = _accept_any
+        self._changed: asyncio.Event | None = None
+        self._attached = True
+        # A task cancelled while awaiting the future cancels the future itself: leave at once.
+        self.granted.add_done_callback(self._on_done)
+
+    @property
+    def host(self) -> str:
+        """The host whose queue holds this waiter's place; "" when it only watches."""
+        return self._home.host if self._home is not None else ""
 
     @property
     def position(self) -> int:
-        waiter, pair = self._waiter, self._pair
-        if waiter is None or pair is None or waiter.done():
+        """The 1-based place among the live waiters of its line; 0 when not in one."""
+        home = self._home
+        if home is None or not self._attached:
             return 0
         ahead = 0
-        for queued in pair.waiters:
-            if queued is waiter:
+        for waiter in home.queue:
+            if waiter is self:
                 return ahead + 1
-            if not queued.done():
+            if waiter._attached:
                 ahead += 1
         return 0
+
+    def changes(self) -> asyncio.Event:
+        """An event set whenever this waiter's place in line changes or its wait ends."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+            if self._home is not None and self._attached:
+                self._home.listeners += 1
+        return self._changed
+
+    def cancel(self) -> Slot | None:
+        """Leave the line and every watch; the slot, when one was handed over already."""
+        if self.granted.done():
+            if self.granted.cancelled() or self.granted.exception() is not None:
+                return None
+            return self.granted.result()
+        self._leave()
+        self.granted.cancel()
+        return None
+
+    def fail(self, error: BaseException) -> None:
+        """End the wait with `error` (e.g. a deadline), unless a slot was handed over."""
+        if not self.granted.done():
+            self._leave()
+            self.granted.set_exception(error)
+
+    def _live(self) -> bool:
+        # A future cancelled with its task is done before `_on_done` detaches it.
+        return self._attached and not self.granted.done()
+
+    def _grant(self, pair: _Pair) -> None:
+        pair.in_flight += 1  # counted now, so a newcomer cannot take the slot meanwhile
+        self._leave()
+        self.granted.set_result(Slot(self._limiter, pair))
+
+    def _leave(self) -> None:
+        if not self._attached:
+            return
+        self._attached = False
+        home = self._home
+        if home is not None:
+            home.queued -= 1
+            if self._changed is not None:
+                home.listeners -= 1
+            self._limiter._line_moved(home)
+        for pair in self._watching:
+            pair.watchers.remove(self)
+            self._limiter._forget_if_idle(pair)
+        self._watching.clear()
+        if self._changed is not None:
+            self._changed.set()
+
+    def _on_done(self, future: asyncio.Future[Slot]) -> None:
+        self._leave()
 
 
 class Limiter:
     """At most ``parallel`` slots in flight and ``queue_max`` waiters per (host, model).
 
-    Unconfigured pairs behave as ``parallel = 1, queue_max = 0``. Waiters are granted strictly in
-    arrival order and a release hands its slot straight to the head waiter, so a newcomer never
-    overtakes the queue. A waiter that is cancelled gives back its place, or, if the slot reached
-    it in the same instant, passes the slot on. No method raises on misuse.
+    Unconfigured pairs behave as ``parallel = 1, queue_max = 0``. A release hands its slot to
+    the head of the pair's line, then to the first watcher that accepts the pair, so a newcomer
+    never overtakes a waiter. No method raises on misuse.
 
     Loop safety: call every method from the same event loop; nothing here is thread-safe.
     """
@@ -143,12 +204,12 @@ class Limiter:
     __slots__ = ("_pairs",)
 
     def __init__(self) -> None:
-        # host -> model -> pair. Unconfigured pairs exist only while a slot is held or a task
-        # waits, so clients naming arbitrary models cannot grow this without bound.
+        # host -> model -> pair. Unconfigured pairs exist only while they are in use, so
+        # clients naming arbitrary models cannot grow this without bound.
         self._pairs: dict[str, dict[str, _Pair]] = {}
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:
-        """Set the pair's limits, keeping its in-flight slots and its queue.
+        """Set the pair's limits, keeping its in-flight slots and its line.
 
         ``parallel`` below 1 counts as 1 and a negative ``queue_max`` as 0. Raising ``parallel``
         grants waiters at once; lowering it grants nothing until in-flight drops below it.
@@ -158,59 +219,64 @@ class Limiter:
         pair.parallel = max(1, parallel)
         pair.queue_max = max(0, queue_max)
         pair.configured = True
-        self._grant(pair)
+        self._hand_over(pair)
 
     def remove(self, host: str, model: str) -> None:
-        """Forget the pair's configuration; it behaves as unconfigured afterwards.
-
-        Slots still held release cleanly and waiters keep their place in line.
-        """
-        models = self._pairs.get(host)
-        pair = models.get(model) if models is not None else None
+        """Forget the pair's configuration; held slots release cleanly, waiters keep their place."""
+        pair = self._find(host, model)
         if pair is None:
             return
-        pair.parallel = 1
-        pair.queue_max = 0
-        pair.configured = False
-        self._forget_if_idle(host, model, pair)
+        pair.parallel, pair.queue_max, pair.configured = 1, 0, False
+        self._forget_if_idle(pair)
 
-    async def acquire(self, host: str, model: str, ticket: Ticket | None = None) -> Slot:
-        """Return a held slot of the pair, waiting in line if none is free.
-
-        Raises ``QueueFull`` at once when ``queue_max`` waiters already wait. Cancelling the
-        waiting task removes it from the queue without leaking the slot or the place. A
-        ``ticket`` shows the caller's place in line while it waits.
-        """
-        pair = self._pair(host, model)
-        if pair.in_flight < pair.parallel:
-            pair.in_flight += 1
-            return Slot(self, pair, host, model, 0.0)
-        if len(pair.waiters) >= pair.queue_max:
-            # Only now pay for purging futures whose tasks were cancelled but not yet resumed.
-            pair.waiters = deque(waiter for waiter in pair.waiters if not waiter.done())
-            if len(pair.waiters) >= pair.queue_max:
-                raise QueueFull(host, model)
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        pair.waiters.append(waiter)
-        if ticket is not None:
-            ticket._pair, ticket._waiter = pair, waiter
-            ticket.queued.set()
-        started = time.monotonic()
+    def place(self, pairs: Sequence[Pair]) -> Slot | Waiter | None:
+        """A free slot on the first of `pairs` that has one; else a place in the line of the
+        first with room; else None (all full). One step: nothing else runs in between."""
+        found = [self._pair(host, model) for host, model in pairs]
         try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                # The slot was handed over in the same instant as the cancellation: the slot
-                # is counted as ours, so pass it on instead of leaking it.
-                self._release(host, model, pair)
-            else:
-                try:
-                    pair.waiters.remove(waiter)
-                except ValueError:
-                    pass
-                self._forget_if_idle(host, model, pair)
-            raise
-        return Slot(self, pair, host, model, time.monotonic() - started)
+            for pair in found:
+                if pair.has_free_slot():
+                    pair.in_flight += 1
+                    return Slot(self, pair)
+            for pair in found:
+                if self._has_room(pair):
+                    waiter = Waiter(self, pair)
+                    pair.queue.append(waiter)
+                    pair.queued += 1
+                    return waiter
+            return None
+        finally:
+            for pair in found:
+                self._forget_if_idle(pair)
+
+    def waiter(self) -> Waiter:
+        """A waiter with no place in any line, for a request that can only watch (`watch`)."""
+        return Waiter(self, None)
+
+    def watch(
+        self, waiter: Waiter, pairs: Iterable[Pair], accept: Callable[[Pair], bool] = _accept_any
+    ) -> None:
+        """Let `waiter` also be handed a free slot of `pairs` (in this order of preference)
+        when their own lines are empty and `accept(pair)` agrees at that moment. A free slot
+        there right now is handed over at once. No-op for a waiter whose wait has ended."""
+        if not waiter._live():
+            return
+        waiter._accept = accept
+        for host, model in pairs:
+            pair = self._pair(host, model)
+            if pair is waiter._home or pair in waiter._watching:
+                continue
+            pair.watchers.append(waiter)
+            waiter._watching.append(pair)
+        for pair in list(waiter._watching):
+            if pair.has_free_slot() and pair.queued == 0 and accept((pair.host, pair.model)):
+                waiter._grant(pair)
+                return
+
+    def wake(self, host: str) -> None:
+        """Offer the host's free slots to its watchers again (it became usable: up, undrained)."""
+        for pair in list(self._pairs.get(host, {}).values()):
+            self._hand_over(pair)
 
     def in_flight(self, host: str, model: str) -> int:
         """Slots of the pair held right now."""
@@ -218,18 +284,9 @@ class Limiter:
         return pair.in_flight if pair is not None else 0
 
     def queued(self, host: str, model: str) -> int:
-        """Tasks of the pair waiting for a slot right now."""
+        """Requests in the pair's line right now."""
         pair = self._find(host, model)
-        return pair.live_waiters() if pair is not None else 0
-
-    def free_slots(self, host: str) -> int:
-        """Free slots summed over the host's configured models; 0 for an unknown host."""
-        models = self._pairs.get(host)
-        if models is None:
-            return 0
-        return sum(
-            max(0, pair.parallel - pair.in_flight) for pair in models.values() if pair.configured
-        )
+        return pair.queued if pair is not None else 0
 
     def free_for(self, host: str, model: str) -> int:
         """Free slots of one pair (an unconfigured pair has one slot)."""
@@ -238,27 +295,24 @@ class Limiter:
             return 1
         return max(0, pair.parallel - pair.in_flight)
 
-    def has_room(self, host: str, model: str) -> bool:
-        """Whether an acquire right now would get a slot or a place in the queue."""
-        pair = self._find(host, model)
-        if pair is None:
-            return True
-        return pair.in_flight < pair.parallel or pair.live_waiters() < pair.queue_max
+    def free_slots(self, host: str) -> int:
+        """Free slots summed over the host's configured models; 0 for an unknown host."""
+        return sum(
+            max(0, pair.parallel - pair.in_flight)
+            for pair in self._pairs.get(host, {}).values()
+            if pair.configured
+        )
 
     def snapshot(self) -> list[PairSnapshot]:
         """Every configured or busy pair, sorted by (host, model)."""
         return sorted(
             (
                 PairSnapshot(
-                    host=host,
-                    model=model,
-                    parallel=pair.parallel,
-                    queue_max=pair.queue_max,
-                    in_flight=pair.in_flight,
-                    queued=pair.live_waiters(),
-                )
-                for host, models in self._pairs.items()
-                for model, pair in models.items()
+                    pair.host, pair.model, pair.parallel, pair.queue_max, pair.in_flight,
+                    pair.queued,
+                )  # fmt: skip
+                for models in self._pairs.values()
+                for pair in models.values()
             ),
             key=lambda snap: (snap.host, snap.model),
         )
@@ -268,37 +322,62 @@ class Limiter:
         return models.get(model) if models is not None else None
 
     def _pair(self, host: str, model: str) -> _Pair:
-        models = self._pairs.get(host)
-        if models is None:
-            models = self._pairs[host] = {}
+        models = self._pairs.setdefault(host, {})
         pair = models.get(model)
         if pair is None:
-            pair = models[model] = _Pair()
+            pair = models[model] = _Pair(host, model)
         return pair
 
-    def _release(self, host: str, model: str, pair: _Pair) -> None:
+    def _has_room(self, pair: _Pair) -> bool:
+        if len(pair.queue) > 2 * pair.queued + 8:
+            # Compact the line now and then, so waiters that left cost nothing for long.
+            pair.queue = deque(waiter for waiter in pair.queue if waiter._attached)
+        return pair.has_queue_room()
+
+    def _release(self, pair: _Pair) -> None:
         if pair.in_flight > 0:
             pair.in_flight -= 1
-        self._grant(pair)
-        self._forget_if_idle(host, model, pair)
+        self._hand_over(pair)
+        self._forget_if_idle(pair)
 
-    def _grant(self, pair: _Pair) -> None:
-        waiters = pair.waiters
-        while waiters and pair.in_flight < pair.parallel:
-            waiter = waiters.popleft()
-            if waiter.done():
-                continue
-            # Counted here, not when the waiter resumes, so that a newcomer arriving before the
-            # waiter runs cannot take the slot.
-            pair.in_flight += 1
-            waiter.set_result(None)
+    def _hand_over(self, pair: _Pair) -> None:
+        """Give the pair's free slots to its line, in order, then to its watchers."""
+        while pair.has_free_slot():
+            waiter = self._next_in_line(pair) or self._next_watcher(pair)
+            if waiter is None:
+                return
+            waiter._grant(pair)
 
-    def _forget_if_idle(self, host: str, model: str, pair: _Pair) -> None:
+    @staticmethod
+    def _next_in_line(pair: _Pair) -> Waiter | None:
+        queue = pair.queue
+        while queue:
+            waiter = queue.popleft()
+            if waiter._live():
+                return waiter
+        return None
+
+    @staticmethod
+    def _next_watcher(pair: _Pair) -> Waiter | None:
+        key = (pair.host, pair.model)
+        for waiter in pair.watchers:
+            if waiter._live() and waiter._accept(key):
+                return waiter
+        return None
+
+    def _line_moved(self, pair: _Pair) -> None:
+        if pair.listeners:
+            for waiter in pair.queue:
+                if waiter._attached and waiter._changed is not None:
+                    waiter._changed.set()
+        self._forget_if_idle(pair)
+
+    def _forget_if_idle(self, pair: _Pair) -> None:
         if pair.configured or not pair.idle():
             return
-        models = self._pairs.get(host)
-        if models is None or models.get(model) is not pair:
+        models = self._pairs.get(pair.host)
+        if models is None or models.get(pair.model) is not pair:
             return
-        del models[model]
+        del models[pair.model]
         if not models:
-            del self._pairs[host]
+            del self._pairs[pair.host]

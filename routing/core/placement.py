@@ -1,242 +1,283 @@
 """Placement: which host serves a request, and the slot it holds there.
 
-A request first takes its conversation's lease (the cache-warm "home" host), then a slot for
-its model on that host. When the home host is busy the route decides between cache warmth and
-waiting (DESIGN.md, "Waiting clients"):
+A request with a conversation first looks up its lease (the cache-warm "home" host). Then, in
+one synchronous step (no `await`, so no other request can take the place meanwhile):
 
-- a free slot at home: taken at once;
-- home's queue is full: spill at once to another eligible host with room (`spilled`), and
-  refuse with `queue full` only when every host is full;
-- otherwise wait in home's queue; after `lease_patience` a free slot on another host takes the
-  request instead (`spilled`; the lease stays home); after `fallback_after` the route's fallback
-  route takes it if one of its hosts has room right now; after `queue_timeout`, `QueueTimeout`.
+- home usable, a free slot there: taken (`home`);
+- home busy, room in its queue: the request queues at home; after the route's
+  `lease_patience` it also watches the route's other hosts and takes the first slot freed there
+  (`spilled`, the lease stays home);
+- home's queue full: the first other usable host with a free slot, else with room in its queue
+  (`spilled`); `QueueFull` only when every usable host is full;
+- no lease, or home down/draining: the hosts ranked by the chooser (`routing.core.choose`),
+  the first with a free slot, else the first with room in its queue (`new`, or `moved`;
+  a `sticky = strict` route refuses with `PinnedHostDown` instead of moving).
 
-A route with a fallback also waits, rather than refusing, while it has no healthy host.
+A waiting request is woken only by events: a slot freed where it may go (the limiter hands it
+over), a host becoming usable again (`Limiter.wake`), or its own deadlines as loop timers:
+patience, `fallback_after` (it then also watches the fallback route's hosts for
+`fallback_model` and takes the first free slot there: `fallback`), and `queue_timeout`
+(`QueueTimeout`). A route with a fallback waits, rather than refusing, while it has no usable
+host: it watches its hosts until one comes back or the fallback takes it.
 
-While it waits, a request re-examines the fleet every `TICK` seconds; nothing here polls
-otherwise. The slot wait itself is the limiter's FIFO queue.
+Pure: standard library and asyncio only. Call from the request's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
 
-from routing.config.shape import RouteConfig
-from routing.core.choose import best
-from routing.core.errors import QueueTimeout
-from routing.core.leases import LeaseOutcome, NoHealthyHost, PinnedHostDown
-from routing.core.limiter import QueueFull, Slot, Ticket
-from routing.runtime import Runtime
+from routing.core.choose import Candidate, ranked
+from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
+from routing.core.leases import LeaseKey, LeaseOutcome, LeaseTable
+from routing.core.limiter import Limiter, Pair, Slot, Waiter
 
-log = logging.getLogger("crossbar.placement")
-
-TICK = 0.1
-SPILLED = "spilled"
+__all__ = ["Placement", "Placer", "Reason", "Waiting"]
 
 
-@dataclass(slots=True)
+class Reason(StrEnum):
+    """Why a request went where it did: the `X-Crossbar-Placement` header and the row."""
+
+    HOME = "home"  # the conversation's lease host
+    NEW = "new"  # a new conversation: the best-ranked host with room
+    SPILLED = "spilled"  # patience spent, or home's queue full
+    MOVED = "moved"  # home down or draining
+    FALLBACK = "fallback"  # the route's fallback route
+    NONE = "none"  # no conversation (no fingerprint)
+
+
+class RouteRules(Protocol):
+    """What placement reads of a route (`routing.config.shape.RouteConfig` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def lease_ttl(self) -> float: ...
+    @property
+    def strict(self) -> bool: ...
+    @property
+    def queue_timeout(self) -> float: ...
+    @property
+    def lease_patience(self) -> float: ...
+    @property
+    def fallback(self) -> str: ...
+    @property
+    def fallback_after(self) -> float: ...
+    @property
+    def fallback_model(self) -> str: ...
+
+
+class Fleet(Protocol):
+    """The live fleet as placement sees it (`routing.runtime.Runtime` is one)."""
+
+    limiter: Limiter
+    leases: LeaseTable
+
+    def candidates(self, route: RouteRules, model: str) -> list[Candidate]:
+        """The route's hosts for `model`, in route order."""
+        ...
+
+    def usable(self, route: RouteRules, model: str, host: str) -> bool:
+        """Whether `host` may take new work for this route and model right now."""
+        ...
+
+    def fallback_of(self, route: RouteRules) -> RouteRules | None:
+        """The route's fallback route, when it has an enabled one."""
+        ...
+
+
+@dataclass(slots=True, frozen=True)
 class Placement:
-    """Where a request runs: the host, its held slot, and what led there."""
+    """Where a request runs: the held slot, and what led there."""
 
-    host: str
     slot: Slot
-    lease: str  # new / reused / moved / spilled / "" (no fingerprint)
-    route: RouteConfig  # the route that serves: the fallback's when one was taken
+    reason: Reason
+    lease: LeaseOutcome
+    route: str  # the route that serves: the fallback's name when one was taken
     model: str  # the model asked of that route
     waited: float  # seconds from arrival to the slot
     fallback: str = ""  # the fallback route's name, when one was taken
 
+    @property
+    def host(self) -> str:
+        return self.slot.host
+
+
+@dataclass(slots=True, frozen=True)
+class Waiting:
+    """A request that must wait: its waiter, and what it will be told meanwhile."""
+
+    waiter: Waiter
+    host: str  # the host whose queue it waits in; "" when it only watches
+    reason: Reason
+    lease: LeaseOutcome
+
 
 class Placer:
-    """Places one request. `now()` tries without waiting; `wait()` does the rest.
+    """Places one request of `route` for `model`: `now()`, then `wait()` when it must wait."""
 
-    Use from the request's event loop. If `wait()` is cancelled, it gives back its place in
-    line; a slot granted in that same instant is released, never leaked.
-    """
-
-    def __init__(self, runtime: Runtime, route: RouteConfig, model: str, fingerprint: str) -> None:
-        self.runtime = runtime
+    def __init__(
+        self, fleet: Fleet, route: RouteRules, model: str, fingerprint: str, started: float
+    ) -> None:
+        self.fleet = fleet
         self.route = route
         self.model = model
-        self.fingerprint = fingerprint
-        self.host = ""  # the host waited for; "" while no host is healthy
-        self.lease = ""
-        self._ticket = Ticket()
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        started = loop.time()
-        self._started = started
-        self._deadline = started + route.queue_timeout
-        self._fallback_at = started + route.fallback_after if route.fallback else math.inf
-        self._patience_at = started + route.lease_patience
+        self.key = LeaseKey(route.name, fingerprint, model) if fingerprint else None
+        self.started = started  # loop time of the request's arrival
+        self._fallback: RouteRules | None = None  # set once `fallback_after` has passed
+        self._fallback_pairs: set[Pair] = set()
 
-    async def queued(self) -> None:
-        """Return once the request has joined a queue (it may never: then wait for `wait()`)."""
-        await self._ticket.queued.wait()
+    def now(self) -> Placement | Waiting:
+        """A placement, or a `Waiting` holding the request's place. One step, no awaiting.
 
-    @property
-    def position(self) -> int:
-        """The request's place in its host's queue; 0 when not queued (e.g. no host yet)."""
-        return self._ticket.position
-
-    async def now(self) -> Placement | None:
-        """A placement that needs no waiting, or None when the request must wait.
-
-        Raises QueueFull (every host full), NoHealthyHost or PinnedHostDown (when the route has
-        no fallback to wait for).
+        Raises QueueFull (every usable host full), NoHealthyHost or PinnedHostDown (when the
+        route has no fallback to wait for).
         """
-        if not await self._take_lease():
-            return None
-        if (placement := await self._take_free_slot()) is not None:
-            return placement
-        if self.runtime.limiter.has_room(self.host, self.model):
-            return None
-        other = self._other_host(need_free=False)
-        if other is None:
-            raise QueueFull(self.host, self.model)
-        self.host, self.lease = other, SPILLED
-        return await self._take_free_slot()
-
-    async def wait(self) -> Placement:
-        """Wait for a placement, after `now()` returned None.
-
-        Raises QueueTimeout after the route's queue_timeout, QueueFull if the queue filled up
-        meanwhile.
-        """
-        while not self.host:
-            if (placement := await self._try_fallback()) is not None:
-                return placement
-            self._check_deadline()
-            await asyncio.sleep(TICK)
-            if (placement := await self.now()) is not None:
-                return placement
-        return await self._wait_in_line()
-
-    async def _take_free_slot(self) -> Placement | None:
-        """A slot on the current host when one is free right now (the acquire does not wait)."""
-        limiter = self.runtime.limiter
-        if limiter.free_for(self.host, self.model) > 0:
-            return self._placed(self.host, await limiter.acquire(self.host, self.model))
-        return None
-
-    async def _wait_in_line(self) -> Placement:
-        waiting = asyncio.ensure_future(
-            self.runtime.limiter.acquire(self.host, self.model, self._ticket)
-        )
-        settled = False  # whether the acquire's outcome is in hand (a slot to use, or none)
-        try:
-            while True:
-                done, _ = await asyncio.wait((waiting,), timeout=TICK)
-                if done:
-                    settled = True
-                    return self._placed(self.host, waiting.result())
-                switch = self._spill_target() or self._fallback_target()
-                if switch is not None:
-                    slot = await _withdraw(waiting)
-                    settled = True
-                    if slot is not None:  # granted at home in the same instant: stay
-                        return self._placed(self.host, slot)
-                    return await self._switch(*switch)
-                self._check_deadline()
-        finally:
-            if not settled:
-                # Cancelled (the client left) or timed out. The acquire may still be pending,
-                # or may have been granted a slot in the turn this wait was cancelled: either
-                # way the slot goes back (a callback on a done future runs on the next turn).
-                waiting.cancel()
-                waiting.add_done_callback(_release_if_granted)
-
-    def _spill_target(self) -> tuple[RouteConfig, str, str, str] | None:
-        if self._loop.time() < self._patience_at:
-            return None
-        other = self._other_host(need_free=True)
-        return (self.route, self.model, other, SPILLED) if other is not None else None
-
-    def _fallback_target(self) -> tuple[RouteConfig, str, str, str] | None:
-        if self._loop.time() < self._fallback_at:
-            return None
-        fallback = self.runtime.fleet.routes.get(self.route.fallback)
-        if fallback is None or not fallback.enabled:
-            return None
-        model = self.route.fallback_model or self.model
-        candidates = [
-            c
-            for c in self.runtime.candidates(fallback, model)
-            if self.runtime.limiter.has_room(c.host, model)
-        ]
-        host = best(candidates)
-        return (fallback, model, host, "") if host is not None else None
-
-    async def _try_fallback(self) -> Placement | None:
-        target = self._fallback_target()
-        return await self._switch(*target) if target is not None else None
-
-    async def _switch(self, route: RouteConfig, model: str, host: str, lease: str) -> Placement:
-        """Go to another host (a spill) or another route (a fallback), waiting there if needed."""
-        if route is not self.route:
-            log.info(
-                "fallback route=%s -> %s model=%s -> %s after %.1f s",
-                self.route.name,
-                route.name,
-                self.model,
-                model,
-                self._loop.time() - self._started,
-            )
-            fallback = route.name
-            self.route, self.model, self._fallback_at = route, model, math.inf
+        home = self.fleet.leases.find(self.key) if self.key is not None else None
+        if home is not None:
+            if self.fleet.usable(self.route, self.model, home):
+                return self._at_home(home)
+            if self.route.strict:
+                refusal = PinnedHostDown(home)
+                return self._homeless([home], Reason.HOME, LeaseOutcome.REUSED, refusal)
+            reason, lease = Reason.MOVED, LeaseOutcome.MOVED
+        elif self.key is not None:
+            reason, lease = Reason.NEW, LeaseOutcome.NEW
         else:
-            fallback = ""
-        self.host, self.lease, self._patience_at = host, lease, math.inf
-        placement = await self._take_free_slot() or await self._wait_in_line()
-        placement.fallback = fallback or placement.fallback
-        return placement
+            reason, lease = Reason.NONE, LeaseOutcome.NONE
+        order = self._ranked()
+        if not order:
+            return self._homeless(self._listed(), reason, lease, NoHealthyHost())
+        got = self.fleet.limiter.place(self._pairs(order))
+        if got is None:
+            raise QueueFull(order[0], self.model)
+        self._keep_lease(got.host)
+        return self._result(got, reason, lease)
 
-    async def _take_lease(self) -> bool:
-        """Lease the conversation's host; False when none is healthy and a fallback may come."""
+    async def wait(self, waiting: Waiting) -> Placement:
+        """Wait for the slot; raises QueueTimeout after the route's queue_timeout.
+
+        Cancel-safe: a cancelled wait gives back its place, and a slot handed over in the same
+        loop turn is released.
+        """
+        loop = asyncio.get_running_loop()
+        waiter = waiting.waiter
+        timers = [loop.call_at(self.started + self.route.queue_timeout, self._time_out, waiter)]
+        if waiting.host and len(self._listed()) > 1:
+            patience = self.started + self.route.lease_patience
+            timers.append(loop.call_at(patience, self._spill, waiter))
+        fallback = self.fleet.fallback_of(self.route)
+        if fallback is not None:
+            after = self.started + self.route.fallback_after
+            timers.append(loop.call_at(after, self._fall_back, waiter, fallback))
         try:
-            self.host, outcome = await self.runtime.lease(self.route, self.fingerprint, self.model)
-        except (NoHealthyHost, PinnedHostDown):
-            if not self.route.fallback:
-                raise
-            return False
-        self.lease = str(outcome) if outcome is not LeaseOutcome.NONE else ""
-        return True
+            slot = await waiter.granted
+        except asyncio.CancelledError:
+            granted = waiter.cancel()
+            if granted is not None:
+                granted.release()
+            raise
+        finally:
+            for timer in timers:
+                timer.cancel()
+        waited = loop.time() - self.started
+        own = slot.model == self.model and slot.host in self._listed()
+        if fallback is not None and not own:
+            return Placement(
+                slot, Reason.FALLBACK, LeaseOutcome.NONE, fallback.name, slot.model, waited,
+                fallback.name,
+            )  # fmt: skip
+        if waiting.host and slot.host != waiting.host:
+            return Placement(slot, Reason.SPILLED, LeaseOutcome.SPILLED, self.route.name,
+                             self.model, waited)  # fmt: skip
+        if not waiting.host:
+            self._keep_lease(slot.host)
+        return Placement(slot, waiting.reason, waiting.lease, self.route.name, self.model, waited)
 
-    def _other_host(self, *, need_free: bool) -> str | None:
-        """The best usable host of the route, other than the current one, with room."""
-        limiter = self.runtime.limiter
-        candidates = [
-            c
-            for c in self.runtime.candidates(self.route, self.model)
-            if c.host != self.host
-            and self.runtime.usable(self.route, self.model, c.host)
-            and (c.free > 0 if need_free else limiter.has_room(c.host, self.model))
-        ]
-        return best(candidates)
+    # -- the steps ------------------------------------------------------------------------
 
-    def _check_deadline(self) -> None:
-        if self._loop.time() >= self._deadline:
-            raise QueueTimeout(
+    def _at_home(self, home: str) -> Placement | Waiting:
+        limiter = self.fleet.limiter
+        others = [host for host in self._ranked() if host != home]
+        if self.route.lease_patience <= 0:
+            got = limiter.place(self._pairs([home, *others]))
+        else:
+            got = limiter.place(self._pairs([home])) or limiter.place(self._pairs(others))
+        if got is None:
+            raise QueueFull(home, self.model)
+        self._keep_lease(home)
+        if got.host != home:
+            return self._result(got, Reason.SPILLED, LeaseOutcome.SPILLED)
+        return self._result(got, Reason.HOME, LeaseOutcome.REUSED)
+
+    def _homeless(
+        self, hosts: list[str], reason: Reason, lease: LeaseOutcome, refusal: Exception
+    ) -> Waiting:
+        """No usable host now: wait for one of `hosts` (or the fallback), if the route may."""
+        if not self.route.fallback or self.fleet.fallback_of(self.route) is None:
+            raise refusal
+        waiter = self.fleet.limiter.waiter()
+        self.fleet.limiter.watch(waiter, self._pairs(hosts), self._accepts)
+        return Waiting(waiter, "", reason, lease)
+
+    def _result(
+        self, got: Slot | Waiter, reason: Reason, lease: LeaseOutcome
+    ) -> Placement | Waiting:
+        if isinstance(got, Slot):
+            waited = asyncio.get_running_loop().time() - self.started
+            return Placement(got, reason, lease, self.route.name, self.model, waited)
+        return Waiting(got, got.host, reason, lease)
+
+    def _spill(self, waiter: Waiter) -> None:
+        """Patience spent: a slot freed on another usable host of the route may take it."""
+        self.fleet.limiter.watch(waiter, self._pairs(self._ranked()), self._accepts)
+
+    def _fall_back(self, waiter: Waiter, fallback: RouteRules) -> None:
+        """Waited `fallback_after`: a free slot of the fallback route may take it."""
+        model = self._fallback_model()
+        pairs = [(host, model) for host in ranked(self.fleet.candidates(fallback, model))]
+        self._fallback = fallback
+        self._fallback_pairs.update(pairs)
+        self.fleet.limiter.watch(waiter, pairs, self._accepts)
+
+    def _time_out(self, waiter: Waiter) -> None:
+        waiter.fail(
+            QueueTimeout(
                 f"queue timeout: no slot for {self.model} within {self.route.queue_timeout:g} s"
             )
+        )
 
-    def _placed(self, host: str, slot: Slot) -> Placement:
-        waited = self._loop.time() - self._started
-        return Placement(host, slot, self.lease, self.route, self.model, waited)
+    # -- helpers --------------------------------------------------------------------------
 
+    def _ranked(self) -> list[str]:
+        return ranked(self.fleet.candidates(self.route, self.model))
 
-async def _withdraw(waiting: asyncio.Future[Slot]) -> Slot | None:
-    """Cancel a queued acquire; the slot when it was granted before the cancel landed."""
-    waiting.cancel()
-    await asyncio.wait((waiting,))
-    if waiting.cancelled() or waiting.exception() is not None:
-        return None
-    return waiting.result()
+    def _listed(self) -> list[str]:
+        """The route's hosts that list the model, usable now or not."""
+        return [c.host for c in self.fleet.candidates(self.route, self.model) if c.can_serve]
 
+    def _pairs(self, hosts: Sequence[str]) -> list[Pair]:
+        return [(host, self.model) for host in hosts]
 
-def _release_if_granted(waiting: asyncio.Future[Slot]) -> None:
-    if not waiting.cancelled() and waiting.exception() is None:
-        waiting.result().release()
+    def _accepts(self, pair: Pair) -> bool:
+        """Whether a slot freed on `pair` may go to this request right now."""
+        host, model = pair
+        if model == self.model and self.fleet.usable(self.route, model, host):
+            return True
+        fallback = self._fallback
+        return (
+            fallback is not None
+            and pair in self._fallback_pairs
+            and self.fleet.usable(fallback, model, host)
+        )
+
+    def _fallback_model(self) -> str:
+        return self.route.fallback_model or self.model
+
+    def _keep_lease(self, host: str) -> None:
+        if self.key is not None:
+            self.fleet.leases.keep(self.key, host, self.route.lease_ttl)

@@ -1,10 +1,10 @@
 """Prometheus metrics: what the gateway did (counted as requests finish) and what it holds
 right now (read from the runtime when scraped), served at `/metrics`.
 
-Request-level metrics come from the same `RequestRecord` the recorder gets: `Exchange.finish`
-calls `observe(record)` once per request, from whichever thread finishes it. That costs a few
-counter and histogram updates (prometheus-client's own locks, nothing else) and one append to
-the dashboard's tail of recent requests.
+Request-level metrics come from the same `RequestRecord` the recorder gets:
+`routing.proxy.record.finish` calls `observe(record)` once per request, on the loop. That costs a
+few counter and histogram updates (prometheus-client's own locks, nothing else) and one append
+to the dashboard's tail of recent requests.
 
 State gauges (in flight, queued, slots, host state, leases, recorder backlog) are collected at
 scrape time by `StateCollector`, from the runtime and the recorder, on the event loop that

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import httpx
 
@@ -11,19 +12,18 @@ from routing.core import sse
 from routing.core.errors import Answer, describe_error
 from routing.core.limiter import Slot
 from routing.core.tee import Tee
-from routing.proxy.exchange import Exchange
+from routing.proxy.record import Trail, finish
 from routing.runtime import Runtime
 
 
 class Relay:
     """The upstream body as an async iterator for StreamingHttpResponse.
 
-    Yields each upstream chunk unchanged (the tee only looks), enforces the idle timeout
-    between chunks, and when the body ends, fails or is abandoned, closes the upstream
-    response, frees the slot and finishes the exchange, once.
-
-    Django may stop iterating without telling the iterator (a client that leaves while
-    Django awaits the socket): `__del__` covers that, handing the cleanup to the loop.
+    Yields each upstream chunk unchanged (the tee only looks) and enforces the idle timeout
+    between chunks. The request ends exactly once, from whichever comes first: the body's end,
+    a failure, the client's disconnect (the read is cancelled), or `close()` (the response is
+    closed by the handler without having been read to the end). Ending frees the slot, closes
+    the upstream response and finishes the record.
 
     The idle timeout is a watchdog timer, not an `asyncio.timeout` per read (which cost ~9 µs
     per chunk in `make bench`): each read only notes when it started, and the timer, which
@@ -32,18 +32,18 @@ class Relay:
     """
 
     __slots__ = (
-        "_upstream", "_chunks", "_slot", "_tee", "_exchange", "_idle", "_loop", "_status",
+        "_upstream", "_chunks", "_slot", "_tee", "_trail", "_idle", "_loop", "_status",
         "_closed", "_task", "_read_since", "_watchdog", "_stalled",
     )  # fmt: skip
 
     def __init__(
-        self, upstream: httpx.Response, slot: Slot | None, exchange: Exchange, runtime: Runtime
+        self, upstream: httpx.Response, slot: Slot | None, trail: Trail, runtime: Runtime
     ) -> None:
         self._upstream = upstream
         self._chunks = upstream.aiter_raw()
         self._slot = slot
         self._tee = Tee(upstream.headers.get("content-type", ""))
-        self._exchange = exchange
+        self._trail = replace(trail, streamed=trail.streamed or self._tee.streamed)
         self._idle = runtime.stream_idle_timeout
         self._loop = asyncio.get_running_loop()
         self._status = upstream.status_code
@@ -52,7 +52,11 @@ class Relay:
         self._read_since: float | None = None  # when the pending read began; None between reads
         self._watchdog: asyncio.TimerHandle | None = None
         self._stalled = False
-        exchange.streamed = exchange.streamed or self._tee.streamed
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the host answers with an SSE stream."""
+        return self._tee.streamed
 
     def __aiter__(self) -> Relay:
         return self
@@ -70,17 +74,21 @@ class Relay:
             await self._close(self._status)
             raise
         except httpx.HTTPError as exc:
-            message = f"host {self._exchange.host} failed mid-stream: {describe_error(exc)}"
+            message = f"host {self._trail.host} failed mid-stream: {describe_error(exc)}"
             return await self._fail(502, message)
         except asyncio.CancelledError:
             if self._stalled and self._task is not None and self._task.uncancel() == 0:
-                message = f"host {self._exchange.host} sent nothing for {self._idle:g} s mid-stream"
+                message = f"host {self._trail.host} sent nothing for {self._idle:g} s mid-stream"
                 return await self._fail(504, message)
             self._abandon(499, "client disconnected mid-stream")
             raise
         self._read_since = None
         self._tee.feed(chunk)
         return chunk
+
+    def close(self) -> None:
+        """The response is done with, read to its end or not (Django's resource closer)."""
+        self._abandon(499, "client disconnected")
 
     def _watch(self) -> None:
         """The watchdog: cancel a read that has waited the idle timeout, else look again."""
@@ -97,7 +105,7 @@ class Relay:
 
     async def _fail(self, status: int, message: str) -> bytes:
         """End a stream the host broke: an SSE client gets one error event, then the end."""
-        await self._close(status, message)
+        await self._close(status, message, "upstream_failed")
         if not self._tee.streamed:
             raise StopAsyncIteration
         return sse.error_event(Answer(status, message, "server_error", "upstream_failed"))
@@ -113,39 +121,34 @@ class Relay:
                         break
         except (TimeoutError, httpx.HTTPError):
             pass
-        message = f"host {self._exchange.host} answered {self._status}"
+        message = f"host {self._trail.host} answered {self._status}"
         try:
             detail = json.loads(body)["error"]["message"]
             message = f"{message}: {detail}"
         except (ValueError, KeyError, TypeError):
             pass
-        await self._close(self._status, message)
+        await self._close(self._status, message, "upstream_error")
         return message
 
-    async def _close(self, status: int, error: str = "") -> None:
+    async def _close(self, status: int, error: str = "", code: str = "") -> None:
         if self._closed:
             return
-        self._release(status, error)
+        self._end(status, error, code)
         await self._upstream.aclose()
 
-    def _release(self, status: int, error: str) -> None:
+    def _abandon(self, status: int, error: str) -> None:
+        """End now and close the upstream in the background (cancelled, or closed unread)."""
+        if self._closed:
+            return
+        self._end(status, error, "client_disconnected")
+        self._loop.create_task(self._upstream.aclose())
+
+    def _end(self, status: int, error: str, code: str) -> None:
         self._closed = True
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._slot is not None:
             self._slot.release()
-        usage = self._tee.usage()
-        self._exchange.finish(
-            status, error, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens
-        )
-
-    def _abandon(self, status: int, error: str) -> None:
-        """Finish now and close the upstream in the background (cancelled or dropped)."""
-        if self._closed:
-            return
-        self._release(status, error)
-        self._loop.create_task(self._upstream.aclose())
-
-    def __del__(self) -> None:
-        if not self._closed and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._abandon, 499, "client disconnected")
+        if not code and status >= 400:
+            code = "upstream_error"  # the host's own error answer, passed through as it is
+        finish(self._trail, status, error, code, self._tee.usage())

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 
 import httpx
 from django.http import HttpRequest
 
-from routing.core.errors import BadBody, UpstreamTimeout, UpstreamUnreachable, describe_error
-from routing.proxy.exchange import Exchange
+from routing.core.errors import (
+    BadBody,
+    HostDown,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+    describe_error,
+)
+from routing.proxy.ask import Ask
 from routing.runtime import Runtime
 
 # Never forwarded upstream: hop-by-hop headers (RFC 9110 7.6.1), what httpx sets itself, the
@@ -55,11 +60,11 @@ async def _send(runtime: Runtime, host: str, request: httpx.Request) -> httpx.Re
             ) from None
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             runtime.health.mark_down(host, describe_error(exc))
-            raise UpstreamUnreachable(f"host {host} unreachable: {describe_error(exc)}") from None
+            raise HostDown(f"host {host} unreachable: {describe_error(exc)}") from None
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             if attempt == 2:
                 runtime.health.mark_down(host, describe_error(exc))
-                raise UpstreamUnreachable(
+                raise HostDown(
                     f"host {host} closed the connection: {describe_error(exc)}"
                 ) from None
         except httpx.HTTPError as exc:
@@ -79,22 +84,11 @@ def _with_model(payload: dict[str, object], model: str) -> bytes:
         raise BadBody("request body is not valid JSON: nested too deeply") from None
 
 
-@dataclass(slots=True, frozen=True)
-class Ask:
-    """What the client asked, ready to be asked of a host."""
-
-    request: HttpRequest
-    path: str  # the upstream path, e.g. /v1/chat/completions
-    body: bytes
-    payload: dict[str, object] | None  # the body's JSON object, when it names a model
-
-
-async def forward(
-    runtime: Runtime, ask: Ask, model: str | None, host: str, exchange: Exchange
-) -> httpx.Response:
+async def forward(runtime: Runtime, ask: Ask, model: str | None, host: str) -> httpx.Response:
     """Send the ask to `host` for `model` and return once its response head arrived.
 
-    Raises UpstreamUnreachable (marking the host down) or UpstreamTimeout.
+    Raises HostDown (the host refused or reset before answering; it is marked down),
+    UpstreamUnreachable (another transport failure) or UpstreamTimeout.
     """
     config = runtime.fleet.hosts[host]
     body = ask.body
@@ -113,6 +107,4 @@ async def forward(
         headers=_headers(ask.request, config.api_key),
         content=body or None,
     )
-    response = await _send(runtime, host, upstream_request)
-    exchange.ttfb_ms = exchange.elapsed_ms()
-    return response
+    return await _send(runtime, host, upstream_request)

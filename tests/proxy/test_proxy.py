@@ -169,7 +169,7 @@ def gateway_without_polls(django_db_setup, tmp_path):  # type: ignore[no-untyped
         yield gw
 
 
-def test_a_downed_host_gives_502_once_then_traffic_goes_elsewhere(
+def test_a_host_that_refuses_is_marked_down_and_the_request_moves_to_another(
     gateway_without_polls, fake, fake2
 ):
     gateway = gateway_without_polls
@@ -178,14 +178,36 @@ def test_a_downed_host_gives_502_once_then_traffic_goes_elsewhere(
     fake.fail_mode = "refuse"
     url = f"{gateway.url}/chat/v1/chat/completions"
 
-    failed = httpx.post(url, json=chat("first"))
+    moved = httpx.post(url, json=chat("first"))
     after = [httpx.post(url, json=chat(f"next {i}")) for i in range(3)]
 
-    assert failed.status_code == 502
-    assert "gpu1" in failed.json()["error"]["message"]
-    assert failed.headers["x-crossbar-host"] == "gpu1"
+    assert moved.status_code == 200
+    assert moved.headers["x-crossbar-host"] == "gpu2"
+    assert moved.headers["x-crossbar-lease"] == "moved"
+    assert moved.headers["x-crossbar-placement"] == "moved"
     assert [r.status_code for r in after] == [200, 200, 200]
     assert {r.headers["x-crossbar-host"] for r in after} == {"gpu2"}
+    assert [r.headers["x-crossbar-placement"] for r in after] == ["new"] * 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_strict_route_answers_pinned_host_down_when_its_host_refuses(
+    gateway_without_polls, fake, fake2
+):
+    gateway = gateway_without_polls
+    add_route(
+        "chat", [add_host("gpu1", fake.url), add_host("gpu2", fake2.url)], sticky="strict"
+    )
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    assert httpx.post(url, json=chat("pinned")).headers["x-crossbar-host"] == "gpu1"
+    fake.fail_mode = "refuse"
+
+    refused = httpx.post(url, json=chat("pinned"))
+
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "pinned_host_down"
+    assert completions(fake2) == []
 
 
 def test_a_stale_connection_is_retried_once_on_a_fresh_one(gateway, fake):

@@ -1,0 +1,161 @@
+"""What the client asked: the route, the upstream path, the body, the model, the conversation."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest
+from django.http.request import RawPostDataException
+
+from routing.config.shape import Fleet, RouteConfig
+from routing.core.errors import (
+    BadBody,
+    BodyTooLarge,
+    ConflictingRoute,
+    MissingRoute,
+    NotFound,
+    UnknownRoute,
+)
+from routing.core.fingerprint import fingerprint
+
+MAX_BODY = 16 * 1024 * 1024
+MAX_MODEL_NAME = 200  # HostModel.name and Request.model hold this much
+ROUTE_HEADER = "X-Crossbar-Route"
+SESSION_HEADER = "X-Crossbar-Session"
+WAIT_STATUS_HEADER = "X-Crossbar-Wait-Status"
+
+_ROUTE_NAME = re.compile(r"[-a-zA-Z0-9_]{1,64}")
+# Upstream paths: /v1/... made of plain segments (no "", "." or ".." segments), /health, /props.
+_UPSTREAM_PATH = re.compile(r"/v1(/[A-Za-z0-9_~:@!$&'()*+,;=-][A-Za-z0-9._~:@!$&'()*+,;=-]*)+")
+_LOCAL_METHODS = frozenset({"GET", "HEAD"})
+
+
+@dataclass(slots=True, frozen=True)
+class Ask:
+    """What the client asked, ready to be asked of a host."""
+
+    request: HttpRequest
+    path: str  # the upstream path, e.g. /v1/chat/completions
+    body: bytes
+    payload: dict[str, object] | None  # the body's JSON object, when it names a model
+    model: str | None  # None: the request takes no slot (/health, /props, GETs)
+    fingerprint: str = ""
+
+    @property
+    def wants_stream(self) -> bool:
+        return self.payload is not None and self.payload.get("stream") is True
+
+
+def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str]:
+    """The route and the upstream path.
+
+    Raises MissingRoute, ConflictingRoute, UnknownRoute or NotFound.
+    """
+    path = request.path
+    if b"%2f" in getattr(request, "scope", {}).get("raw_path", b"").lower():
+        # The path is matched decoded: an encoded slash would be a second way to spell it.
+        raise NotFound("not found: the path contains an encoded slash (%2F)")
+    header = request.headers.get(ROUTE_HEADER, "").strip()
+    first, _, remainder = path[1:].partition("/")
+    if header:
+        name = header
+        rest = path
+        if first in fleet.routes:
+            if first != header:
+                raise ConflictingRoute(
+                    f"conflicting route: the path names “{first}”, {ROUTE_HEADER} “{header[:64]}”"
+                )
+            rest = "/" + remainder
+    else:
+        if not first or first == "v1":
+            raise MissingRoute(
+                f"missing route: use /<route>/v1/... or set the {ROUTE_HEADER} header"
+            )
+        name, rest = first, "/" + remainder
+    route = fleet.routes.get(name) if _ROUTE_NAME.fullmatch(name) else None
+    if route is None:
+        raise UnknownRoute(f"unknown route: “{name[:64]}”")
+    if not route.enabled:
+        raise UnknownRoute(f"unknown route: “{name}” is disabled")
+    if rest not in ("/health", "/props") and not _UPSTREAM_PATH.fullmatch(rest):
+        raise NotFound(f"not found: {rest[:200]}")
+    return route, rest
+
+
+def read_ask(request: HttpRequest, route: RouteConfig, path: str) -> Ask:
+    """Read the body when the request has one, and what it names.
+
+    Raises BodyTooLarge, or BadBody with the reason.
+    """
+    method = request.method or "GET"
+    if method in _LOCAL_METHODS:
+        return Ask(request, path, b"", None, None)
+    body = _read_body(request)
+    if not path.startswith("/v1/"):
+        return Ask(request, path, body, None, None)
+    payload = _parse_payload(body)
+    model = _model_of(payload, route)
+    if not isinstance(payload.get("messages", []), list):
+        raise BadBody("messages must be a list of message objects")
+    conversation = fingerprint(method, payload, request.headers.get(SESSION_HEADER))
+    return Ask(request, path, body, payload, model, conversation)
+
+
+def wants_wait_status(ask: Ask, route: RouteConfig) -> bool:
+    """Whether a request that must queue gets its head at once and status comments.
+
+    Only streaming requests can: the comments ride in the SSE stream. The route decides, and a
+    client may override it either way with the header.
+    """
+    if not ask.wants_stream:
+        return False
+    override = ask.request.headers.get(WAIT_STATUS_HEADER, "").strip().lower()
+    if override in ("on", "true", "1", "yes"):
+        return True
+    if override in ("off", "false", "0", "no"):
+        return False
+    return route.wait_status
+
+
+def _read_body(request: HttpRequest) -> bytes:
+    try:
+        body = request.body
+    except (RequestDataTooBig, RawPostDataException):
+        raise BodyTooLarge(f"request body over {MAX_BODY} bytes") from None
+    if len(body) > MAX_BODY:
+        raise BodyTooLarge(f"request body over {MAX_BODY} bytes")
+    return body
+
+
+def _parse_payload(body: bytes) -> dict[str, object]:
+    if not body:
+        raise BadBody("request body is empty: expected a JSON object with a model")
+    try:
+        payload = json.loads(body.decode())
+    except UnicodeDecodeError:
+        raise BadBody("request body is not valid UTF-8") from None
+    except ValueError as exc:
+        raise BadBody(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadBody("request body is not valid JSON: nested too deeply") from None
+    if not isinstance(payload, dict):
+        raise BadBody(f"request body must be a JSON object, not {type(payload).__name__}")
+    return payload
+
+
+def _model_of(payload: dict[str, object], route: RouteConfig) -> str:
+    model = payload.get("model")
+    if model is None or model == "":
+        if not route.default_model:
+            raise BadBody(
+                f"missing model: the body names none and route “{route.name}” has no default"
+            )
+        return route.default_model
+    if not isinstance(model, str):
+        raise BadBody("model must be a string")
+    if len(model) > MAX_MODEL_NAME:
+        raise BadBody(f"model name longer than {MAX_MODEL_NAME} characters")
+    return model

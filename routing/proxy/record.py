@@ -1,0 +1,113 @@
+"""The record of one proxied request: built once, when it ends, from plain values.
+
+The view learns a request's facts step by step (route, client, model, host, ...) and hands them,
+frozen in a `Trail`, to whatever ends the request: its own error answer, or the body that
+streams the host's answer. `finish` then writes exactly one accounting row, counts the metrics
+and logs one line. Each request has one owner of its end, so `finish` runs once by
+construction; it never touches the database (the recorder's thread writes the row).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from accounting.recorder import RequestRecord, get_recorder
+from routing.core.clients import ClientPass
+from routing.core.placement import Placement
+from routing.core.tee import Usage
+from routing.ops import metrics
+
+log = logging.getLogger("crossbar.proxy")
+
+NO_USAGE = Usage(None, None, None)
+
+
+@dataclass(slots=True, frozen=True)
+class Arrival:
+    """When a request arrived: wall clock for the row, a monotonic clock for durations."""
+
+    started: datetime = field(default_factory=lambda: datetime.now(UTC))
+    t0: float = field(default_factory=time.perf_counter)
+
+    def elapsed_ms(self) -> int:
+        return int((time.perf_counter() - self.t0) * 1000)
+
+
+@dataclass(slots=True, frozen=True)
+class Trail:
+    """What is known of a request so far. Immutable: each step makes the next (`replace`)."""
+
+    arrival: Arrival
+    route: str = ""  # the route the client asked for
+    client: str = ""  # the client key's name
+    client_pass: ClientPass | None = None  # given back when the request ends
+    model: str = ""
+    fingerprint: str = ""
+    host: str = ""
+    lease: str = ""
+    placement: str = "none"
+    fallback: str = ""
+    queued_ms: int = 0
+    ttfb_ms: int | None = None
+    streamed: bool = False
+
+    def placed(self, placement: Placement) -> Trail:
+        """Where the request runs. `route` stays the route the client asked for."""
+        return replace(
+            self,
+            host=placement.host,
+            lease=str(placement.lease),
+            placement=str(placement.reason),
+            model=placement.model,
+            fallback=placement.fallback,
+            queued_ms=int(placement.waited * 1000),
+        )
+
+
+def finish(
+    trail: Trail, status: int, error: str = "", code: str = "", usage: Usage = NO_USAGE
+) -> None:
+    """End the request: its row, its metrics, its log line; the client key's pass back."""
+    if trail.client_pass is not None:
+        trail.client_pass.release()
+    total_ms = trail.arrival.elapsed_ms()
+    record = RequestRecord(
+        route=trail.route,
+        fingerprint=trail.fingerprint,
+        model=trail.model,
+        host=trail.host,
+        started=trail.arrival.started,
+        queued_ms=trail.queued_ms,
+        ttfb_ms=trail.ttfb_ms,
+        total_ms=total_ms,
+        status=status,
+        streamed=trail.streamed,
+        lease=trail.lease,
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        completion_tokens=usage.completion_tokens,
+        error=error,
+        client=trail.client,
+        fallback=trail.fallback,
+        placement=trail.placement,
+        code=code,
+    )
+    get_recorder().record(record)
+    metrics.observe(record)
+    log.info(
+        "route=%s model=%s host=%s status=%d placement=%s lease=%s queued_ms=%d total_ms=%d "
+        "fp=%s%s",
+        trail.route or "-",
+        trail.model or "-",
+        trail.host or "-",
+        status,
+        trail.placement,
+        trail.lease or "-",
+        trail.queued_ms,
+        total_ms,
+        trail.fingerprint[:8] or "-",
+        f" error={error!r}" if error else "",
+    )

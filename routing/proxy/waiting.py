@@ -1,0 +1,121 @@
+"""A queued stream that hears how its wait goes: a view of the passage, not a second copy.
+
+With wait status on, a streaming request that must queue gets its `200` head at once. Its body
+then says, as SSE comments (which every SSE client ignores), where it waits
+(`: crossbar-status: waiting 2`) whenever its place changes and at least every
+`CROSSBAR_KEEPALIVE` seconds, `fallback <route>` and `running` once it holds a slot, and then
+carries the host's stream. A failure after the head went out becomes one `data:` error event;
+the row records the real outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from routing.core import sse
+from routing.core.errors import Answer, answer_for
+from routing.proxy.passage import Answered, Passage
+from routing.proxy.record import finish
+from routing.proxy.relay import Relay
+from routing.runtime import Runtime
+
+
+class StatusStream:
+    """The body of a waiting stream. Ends its request exactly once: at its end, or `close()`."""
+
+    __slots__ = ("_passage", "_runtime", "_task", "_relay", "_ended", "_frames")
+
+    def __init__(self, passage: Passage, runtime: Runtime) -> None:
+        self._passage = passage
+        self._runtime = runtime
+        self._task: asyncio.Task[Answered] | None = None
+        self._relay: Relay | None = None
+        self._ended = False  # the request was finished here (error event or close)
+        self._frames = self._run()
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await anext(self._frames)
+
+    def close(self) -> None:
+        """The response is done with: end the request if nothing else has."""
+        if self._relay is not None:
+            self._relay.close()
+            return
+        if self._ended:
+            return
+        self._ended = True
+        task = self._task
+        if task is not None:
+            if not task.done():
+                task.cancel()  # the passage gives back its place, or the slot it got
+            elif not task.cancelled() and task.exception() is None:
+                answered = task.result()  # a host answered just as the client left
+                if answered.placement is not None:
+                    answered.placement.slot.release()
+                asyncio.get_running_loop().create_task(answered.upstream.aclose())
+        finish(self._passage.trail, 499, "client disconnected while queued", "client_disconnected")
+
+    async def _run(self) -> AsyncIterator[bytes]:
+        passage, keepalive = self._passage, self._runtime.keepalive
+        loop = asyncio.get_running_loop()
+        task = self._task = loop.create_task(passage.through())
+        said: int | None = None
+        said_at = loop.time()
+        announced = False
+        while not task.done():
+            waiting = passage.waiting
+            if waiting is None:
+                if not announced and passage.trail.host:
+                    announced = True
+                    for frame in self._placed_frames():
+                        yield frame
+                await asyncio.wait((task,))  # asking the host: bounded by the headers timeout
+                continue
+            announced = False
+            if waiting.waiter.granted.done():
+                await asyncio.sleep(0)  # the passage takes it from here, this turn or the next
+                continue
+            position = waiting.waiter.position
+            if position != said or loop.time() - said_at >= keepalive:
+                said, said_at = position, loop.time()
+                yield sse.comment(f"waiting {position}")
+            changes = waiting.waiter.changes()
+            changes.clear()
+            try:
+                async with asyncio.timeout(max(0.0, said_at + keepalive - loop.time())):
+                    await changes.wait()
+            except TimeoutError:
+                pass
+        try:
+            answered = task.result()
+        except Exception as exc:
+            answer = answer_for(exc)
+            self._ended = True
+            finish(passage.trail, answer.status, answer.message, answer.code)
+            yield sse.error_event(answer)
+            return
+        if not announced:
+            for frame in self._placed_frames():
+                yield frame
+        placement = answered.placement
+        relay = self._relay = Relay(
+            answered.upstream, placement.slot if placement else None, answered.trail, self._runtime
+        )
+        if answered.upstream.status_code != 200:
+            # The client already has a 200 head: the host's error goes out as an error event.
+            message = await relay.error_message()
+            status = answered.upstream.status_code
+            yield sse.error_event(Answer(status, message, "server_error", "upstream_error"))
+            return
+        async for chunk in relay:
+            yield chunk
+
+    def _placed_frames(self) -> list[bytes]:
+        fallback = self._passage.trail.fallback
+        frames = [sse.comment(f"fallback {fallback}")] if fallback else []
+        frames.append(sse.comment("running"))
+        return frames
