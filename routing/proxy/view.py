@@ -75,8 +75,8 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         trail = replace(trail, route=route.name)
         client = runtime.clients.identify(_client_key(request))
         if client is not None:
-            admitted = runtime.clients.admit(client, route.name)
-            trail = replace(trail, client=client.name, client_pass=admitted)
+            trail = replace(trail, client=client.name)
+            trail = replace(trail, client_pass=runtime.clients.admit(client, route.name))
         if (request.method or "GET") not in METHODS:
             raise MethodNotAllowed(
                 f"method {(request.method or '')[:20]} not allowed: use {', '.join(METHODS)}"

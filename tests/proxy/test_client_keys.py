@@ -29,6 +29,12 @@ class Clock:
         return self.now
 
 
+def presented(authorization: str | None) -> str | None:
+    """What the proxy hands the gate for an `Authorization` header: the key's sha256."""
+    token = bearer_token(authorization)
+    return hash_key(token) if token else None
+
+
 def gate_with(*specs: tuple[str, ClientSpec], require: bool = False) -> tuple[ClientGate, Clock]:
     clock = Clock()
     gate = ClientGate(require=require, clock=clock)
@@ -40,36 +46,36 @@ def test_without_keys_requests_pass_anonymously() -> None:
     gate, _ = gate_with()
 
     assert not gate.required
-    assert gate.identify(None) is None
-    assert gate.identify("Bearer whatever") is None
+    assert gate.identify(presented(None)) is None
+    assert gate.identify(presented("Bearer whatever")) is None
 
 
 def test_require_key_refuses_every_request_until_a_key_exists() -> None:
     gate, _ = gate_with(require=True)
 
     with pytest.raises(MissingKey):
-        gate.identify(None)
+        gate.identify(presented(None))
     with pytest.raises(InvalidKey):
-        gate.identify("Bearer cb-anything")
+        gate.identify(presented("Bearer cb-anything"))
 
 
 def test_a_known_key_identifies_its_client_and_others_are_refused() -> None:
     team = ClientSpec("team-a")
     gate, _ = gate_with(("cb-secret", team))
 
-    assert gate.identify("Bearer cb-secret") is team
-    assert gate.identify("bearer   cb-secret ") is team
+    assert gate.identify(presented("Bearer cb-secret")) is team
+    assert gate.identify(presented("bearer   cb-secret ")) is team
     for header in (None, "", "Basic cb-secret", "Bearer"):
         with pytest.raises(MissingKey):
-            gate.identify(header)
+            gate.identify(presented(header))
     with pytest.raises(InvalidKey) as refused:
-        gate.identify("Bearer cb-secreT")
+        gate.identify(presented("Bearer cb-secreT"))
     assert "cb-secre" not in refused.value.message
 
 
 def test_a_key_with_routes_may_use_only_those() -> None:
     gate, _ = gate_with(("k", ClientSpec("team-a", routes=frozenset({"chat", "code"}))))
-    client = gate.identify("Bearer k")
+    client = gate.identify(presented("Bearer k"))
     assert client is not None
 
     gate.admit(client, "chat").release()
@@ -79,7 +85,7 @@ def test_a_key_with_routes_may_use_only_those() -> None:
 
 def test_concurrency_is_limited_until_a_pass_is_released_once() -> None:
     gate, _ = gate_with(("k", ClientSpec("team-a", max_concurrent=2)))
-    client = gate.identify("Bearer k")
+    client = gate.identify(presented("Bearer k"))
     assert client is not None
 
     first, _second = gate.admit(client, "chat"), gate.admit(client, "chat")
@@ -99,7 +105,7 @@ def test_concurrency_is_limited_until_a_pass_is_released_once() -> None:
 
 def test_requests_per_minute_slide_and_say_when_to_retry() -> None:
     gate, clock = gate_with(("k", ClientSpec("team-a", per_minute=3)))
-    client = gate.identify("Bearer k")
+    client = gate.identify(presented("Bearer k"))
     assert client is not None
 
     for step in range(3):
@@ -118,7 +124,7 @@ def test_requests_per_minute_slide_and_say_when_to_retry() -> None:
 
 def test_reconfiguring_keeps_the_counts_of_keys_that_remain() -> None:
     gate, _ = gate_with(("k", ClientSpec("team-a", max_concurrent=1)))
-    client = gate.identify("Bearer k")
+    client = gate.identify(presented("Bearer k"))
     assert client is not None
     held = gate.admit(client, "chat")
 

@@ -8,11 +8,15 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
+from unittest import mock
 
 import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
+from routing.core.tee import Usage
+from routing.proxy import relay as relay_module
+from routing.proxy.record import Arrival, Trail
 from routing.proxy.relay import Relay
 from tests.core.test_tee import _streams
 
@@ -28,15 +32,13 @@ class _Upstream(httpx.AsyncByteStream):
             yield chunk
 
 
-class _Exchange:
-    """What the relay needs of an exchange; keeps what it was finished with."""
+class _Ends:
+    """Stands in for the request's record: keeps what each request was finished with."""
 
     def __init__(self) -> None:
-        self.host = "gpu1"
-        self.streamed = False
         self.finished: list[tuple[object, ...]] = []
 
-    def finish(self, *outcome: object) -> None:
+    def __call__(self, trail: Trail, *outcome: object) -> None:
         self.finished.append(outcome)
 
 
@@ -47,10 +49,12 @@ def relay(chunks: list[bytes], content_type: str) -> tuple[list[bytes], tuple[ob
         upstream = httpx.Response(
             200, headers={"content-type": content_type}, stream=_Upstream(chunks)
         )
-        exchange = _Exchange()
+        ends = _Ends()
         runtime = SimpleNamespace(stream_idle_timeout=5.0)
-        received = [chunk async for chunk in Relay(upstream, None, exchange, runtime)]  # type: ignore[arg-type]
-        (outcome,) = exchange.finished
+        trail = Trail(Arrival(), host="gpu1")
+        with mock.patch.object(relay_module, "finish", ends):
+            received = [chunk async for chunk in Relay(upstream, None, trail, runtime)]  # type: ignore[arg-type]
+        (outcome,) = ends.finished
         return received, outcome
 
     return asyncio.run(run())
@@ -97,7 +101,7 @@ def test_any_chunking_of_a_whole_json_answer_reaches_the_client_unchanged_with_t
 
     assert b"".join(received) == body
     assert outcome == relay([body], "application/json")[1]
-    assert outcome[2:] == (
+    assert outcome[3] == Usage(
         usage["prompt_tokens"],
         (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),  # type: ignore[union-attr]
         usage["completion_tokens"],

@@ -9,7 +9,10 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import httpx
+import pytest
 
+from routing.proxy import relay as relay_module
+from routing.proxy.record import Arrival, Trail
 from routing.proxy.relay import Relay
 
 FIRST = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
@@ -27,26 +30,31 @@ class _Stalling(httpx.AsyncByteStream):
         yield b"data: [DONE]\n\n"
 
 
-class _Exchange:
-    host = "gpu1"
-    streamed = False
+class _Ends:
+    """Stands in for the request's record: keeps what each request was finished with."""
 
     def __init__(self) -> None:
         self.finished: list[tuple[object, ...]] = []
 
-    def finish(self, *outcome: object) -> None:
+    def __call__(self, trail: Trail, *outcome: object) -> None:
         self.finished.append(outcome)
 
 
-def make_relay(upstream: _Stalling, idle: float) -> tuple[Relay, _Exchange]:
+@pytest.fixture
+def ends(monkeypatch: pytest.MonkeyPatch) -> _Ends:
+    recorded = _Ends()
+    monkeypatch.setattr(relay_module, "finish", recorded)
+    return recorded
+
+
+def make_relay(upstream: _Stalling, idle: float) -> Relay:
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=upstream)
-    exchange = _Exchange()
     runtime = SimpleNamespace(stream_idle_timeout=idle)
-    return Relay(response, None, exchange, runtime), exchange  # type: ignore[arg-type]
+    return Relay(response, None, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]
 
 
-async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error_event():
-    relay, exchange = make_relay(_Stalling(), idle=0.2)
+async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error_event(ends: _Ends):
+    relay = make_relay(_Stalling(), idle=0.2)
 
     received = [chunk async for chunk in relay]
 
@@ -54,13 +62,13 @@ async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error
     assert len(received) == 2
     event = json.loads(received[1].removeprefix(b"data: "))
     assert event["error"]["code"] == "upstream_failed" and "0.2 s" in event["error"]["message"]
-    assert exchange.finished[0][:2] == (504, event["error"]["message"])
+    assert ends.finished[0][:2] == (504, event["error"]["message"])
     assert asyncio.current_task().cancelling() == 0  # the watchdog's cancel was taken back
 
 
-async def test_time_the_client_takes_to_read_is_not_a_stall():
+async def test_time_the_client_takes_to_read_is_not_a_stall(ends: _Ends):
     upstream = _Stalling()
-    relay, exchange = make_relay(upstream, idle=0.2)
+    relay = make_relay(upstream, idle=0.2)
 
     first = await anext(relay)
     await asyncio.sleep(0.5)  # a slow client: the relay is not reading meanwhile
@@ -68,11 +76,11 @@ async def test_time_the_client_takes_to_read_is_not_a_stall():
     rest = [chunk async for chunk in relay]
 
     assert first == FIRST and rest == [b"data: [DONE]\n\n"]
-    assert exchange.finished[0][0] == 200
+    assert ends.finished[0][0] == 200
 
 
-async def test_a_client_that_leaves_is_not_taken_for_a_stall():
-    relay, exchange = make_relay(_Stalling(), idle=5)
+async def test_a_client_that_leaves_is_not_taken_for_a_stall(ends: _Ends):
+    relay = make_relay(_Stalling(), idle=5)
 
     async def consume() -> None:
         async for _ in relay:
@@ -83,4 +91,4 @@ async def test_a_client_that_leaves_is_not_taken_for_a_stall():
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
-    assert exchange.finished[0][:2] == (499, "client disconnected mid-stream")
+    assert ends.finished[0][:2] == (499, "client disconnected mid-stream")
