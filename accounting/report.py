@@ -25,7 +25,7 @@ from itertools import compress, islice
 from operator import itemgetter
 from typing import Any
 
-GROUPINGS = ("route", "host", "model", "lease", "client")
+GROUPINGS = ("route", "host", "model", "lease", "placement", "code", "client")
 
 # The row fields summarize() reads, after the group's own fields.
 ROW_FIELDS = (

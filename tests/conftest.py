@@ -170,6 +170,19 @@ def _gateway_log_on_failure(request):  # type: ignore[no-untyped-def]
         print("---- gateway log (tail) ----\n" + "\n".join(gw.log().splitlines()[-40:]))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark as `e2e` every test that starts a real server: it uses the `gateway` fixture, or
+    its module starts gateways of its own (`running_gateway`), or it lives in tests/e2e."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if (
+            "gateway" in getattr(item, "fixturenames", ())
+            or (module is not None and "running_gateway" in vars(module))
+            or "/e2e/" in str(item.path)
+        ):
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     report = yield

@@ -147,15 +147,17 @@ def test_tokens_per_second_is_measured_over_streamed_generation_time() -> None:
         ("model,host", [("llama", "gpu1", 1), ("llama", "gpu2", 1), ("qwen", "gpu1", 2)]),
         ("lease", [("", 1), ("new", 1), ("reused", 2)]),
         ("client", [("", 2), ("team-a", 2)]),
+        ("placement", [("home", 2), ("new", 1), ("spilled", 1)]),
+        ("code", [("", 3), ("queue_full", 1)]),
     ],
 )
 def test_requests_are_grouped_by_any_combination_of_names(
     by: str, groups: list[tuple[Any, ...]]
 ) -> None:
-    add(host="gpu1", model="qwen", lease="new", client="team-a")
-    add(host="gpu1", model="qwen", lease="reused", client="team-a")
-    add(host="gpu1", model="llama", lease="reused")
-    add(host="gpu2", model="llama", lease="")
+    add(host="gpu1", model="qwen", lease="new", client="team-a", placement="new")
+    add(host="gpu1", model="qwen", lease="reused", client="team-a", placement="home")
+    add(host="gpu1", model="llama", lease="reused", placement="home")
+    add(host="gpu2", model="llama", lease="", placement="spilled", code="queue_full")
     names = by.split(",")
 
     rows = report_json("--by", by)

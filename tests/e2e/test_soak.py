@@ -22,7 +22,7 @@ from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, add_host, add_route, chat
 from tests.invariants import Ledger, rss_mib, wait_until_free
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.soak]
 
 LOAD_SECONDS = 15.0
 CLIENTS = 32
@@ -30,6 +30,7 @@ HOSTS = 4
 # (fail_mode, requests it applies to) and how often each is injected. "hang" costs a slot for
 # the 3 s head timeout, so it is rare.
 COUNTED_FAULTS = [("error_500", 3), ("reset_before_headers", 2), ("reset_mid_stream", 3)]
+KINDS = ("hang", "refuse", "loading", *(mode for mode, _ in COUNTED_FAULTS))
 
 
 @pytest.fixture(scope="module")
@@ -88,24 +89,37 @@ class Faults:
         self.stop = threading.Event()
 
     def run(self) -> None:
+        # Every kind once first, in a random order, so each is seen however slow the machine;
+        # then kinds at random, a hang rarely (it costs a slot for the 3 s head timeout).
+        first = list(KINDS)
+        self.rng.shuffle(first)
         while not self.stop.wait(0.25):
             fake = self.rng.choice(self.fakes)
             if fake.fail_mode is not None or fake.health != "ok":
                 continue
-            roll = self.rng.random()
-            if roll < 0.08:
-                fake.fail_mode, fake.fail_count = "hang", 1
-                self.injected["hang"] += 1
-            elif roll < 0.16:
-                self._for_a_while(fake, "fail_mode", "refuse", None)
-            elif roll < 0.24:
-                self._for_a_while(fake, "health", "loading", "ok")
-            else:
-                mode, count = self.rng.choice(COUNTED_FAULTS)
-                fake.fail_mode, fake.fail_count = mode, count
-                self.injected[mode] += count
+            self.inject(fake, first.pop() if first else self._random_kind())
         for fake in self.fakes:
             fake.fail_mode, fake.health = None, "ok"
+
+    def _random_kind(self) -> str:
+        roll = self.rng.random()
+        if roll < 0.08:
+            return "hang"
+        if roll < 0.16:
+            return "refuse"
+        if roll < 0.24:
+            return "loading"
+        return self.rng.choice(COUNTED_FAULTS)[0]
+
+    def inject(self, fake: FakeLlamaServer, kind: str) -> None:
+        if kind == "refuse":
+            self._for_a_while(fake, "fail_mode", "refuse", None)
+        elif kind == "loading":
+            self._for_a_while(fake, "health", "loading", "ok")
+        else:
+            count = dict(COUNTED_FAULTS).get(kind, 1)
+            fake.fail_mode, fake.fail_count = kind, count
+            self.injected[kind] += count
 
     def _for_a_while(self, fake: FakeLlamaServer, knob: str, value: str, back: object) -> None:
         setattr(fake, knob, value)
@@ -214,8 +228,9 @@ def test_a_soak_of_random_faults_and_departures_leaks_nothing(soak_gateway, fake
         f"client outcomes {dict(outcomes)}, 0 slots leaked, "
         f"fds {fds_before} -> {fds_after}, RSS {rss_before:.0f} -> {rss_after:.0f} MiB"
     )
-    assert sum(outcomes.values()) >= 1000
-    assert faults.total() >= 20 and outcomes["left"] >= 50
+    # A fixed time, not a number of requests: a busy machine sends fewer, and that is fine.
+    assert set(faults.injected) == set(KINDS)
+    assert outcomes["left"] >= 1
     assert {"200", "499", "500", "502"} <= {str(status) for status in statuses}
     assert clients_after == 0
     # Pooled connections to the hosts may come and go; nothing else may pile up.
