@@ -31,6 +31,7 @@ endif
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 test: lint
 	$(PY) -m pytest

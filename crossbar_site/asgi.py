@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -40,9 +41,17 @@ site_with_static = ASGIStaticFilesHandler(site_app)
 _in_flight: set[asyncio.Task] = set()  # HTTP requests being served, for a clean shutdown
 
 
+def _names_a_route(scope: dict[str, Any]) -> bool:
+    """Whether the request carries `X-Crossbar-Route`: then `/metrics` is the host's."""
+    return any(name == b"x-crossbar-route" for name, _ in scope["headers"])
+
+
 async def http_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     path: str = scope["path"]
-    app = site_with_static if path.startswith(SITE_PREFIXES) else gateway_app
+    site = path.startswith(SITE_PREFIXES) and not (
+        path == "/metrics" and _names_a_route(scope)
+    )
+    app = site_with_static if site else gateway_app
     task = asyncio.current_task()
     _in_flight.add(task)  # type: ignore[arg-type]
     try:

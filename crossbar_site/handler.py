@@ -57,10 +57,18 @@ class GatewayHandler(ASGIHandler):
             await self.send_response(error_response, send)
             return
 
+        async def head_first(message: dict[str, Any]) -> None:
+            await send(message)
+            if message["type"] == "http.response.start":
+                # daphne writes a head only with the first body bytes; an empty body message
+                # sends it now, so a client sees the host's head as soon as the host sent it
+                # (a long prefill, a quiet stream), not with the first token.
+                await send({"type": "http.response.body", "body": b"", "more_body": True})
+
         async def process_request() -> None:
             response = await self.get_response_async(request)
             try:
-                await self.send_response(response, send)
+                await self.send_response(response, head_first if response.streaming else send)
             except asyncio.CancelledError:
                 pass  # the client left while the response was being sent
             finally:

@@ -19,7 +19,7 @@ import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from hosts.health import HealthTable, Probe, poll_forever
+from hosts.health import HealthTable, Probe, poll_forever, poll_once
 from routing import signals
 from routing.config.reader import current_revision, load_fleet
 from routing.config.shape import Fleet, RouteConfig
@@ -59,6 +59,7 @@ class Runtime:
         self._generation = generation
         self._reload_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self._probing: dict[str, asyncio.Future[None]] = {}  # on-demand probes, by host
         self._apply(fleet)
 
     def start(self) -> None:
@@ -138,6 +139,31 @@ class Runtime:
                     await self.reload(force=True)
                 except Exception as exc:
                     log.warning("config reload failed: %s", exc)
+
+    async def probe_down(self, route: RouteConfig) -> None:
+        """Ask the route's hosts that are not up how they are now, once each, all at once.
+
+        For a request that found no usable host: a host that restarted since the last poll
+        serves it at once instead of after the next poll. Concurrent callers share each
+        host's probe.
+        """
+        timeout = settings.CROSSBAR["HEALTH_TIMEOUT"]
+        waits = []
+        for name in route.hosts:
+            host = self.fleet.hosts.get(name)
+            if host is None or not host.enabled or self.health.eligible(name):
+                continue
+            probing = self._probing.get(name)
+            if probing is None:
+                probe = Probe(host.name, host.url, host.api_key)
+                probing = asyncio.ensure_future(
+                    poll_once(self.client, probe, self.health, timeout)
+                )
+                self._probing[name] = probing
+                probing.add_done_callback(lambda _, name=name: self._probing.pop(name, None))
+            waits.append(probing)
+        if waits:
+            await asyncio.wait(waits)
 
     def _probes(self) -> list[Probe]:
         return [

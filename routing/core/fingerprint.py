@@ -17,11 +17,13 @@ def fingerprint(method: str, body: object, session: str | None) -> str:
     """Return the hex sha256 naming the request's conversation, or "" when it has none.
 
     In order: GET and HEAD have none; a non-empty ``session`` (the ``X-Crossbar-Session``
-    header) names it; a chat body's ``messages`` up to and including the first user message
-    name it, canonicalised so key order and whitespace do not matter; a completion body's
-    ``prompt`` (a string, or a list starting with one) names it by its first 2,048 characters.
-    The three kinds are hashed in separate domains, so they cannot collide. Pure; never raises,
-    whatever ``body`` holds.
+    header) names it; a chat body's ``messages`` (with Anthropic's top-level ``system``) up to
+    and including the first user message name it, canonicalised so key order and whitespace
+    do not matter; a Responses body's ``instructions`` and ``input`` (a string, or its items up
+    to the first user item) name it; a completion or infill body's ``prompt`` (a string, a
+    list of strings, or token ids) names it by its first 2,048 characters or tokens. The kinds
+    are hashed in separate domains, so they cannot collide. Pure; never raises, whatever
+    ``body`` holds.
     """
     if method.upper() in _NO_LEASE_METHODS:
         return ""
@@ -31,14 +33,29 @@ def fingerprint(method: str, body: object, session: str | None) -> str:
         return ""
     messages = body.get("messages")
     if isinstance(messages, list) and messages:
-        canonical = _canonical(_conversation_head(messages))
+        head: list[object] = _conversation_head(messages)
+        if "system" in body:  # Anthropic's messages API keeps the system prompt outside
+            head = [{"system": body["system"]}, *head]
+        canonical = _canonical(head)
         if canonical:
             return _digest(b"chat", canonical)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt:
-        prompt = prompt[0]
+    given = body.get("input")
+    if isinstance(given, (str, list)) and given:
+        opening = given if isinstance(given, str) else _conversation_head(given)
+        canonical = _canonical([body.get("instructions"), opening])
+        if canonical:
+            return _digest(b"responses", canonical)
+    return _prompt_digest(body.get("prompt"))
+
+
+def _prompt_digest(prompt: object) -> str:
+    if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+        prompt = prompt[0]  # a batch of prompts, or of token lists: the first names it
     if isinstance(prompt, str) and prompt:
         return _digest(b"prompt", prompt[:_PROMPT_CHARS])
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        tokens = ",".join(str(t) for t in prompt[:_PROMPT_CHARS])
+        return _digest(b"tokens", tokens)
     return ""
 
 

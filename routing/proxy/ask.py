@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
 from routing.config.shape import Fleet, RouteConfig
+from routing.core.endpoints import Kind, kind_of
 from routing.core.errors import (
     BadBody,
     BodyTooLarge,
@@ -28,8 +29,6 @@ SESSION_HEADER = "X-Crossbar-Session"
 WAIT_STATUS_HEADER = "X-Crossbar-Wait-Status"
 
 _ROUTE_NAME = re.compile(r"[-a-zA-Z0-9_]{1,64}")
-# Upstream paths: /v1/... made of plain segments (no "", "." or ".." segments), /health, /props.
-_UPSTREAM_PATH = re.compile(r"/v1(/[A-Za-z0-9_~:@!$&'()*+,;=-][A-Za-z0-9._~:@!$&'()*+,;=-]*)+")
 _LOCAL_METHODS = frozenset({"GET", "HEAD"})
 
 
@@ -39,18 +38,23 @@ class Ask:
 
     request: HttpRequest
     path: str  # the upstream path, e.g. /v1/chat/completions
+    kind: Kind
     body: bytes
-    payload: dict[str, object] | None  # the body's JSON object, when it names a model
-    model: str | None  # None: the request takes no slot (/health, /props, GETs)
+    payload: dict[str, object] | None  # the body's JSON object, when the gateway read it
+    model: str | None  # the model it names; None for requests about the host itself
     fingerprint: str = ""
+
+    @property
+    def takes_slot(self) -> bool:
+        return self.kind is Kind.GENERATE and self.model is not None
 
     @property
     def wants_stream(self) -> bool:
         return self.payload is not None and self.payload.get("stream") is True
 
 
-def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str]:
-    """The route and the upstream path.
+def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str, Kind]:
+    """The route, the upstream path and its kind.
 
     Raises MissingRoute, ConflictingRoute, UnknownRoute or NotFound.
     """
@@ -80,28 +84,32 @@ def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str]
         raise UnknownRoute(f"unknown route: “{name[:64]}”")
     if not route.enabled:
         raise UnknownRoute(f"unknown route: “{name}” is disabled")
-    if rest not in ("/health", "/props") and not _UPSTREAM_PATH.fullmatch(rest):
+    kind = kind_of(rest)
+    if kind is None:
         raise NotFound(f"not found: {rest[:200]}")
-    return route, rest
+    return route, rest, kind
 
 
-def read_ask(request: HttpRequest, route: RouteConfig, path: str) -> Ask:
-    """Read the body when the request has one, and what it names.
+def read_ask(request: HttpRequest, route: RouteConfig, path: str, kind: Kind) -> Ask:
+    """Read the body when the gateway needs what it names (the model, the conversation).
 
-    Raises BodyTooLarge, or BadBody with the reason.
+    Requests about the host, and GETs, pass with their body unread. Raises BodyTooLarge, or
+    BadBody with the reason.
     """
     method = request.method or "GET"
     if method in _LOCAL_METHODS:
-        return Ask(request, path, b"", None, None)
+        return Ask(request, path, kind, b"", None, None)
     body = _read_body(request)
-    if not path.startswith("/v1/"):
-        return Ask(request, path, body, None, None)
+    if kind is Kind.HOST or kind is Kind.MODELS:
+        return Ask(request, path, kind, body, None, None)
     payload = _parse_payload(body)
     model = _model_of(payload, route)
     if not isinstance(payload.get("messages", []), list):
         raise BadBody("messages must be a list of message objects")
-    conversation = fingerprint(method, payload, request.headers.get(SESSION_HEADER))
-    return Ask(request, path, body, payload, model, conversation)
+    conversation = ""
+    if kind is Kind.GENERATE:
+        conversation = fingerprint(method, payload, request.headers.get(SESSION_HEADER))
+    return Ask(request, path, kind, body, payload, model, conversation)
 
 
 def wants_wait_status(ask: Ask, route: RouteConfig) -> bool:
@@ -147,13 +155,14 @@ def _parse_payload(body: bytes) -> dict[str, object]:
 
 
 def _model_of(payload: dict[str, object], route: RouteConfig) -> str:
+    """The model the body names; else the route's default."""
     model = payload.get("model")
     if model is None or model == "":
-        if not route.default_model:
-            raise BadBody(
-                f"missing model: the body names none and route “{route.name}” has no default"
-            )
-        return route.default_model
+        if route.default_model:
+            return route.default_model
+        raise BadBody(
+            f"missing model: the body names none and route “{route.name}” has no default"
+        )
     if not isinstance(model, str):
         raise BadBody("model must be a string")
     if len(model) > MAX_MODEL_NAME:

@@ -98,21 +98,27 @@ class Passage:
         raise NoHealthyHost()
 
     async def _unplaced(self) -> Answered:
-        """A request without a model: the best usable host, no slot, no lease."""
+        """A request that takes no slot: the best usable host (serving its model, if it names
+        one), no lease."""
         tried: set[str] = set()
         failure: HostDown | None = None
+        probed = False
         while True:
             hosts = [
                 host
-                for host in ranked(self.runtime.candidates(self.route, None))
+                for host in ranked(self.runtime.candidates(self.route, self.ask.model))
                 if host not in tried
             ]
+            if not hosts and not probed and failure is None:
+                probed = True
+                await self.runtime.probe_down(self.route)  # a host may just have come back
+                continue
             if not hosts:
                 raise failure or NoHealthyHost()
             host = hosts[0]
             trail = self.trail = replace(self.trail, host=host)
             try:
-                upstream = await forward(self.runtime, self.ask, None, host)
+                upstream = await forward(self.runtime, self.ask, self.ask.model, host)
             except HostDown as down:  # marked down: the next round ranks it out
                 tried.add(host)
                 failure = down

@@ -25,7 +25,7 @@ _REQUEST_DROP = frozenset(
     {
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
-        "cookie", "accept-encoding", "x-crossbar-route", "x-crossbar-session",
+        "x-api-key", "cookie", "accept-encoding", "x-crossbar-route", "x-crossbar-session",
         "x-crossbar-wait-status",
     }
 )  # fmt: skip

@@ -22,7 +22,8 @@ from django.views.decorators.csrf import csrf_exempt
 from accounting.keys import hash_key
 from routing.config.shape import RouteConfig
 from routing.core.clients import bearer_token
-from routing.core.errors import MethodNotAllowed, UnknownModel, answer_for
+from routing.core.endpoints import Kind
+from routing.core.errors import MethodNotAllowed, NoHealthyHost, UnknownModel, answer_for
 from routing.core.placement import Placer, Waiting
 from routing.proxy.ask import ROUTE_HEADER, Ask, read_ask, resolve_route, wants_wait_status
 from routing.proxy.passage import Passage
@@ -71,7 +72,7 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
     try:
         runtime = await get_runtime()
         await runtime.refresh()
-        route, path = resolve_route(request, runtime.fleet)
+        route, path, kind = resolve_route(request, runtime.fleet)
         trail = replace(trail, route=route.name)
         client = runtime.clients.identify(_client_key(request))
         if client is not None:
@@ -81,12 +82,16 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             raise MethodNotAllowed(
                 f"method {(request.method or '')[:20]} not allowed: use {', '.join(METHODS)}"
             )
-        if path == "/v1/models" and request.method in ("GET", "HEAD"):
+        if kind is Kind.MODELS:
             finish(trail, 200)
             return models_response(runtime, route)
-        ask = read_ask(request, route, path)
+        ask = read_ask(request, route, path, kind)
         trail = replace(trail, model=ask.model or "", fingerprint=ask.fingerprint)
-        passage = _place(runtime, route, ask, trail)
+        try:
+            passage = _place(runtime, route, ask, trail)
+        except NoHealthyHost:
+            await runtime.probe_down(route)  # a host that just came back serves at once
+            passage = _place(runtime, route, ask, trail)
         if isinstance(passage.waiting, Waiting) and wants_wait_status(ask, route):
             return _waiting_response(runtime, passage, passage.waiting)
         answered = await passage.through()
@@ -111,10 +116,11 @@ def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -> Pass
 
     Raises UnknownModel, QueueFull, NoHealthyHost or PinnedHostDown.
     """
-    if ask.model is None:
-        return Passage(runtime, route, ask, trail, None, None)
-    if not runtime.serves(route, ask.model):
+    if ask.model is not None and not runtime.serves(route, ask.model):
         raise UnknownModel(f"model “{ask.model}” is not served by route “{route.name}”")
+    if not ask.takes_slot:
+        return Passage(runtime, route, ask, trail, None, None)
+    assert ask.model is not None
     placer = Placer(runtime, route, ask.model, ask.fingerprint, runtime.loop.time())
     return Passage(runtime, route, ask, trail, placer, placer.now())
 
@@ -136,6 +142,8 @@ def _waiting_response(runtime: Runtime, passage: Passage, waiting: Waiting) -> S
 
 
 def _client_key(request: HttpRequest) -> str | None:
-    """The sha256 of the client key the request presents; None when it presents none."""
+    """The sha256 of the client key the request presents, as `Authorization: Bearer` or as
+    `X-Api-Key` (Anthropic's clients send that); None when it presents none."""
     token = bearer_token(request.headers.get("Authorization"))
+    token = token or request.headers.get("X-Api-Key", "").strip()
     return hash_key(token) if token else None

@@ -108,7 +108,6 @@ def test_completion_prompt_given_as_a_list_is_named_by_its_first_string() -> Non
     listed = fingerprint("POST", {"prompt": ["Once upon a time", "ignored"]}, None)
 
     assert listed == fingerprint("POST", {"prompt": "Once upon a time"}, None)
-    assert fingerprint("POST", {"prompt": [1, 2, 3]}, None) == ""
     assert fingerprint("POST", {"prompt": []}, None) == ""
     assert fingerprint("POST", {"prompt": ""}, None) == ""
 
@@ -264,3 +263,34 @@ def test_conversations_whose_first_questions_differ_never_share_a_fingerprint(
     assert (named(first) == named(second)) == (
         json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
     )
+
+
+def test_a_prompt_of_token_ids_is_named_by_its_first_tokens() -> None:
+    tokens = fingerprint("POST", {"prompt": [1, 2, 3]}, None)
+
+    assert tokens != ""
+    assert tokens == fingerprint("POST", {"prompt": [[1, 2, 3], [4]]}, None)
+    assert tokens != fingerprint("POST", {"prompt": "1,2,3"}, None)
+    long = list(range(3000))
+    assert fingerprint("POST", {"prompt": long}, None) == fingerprint(
+        "POST", {"prompt": [*long[:2048], 7, 7]}, None
+    )
+
+
+def test_an_anthropic_conversation_keeps_its_name_and_its_system_prompt_tells_it_apart() -> None:
+    first = {"system": "Be terse.", "messages": [user("Hi")]}
+    later = {"system": "Be terse.", "messages": [user("Hi"), assistant("Hello"), user("More")]}
+    other = {"system": "Be verbose.", "messages": [user("Hi")]}
+
+    assert fingerprint("POST", first, None) == fingerprint("POST", later, None)
+    assert fingerprint("POST", first, None) != fingerprint("POST", other, None)
+
+
+def test_a_responses_conversation_is_named_by_its_instructions_and_first_input() -> None:
+    first = {"instructions": "Be terse.", "input": [user("Hi")]}
+    later = {"instructions": "Be terse.", "input": [user("Hi"), assistant("Hello"), user("More")]}
+    text = {"instructions": "Be terse.", "input": "Hi"}
+
+    assert fingerprint("POST", first, None) == fingerprint("POST", later, None)
+    assert fingerprint("POST", text, None) != ""
+    assert fingerprint("POST", text, None) != fingerprint("POST", {"input": "Hi"}, None)
