@@ -439,6 +439,10 @@ class FakeLlamaServer:
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # Only stop() cancels connections; ending normally keeps Python 3.11's stream
+            # server from logging each cancelled handler as an error.
+            pass
         except (ValueError, asyncio.LimitOverrunError):
             with contextlib.suppress(ConnectionError):
                 writer.write(
