@@ -5,6 +5,10 @@ load evicts the least recently used running model when `models_max` are running 
 limit) and takes `load_delay` seconds; a load that fails leaves the model "unloaded" with a
 non-zero exit code (`/models` then shows `failed: true`). POST requests count as a use.
 Everything here runs on the fake's event loop.
+
+Simplified: unloading or evicting a model does not cut the requests it is answering (the real
+child process exits), and answers go out as a single server's would (the real router
+re-sends each child's body chunked).
 """
 
 from __future__ import annotations

@@ -178,11 +178,12 @@ class FakeLlamaServer:
     Options: `slots` (its `-np`), `token_delay` (seconds before each token), `models` (the
     names a single-model server answers to and lists), `api_key` (like `--api-key`; several
     keys comma-separated), `first_token_delay` (seconds between a stream's head and its first
-    event), `metrics`/`slots_endpoint`/`props` (`--metrics`, `--no-slots`, `--props`),
-    `embeddings`/`reranking` (whether those endpoints work or answer 501), `lora_adapters`
-    (paths of `--lora` adapters). Router mode, when `router_models` names the models it can
-    load: `models_max` (0: no limit), `load_delay` (seconds a load takes), `models_autoload`,
-    `load_on_startup` (models loading from the start), `failing_models` (whose loads fail).
+    event; a whole answer waits it too), `metrics`, `slots_endpoint`, `props` (like
+    `--metrics`, `--no-slots`, `--props`), `embeddings` and `reranking` (whether those
+    endpoints work or answer 501), `lora_adapters` (paths of `--lora` adapters). Router mode,
+    when `router_models` names the models it can load: `models_max` (0: no limit),
+    `load_delay` (seconds a load takes), `models_autoload`, `load_on_startup` (models loading
+    from the start), `failing_models` (whose loads fail).
 
     Knobs, settable from any thread at any time: `health` ("ok" | "loading" | "error"),
     `fail_mode` (see `FAIL_MODES`), `fail_count` (how many slot-taking requests the fail mode
@@ -197,7 +198,8 @@ class FakeLlamaServer:
     Observations: `seen` (every request in arrival order, with its method, path, headers and
     body; health polls included), `in_flight` and `max_concurrent` (requests holding a slot,
     over-slot ones included), `disconnects` (requests whose client went away before the
-    response finished), `model_status(name)` in router mode. `reset_stats()` clears them but
+    response finished), `model_status(name)` in router mode; `requests_to(path)` filters
+    `seen`. `reset_stats()` clears them but
     for `in_flight`. Like llama-server, a request gives its slot back just before its last
     bytes go out, so `in_flight` has dropped by the time a client has read the whole response.
 
@@ -267,6 +269,7 @@ class FakeLlamaServer:
         self._routes = {**ROUTES, **(ROUTER_ROUTES if router_models else {})}
         self._started_at = int(time.time())
         self._next_id = 0
+        self._next_task = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -939,8 +942,8 @@ class _InFlight:
         self.slot = next((i for i in range(server.slots) if i not in self._busy), None)
         if self.slot is not None:
             self._busy[self.slot] = self
-        server._next_id += 1
-        self.task = server._next_id
+        server._next_task += 1
+        self.task = server._next_task
         self.n_decoded = 0
         with server._stats_lock:
             server.in_flight += 1
