@@ -1,16 +1,23 @@
 """A fake llama.cpp `llama-server` on a real socket, for end-to-end tests, benchmarks and demos.
 
-It speaks just enough HTTP/1.1, by hand on asyncio streams, that resets, closes and hangs are
-exactly what a test asks for. It answers like the real server where the gateway can tell:
-OpenAI-shaped completions (streamed as SSE with `timings` and optional `usage`, or whole), a
-simulated KV cache (`cache_n` grows with the prompt prefix shared with recent requests), HTTP 500
-when more than `slots` completions run at once, and a closed connection after every stream
-although the headers say keep-alive.
+It speaks HTTP/1.1 by hand on asyncio streams, so that resets, closes and hangs are exactly
+what a test asks for, and answers every endpoint llama-server serves the way it does where a
+client can tell (see `ROUTES`): OpenAI's chat completions, completions, embeddings, Responses
+and models (with and without `/v1`), reranking, Anthropic's messages and token counting,
+llama-server's native `/completion`, `/infill`, `/tokenize`, `/detokenize`,
+`/apply-template`, `/embedding`, `/props`, `/slots`, `/metrics`, `/lora-adapters` and
+`/health`, CORS preflights, the `--api-key` check, and router mode (`--models-dir`,
+`--models-max`) with `/models/load` and `/models/unload`.
+
+What it simulates: a KV cache (`cache_n` grows with the prompt prefix shared with recent
+requests), `slots` requests at a time (one more gets HTTP 500), a closed connection after
+every stream although the headers say keep-alive, and model loads in router mode.
 
 Tests run it in a background thread with its own event loop (`with FakeLlamaServer() as fake:`)
 and turn its knobs from their own thread at any time. Standalone, for `make run` without GPUs:
 
     python -m tests.fakes.llama_server --port 9001 --slots 4 --token-delay 0.02 --model test-model
+    python -m tests.fakes.llama_server --port 9002 --router-model a --router-model b --models-max 1
 """
 
 from __future__ import annotations
@@ -18,73 +25,183 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import socket
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.fakes import llama_docs as docs
+from tests.fakes.llama_formats import FORMATS, Format, Generation
+from tests.fakes.llama_router import LoadFailed, ModelTable
+from tests.fakes.llama_wire import (
+    JSON_TYPE,
+    LAST_CHUNK,
+    MAX_HEAD_BYTES,
+    PREFLIGHT_HEADERS,
+    SeenRequest,
+    chunk,
+    dumps,
+    error_document,
+    read_request,
+    reset,
+    stream_head,
+    wait_until_gone,
+    whole_response,
+)
+
+__all__ = ["FAIL_MODES", "HEALTH_STATES", "ROUTES", "FakeLlamaServer", "SeenRequest", "main"]
+
 FAIL_MODES = (None, "refuse", "reset_before_headers", "reset_mid_stream", "error_500", "hang")
 HEALTH_STATES = ("ok", "loading", "error")
-COMPLETION_KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
 DEFAULT_MAX_TOKENS = 8
 # reset_mid_stream cuts the connection after this many token events (or before the last one).
 RESET_AFTER_TOKENS = 3
-MAX_HEAD_BYTES = 64 * 1024
-_TOKEN = "@@TOKEN@@"
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
+# The paths llama-server answers without an API key (besides its web UI's files).
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})
+# Long waits (first token, model loads) look this often whether the client is still there.
+_POLL = 0.05
+_NOT_SUPPORTED = "not_supported_error"
+_INVALID = "invalid_request_error"
+
+# (method, path) -> (handler name, argument, proxied): a proxied route is, in router mode,
+# answered by the model the request names (body "model", or "?model=" for GET).
+ROUTES: dict[tuple[str, str], tuple[str, str, bool]] = {
+    ("GET", "/health"): ("_health_answer", "", False),
+    ("GET", "/v1/health"): ("_health_answer", "", False),
+    ("GET", "/models"): ("_models_answer", "", False),
+    ("GET", "/v1/models"): ("_models_answer", "", False),
+    ("GET", "/props"): ("_props_answer", "", False),
+    ("POST", "/props"): ("_props_change", "", True),
+    ("GET", "/slots"): ("_slots_answer", "", True),
+    ("GET", "/metrics"): ("_metrics_answer", "", True),
+    ("GET", "/lora-adapters"): ("_lora_answer", "", True),
+    ("POST", "/lora-adapters"): ("_lora_change", "", True),
+    ("POST", "/completion"): ("_generate", "native", True),
+    ("POST", "/completions"): ("_generate", "native", True),
+    ("POST", "/infill"): ("_generate", "infill", True),
+    ("POST", "/v1/completions"): ("_generate", "text", True),
+    ("POST", "/chat/completions"): ("_generate", "chat", True),
+    ("POST", "/v1/chat/completions"): ("_generate", "chat", True),
+    ("POST", "/responses"): ("_generate", "responses", True),
+    ("POST", "/v1/responses"): ("_generate", "responses", True),
+    ("POST", "/v1/messages"): ("_generate", "anthropic", True),
+    ("POST", "/chat/completions/input_tokens"): ("_count_tokens", "chat", True),
+    ("POST", "/v1/chat/completions/input_tokens"): ("_count_tokens", "chat", True),
+    ("POST", "/responses/input_tokens"): ("_count_tokens", "responses", True),
+    ("POST", "/v1/responses/input_tokens"): ("_count_tokens", "responses", True),
+    ("POST", "/v1/messages/count_tokens"): ("_count_tokens", "anthropic", True),
+    ("POST", "/embedding"): ("_embeddings", "native", True),
+    ("POST", "/embeddings"): ("_embeddings", "native", True),
+    ("POST", "/v1/embeddings"): ("_embeddings", "oai", True),
+    ("POST", "/rerank"): ("_rerank", "", True),
+    ("POST", "/reranking"): ("_rerank", "", True),
+    ("POST", "/v1/rerank"): ("_rerank", "", True),
+    ("POST", "/v1/reranking"): ("_rerank", "", True),
+    ("POST", "/tokenize"): ("_tokenize", "", True),
+    ("POST", "/detokenize"): ("_detokenize", "", True),
+    ("POST", "/apply-template"): ("_apply_template", "", True),
+}
+# Only a router serves these.
+ROUTER_ROUTES: dict[tuple[str, str], tuple[str, str, bool]] = {
+    ("POST", "/models/load"): ("_model_load", "", False),
+    ("POST", "/models/unload"): ("_model_unload", "", False),
 }
 
 
-@dataclass(slots=True)
-class SeenRequest:
-    """One request as the fake received it. Header names are lower case."""
+class _Call:
+    """One request being answered: what came in, where the answer goes, and how to write it."""
 
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    json: object | None
+    __slots__ = ("request", "reader", "writer", "keep_alive", "head_only", "origin", "model")
 
+    def __init__(
+        self,
+        request: SeenRequest,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        keep_alive: bool,
+    ) -> None:
+        self.request = request
+        self.reader = reader
+        self.writer = writer
+        self.keep_alive = keep_alive
+        self.head_only = request.method == "HEAD"
+        self.origin = request.headers.get("origin", "")
+        # The model instance that answers, in router mode; None for a single-model server.
+        self.model: str | None = None
 
-@dataclass(slots=True)
-class _Generation:
-    kind: str
-    model: str
-    stream: bool
-    include_usage: bool
-    max_tokens: int
-    prompt_n: int
-    cache_n: int
+    def whole(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = JSON_TYPE,
+        extra: tuple[tuple[str, str], ...] = (),
+    ) -> bytes:
+        return whole_response(
+            status,
+            body,
+            content_type,
+            origin=self.origin,
+            keep_alive=self.keep_alive,
+            head_only=self.head_only,
+            extra=extra,
+        )
+
+    async def send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = JSON_TYPE,
+        extra: tuple[tuple[str, str], ...] = (),
+    ) -> bool:
+        """Write a whole answer; True when the connection stays open for the next request."""
+        self.writer.write(self.whole(status, body, content_type, extra))
+        await self.writer.drain()
+        return self.keep_alive
+
+    async def json(self, status: int, document: object) -> bool:
+        return await self.send(status, dumps(document))
+
+    async def error(self, status: int, message: str, kind: str) -> bool:
+        return await self.json(status, error_document(status, message, kind))
+
+    def body(self) -> dict[str, Any] | None:
+        document = self.request.json
+        return document if isinstance(document, dict) else None
 
 
 class FakeLlamaServer:
     """A llama-server stand-in listening on `host:port` (port 0 picks a free one).
 
-    Knobs, settable from any thread at any time: `health` ("ok" | "loading" | "error"),
-    `fail_mode` (see `FAIL_MODES`), `fail_count` (how many completion requests the fail mode
-    still applies to; None = all; when it runs out the fake goes back to normal and both reset to
-    None), `token_delay` (seconds before each token). Fail modes apply to completion requests
-    only, so a gateway's health poller does not use them up; "refuse" is the exception: it closes
-    the listening socket (and idle keep-alive connections) so every connect is refused, and
-    setting `fail_mode` back to None listens again on the same port. `fail_count` does not apply
-    to "refuse".
+    Options: `slots` (its `-np`), `token_delay` (seconds before each token), `models` (the
+    names a single-model server answers to and lists), `api_key` (like `--api-key`; several
+    keys comma-separated), `first_token_delay` (seconds between a stream's head and its first
+    event; a whole answer waits it too), `metrics`, `slots_endpoint`, `props` (like
+    `--metrics`, `--no-slots`, `--props`), `embeddings` and `reranking` (whether those
+    endpoints work or answer 501), `lora_adapters` (paths of `--lora` adapters). Router mode,
+    when `router_models` names the models it can load: `models_max` (0: no limit),
+    `load_delay` (seconds a load takes), `models_autoload`, `load_on_startup` (models loading
+    from the start), `failing_models` (whose loads fail).
 
-    Observations: `seen` (every request in arrival order, health polls included), `in_flight`
-    and `max_concurrent` (completion requests, over-slot ones included), `disconnects` (requests
-    whose client went away before the response finished). `reset_stats()` clears them but for
-    `in_flight`. Like llama-server, a request gives its slot back just before its last bytes go
-    out, so `in_flight` has dropped by the time a client has read the whole response.
+    Knobs, settable from any thread at any time: `health` ("ok" | "loading" | "error"),
+    `fail_mode` (see `FAIL_MODES`), `fail_count` (how many slot-taking requests the fail mode
+    still applies to; None = all; when it runs out the fake goes back to normal and both reset
+    to None), `token_delay`, `first_token_delay`, `api_key`, `load_delay`, `models_max`,
+    `models_autoload`, `failing_models`. Fail modes apply to requests that take a slot
+    (generations, embeddings, reranking) only, so a gateway's health poller does not use them
+    up; "refuse" is the exception: it closes the listening socket (and idle keep-alive
+    connections) so every connect is refused, and setting `fail_mode` back to None listens
+    again on the same port. `fail_count` does not apply to "refuse".
+
+    Observations: `seen` (every request in arrival order, with its method, path, headers and
+    body; health polls included), `in_flight` and `max_concurrent` (requests holding a slot,
+    over-slot ones included), `disconnects` (requests whose client went away before the
+    response finished), `model_status(name)` in router mode; `requests_to(path)` filters
+    `seen`. `reset_stats()` clears them but
+    for `in_flight`. Like llama-server, a request gives its slot back just before its last
+    bytes go out, so `in_flight` has dropped by the time a client has read the whole response.
 
     Hazard, faithfully reproduced: after a stream the connection is closed although the headers
     said keep-alive, so a client that reuses it at once may see "server disconnected".
@@ -98,12 +215,42 @@ class FakeLlamaServer:
         models: tuple[str, ...] = ("test-model",),
         host: str = "127.0.0.1",
         port: int = 0,
+        api_key: str | None = None,
+        first_token_delay: float = 0.0,
+        metrics: bool = True,
+        slots_endpoint: bool = True,
+        props: bool = False,
+        embeddings: bool = True,
+        reranking: bool = True,
+        lora_adapters: tuple[str, ...] = (),
+        router_models: tuple[str, ...] = (),
+        models_max: int = 4,
+        load_delay: float = 0.0,
+        models_autoload: bool = True,
+        load_on_startup: tuple[str, ...] = (),
+        failing_models: frozenset[str] = frozenset(),
     ) -> None:
+        _check_options(slots, token_delay, first_token_delay, models_max, load_delay)
+        _check_router(router_models, models_max, load_on_startup, failing_models)
         self.slots = slots
         self.token_delay = token_delay
+        self.first_token_delay = first_token_delay
         self.models = models
         self.host = host
         self.port = port
+        self.api_key = api_key
+        self.metrics = metrics
+        self.slots_endpoint = slots_endpoint
+        self.props = props
+        self.embeddings = embeddings
+        self.reranking = reranking
+        self.lora_adapters = lora_adapters
+        self.router_models = router_models
+        self.models_max = models_max
+        self.load_delay = load_delay
+        self.models_autoload = models_autoload
+        self.load_on_startup = load_on_startup
+        self.failing_models = set(failing_models)
         self.fail_count: int | None = None
         self.seen: list[SeenRequest] = []
         self.in_flight = 0
@@ -112,8 +259,17 @@ class FakeLlamaServer:
         self._health = "ok"
         self._fail_mode: str | None = None
         self._stats_lock = threading.Lock()
-        self._recent_prompts: deque[tuple[str, ...]] = deque(maxlen=max(slots, 1))
+        # Per model instance (None: the single model): recent prompts, busy slots, counters.
+        self._recent: dict[str | None, deque[tuple[str, ...]]] = {}
+        self._busy: dict[str | None, dict[int, _InFlight]] = {}
+        self._counters: dict[str | None, docs.Counters] = {}
+        self._vocabulary = docs.Vocabulary()
+        self._lora_scales: dict[int, float] = {}
+        self._router = ModelTable(router_models) if router_models else None
+        self._routes = {**ROUTES, **(ROUTER_ROUTES if router_models else {})}
+        self._started_at = int(time.time())
         self._next_id = 0
+        self._next_task = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -148,6 +304,16 @@ class FakeLlamaServer:
         self._fail_mode = mode
         if self._loop is not None and was_refusing != (mode == "refuse"):
             self._run_on_loop(self._refuse if mode == "refuse" else self._listen)
+
+    def model_status(self, name: str) -> str:
+        """A router's model: "unloaded", "loading" or "loaded"."""
+        if self._router is None:
+            raise ValueError("model_status is for a router (router_models)")
+        return self._router.status(name)
+
+    def requests_to(self, path: str) -> list[SeenRequest]:
+        """The requests seen for `path` (without query string), in arrival order."""
+        return [seen for seen in self.seen if seen.route == path]
 
     def reset_stats(self) -> None:
         """Forget seen requests, disconnects and the concurrency peak (down to `in_flight`)."""
@@ -202,6 +368,7 @@ class FakeLlamaServer:
             loop.run_until_complete(self._listen())
             if self._fail_mode == "refuse":
                 loop.run_until_complete(self._refuse())
+            loop.run_until_complete(self._load_startup_models())
         except BaseException as exc:  # handed to start() in the caller's thread
             failure.append(exc)
             loop.close()
@@ -230,6 +397,11 @@ class FakeLlamaServer:
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
+    async def _load_startup_models(self) -> None:
+        if self._router is not None:
+            for name in self.load_on_startup:
+                self._router.load(name, **self._load_options(name))
+
     async def _refuse(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -240,6 +412,8 @@ class FakeLlamaServer:
 
     async def _shutdown(self) -> None:
         await self._refuse()
+        if self._router is not None:
+            self._router.stop()
         tasks = list(self._connections)
         for task in tasks:
             task.cancel()
@@ -259,103 +433,296 @@ class FakeLlamaServer:
             while self._fail_mode != "refuse":
                 self._idle.add(writer)
                 try:
-                    request = await _read_request(reader)
+                    request = await read_request(reader)
                 finally:
                     self._idle.discard(writer)
                 if request is None:
                     break
-                if not await self._respond(*request, reader, writer):
+                if not await self._respond(_Call(request[0], reader, writer, request[1])):
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # Only stop() cancels connections; ending normally keeps Python 3.11's stream
+            # server from logging each cancelled handler as an error.
+            pass
         except (ValueError, asyncio.LimitOverrunError):
             with contextlib.suppress(ConnectionError):
-                await _send_error(writer, 400, "Malformed request", "invalid_request_error", False)
+                writer.write(
+                    whole_response(
+                        400,
+                        dumps(error_document(400, "Malformed request", _INVALID)),
+                        JSON_TYPE,
+                        origin="",
+                        keep_alive=False,
+                    )
+                )
+                await writer.drain()
         finally:
             self._connections.discard(task)
             writer.close()
 
-    async def _respond(
-        self,
-        request: SeenRequest,
-        keep_alive: bool,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> bool:
-        """Answer one request; True when the connection stays open for the next one."""
+    async def _respond(self, call: _Call) -> bool:
+        """Answer one request; True when the connection stays open for the next one.
+
+        In llama-server's order: CORS preflights first, then "loading model", then the API
+        key, then the route (an unknown one is 404).
+        """
+        request = call.request
         self.seen.append(request)
-        path = request.path.partition("?")[0]
-        kind = COMPLETION_KINDS.get(path) if request.method == "POST" else None
+        if request.method == "OPTIONS":
+            # Browsers send no credentials with a preflight, so it is answered before the key.
+            return await call.send(200, b"", "text/html", PREFLIGHT_HEADERS)
         if self._health == "loading":
             # The real server answers every endpoint this way while it loads the model.
-            return await _send_error(writer, 503, "Loading model", "unavailable_error", keep_alive)
-        if kind is not None:
-            return await self._complete(kind, request, reader, writer, keep_alive)
-        if request.method == "GET" and path == "/health":
-            if self._health == "ok":
-                return await _send_json(writer, 200, {"status": "ok"}, keep_alive)
-            return await _send_error(writer, 500, "Model failed", "server_error", keep_alive)
-        if request.method == "GET" and path == "/v1/models":
-            models = [
-                {"id": model, "object": "model", "created": 0, "owned_by": "llamacpp"}
-                for model in self.models
-            ]
-            return await _send_json(writer, 200, {"object": "list", "data": models}, keep_alive)
-        if request.method == "GET" and path == "/props":
-            return await _send_json(writer, 200, self._props(), keep_alive)
-        return await _send_error(writer, 404, "File Not Found", "not_found_error", keep_alive)
+            return await call.error(503, "Loading model", "unavailable_error")
+        if not self._authorized(request):
+            return await call.error(401, "Invalid API Key", "authentication_error")
+        method = "GET" if request.method == "HEAD" else request.method
+        route = self._routes.get((method, request.route))
+        if route is None and method == "POST" and request.route.startswith("/slots/"):
+            route = ("_slot_action", "", True)
+        if route is None:
+            return await call.error(404, "File Not Found", "not_found_error")
+        name, argument, proxied = route
+        if proxied and self._router is not None:
+            refused = await self._route_to_model(call)
+            if refused is not None:
+                return refused
+        handler = getattr(self, name)
+        return await (handler(call, argument) if argument else handler(call))
 
-    def _props(self) -> dict[str, object]:
+    def _authorized(self, request: SeenRequest) -> bool:
+        """llama-server's check: `Authorization` (with or without "Bearer "), else
+        `X-Api-Key`, must be one of the keys; public paths need none."""
+        keys = [key.strip() for key in (self.api_key or "").split(",") if key.strip()]
+        if not keys or request.route in PUBLIC_PATHS:
+            return True
+        given = request.headers.get("authorization", "") or request.headers.get("x-api-key", "")
+        return given.removeprefix("Bearer ") in keys
+
+    # Router mode: which model answers, loading it first if it must.
+
+    def _load_options(self, name: str) -> dict[str, Any]:
         return {
-            "default_generation_settings": {
-                "n_ctx": 4096,
-                "model": self.models[0] if self.models else "",
-                "params": {"n_predict": -1, "temperature": 0.8},
-            },
-            "total_slots": self.slots,
-            "model_path": f"/models/{self.models[0] if self.models else 'model'}.gguf",
-            "build_info": "fake",
+            "models_max": self.models_max,
+            "load_delay": self.load_delay,
+            "fails": name in self.failing_models,
         }
 
-    # Completions.
+    async def _route_to_model(self, call: _Call) -> bool | None:
+        """Find the model a request names and make sure it runs: None when it does (then
+        `call.model` names it), else the result of the error answer sent."""
+        assert self._router is not None
+        request = call.request
+        if request.method == "POST":
+            if request.body and request.json is None:
+                return await call.error(500, "invalid JSON in request body", "server_error")
+            body = call.body()
+            name = body.get("model") if body is not None else None
+        else:
+            name = request.query.get("model")
+        if not isinstance(name, str) or not name:
+            return await call.error(400, "model name is missing from the request", _INVALID)
+        if name not in self._router:
+            return await call.error(400, f"model '{name}' not found", _INVALID)
+        autoload = request.query.get("autoload")
+        if (autoload is None and self.models_autoload) or autoload in ("true", "1"):
+            try:
+                await self._router.ensure_loaded(name, **self._load_options(name))
+            except LoadFailed as exc:
+                return await call.error(500, str(exc), "server_error")
+        elif not self._router.is_running(name):
+            return await call.error(400, "model is not loaded", _INVALID)
+        elif self._router.status(name) == "loading":
+            return await call.error(503, "Loading model", "unavailable_error")
+        if request.method == "POST":
+            self._router.touch(name)
+        call.model = name
+        return None
 
-    async def _complete(
-        self,
-        kind: str,
-        request: SeenRequest,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        keep_alive: bool,
+    async def _model_load(self, call: _Call) -> bool:
+        assert self._router is not None
+        body = call.body() or {}
+        name = body.get("model")
+        if not isinstance(name, str) or name not in self._router:
+            return await call.error(404, "model is not found", "not_found_error")
+        if self._router.is_running(name):
+            return await call.error(400, "model is already running", _INVALID)
+        self._router.load(name, **self._load_options(name))
+        return await call.json(200, {"success": True})
+
+    async def _model_unload(self, call: _Call) -> bool:
+        assert self._router is not None
+        body = call.body() or {}
+        name = body.get("model")
+        if not isinstance(name, str) or name not in self._router:
+            return await call.error(400, "model is not found", _INVALID)
+        if not self._router.is_running(name):
+            return await call.error(400, "model is not running", _INVALID)
+        self._router.unload(name)
+        return await call.json(200, {"success": True})
+
+    # Server state.
+
+    def _model_name(self, call: _Call, body: dict[str, Any] | None = None) -> str:
+        asked = body.get("model") if body is not None else None
+        if isinstance(asked, str):
+            return asked
+        if call.model is not None:
+            return call.model
+        return self.models[0] if self.models else ""
+
+    async def _health_answer(self, call: _Call) -> bool:
+        if self._health == "ok":
+            return await call.json(200, {"status": "ok"})
+        return await call.error(500, "Model failed", "server_error")
+
+    async def _models_answer(self, call: _Call) -> bool:
+        if self._router is not None:
+            entries = self._router.entries()
+            return await call.json(200, docs.router_model_list(entries, int(time.time())))
+        return await call.json(200, docs.model_list(self.models, int(time.time())))
+
+    async def _props_answer(self, call: _Call) -> bool:
+        if self._router is not None:
+            if "model" not in call.request.query:
+                return await call.json(
+                    200, docs.router_props(self.models_max, self.models_autoload)
+                )
+            refused = await self._route_to_model(call)
+            if refused is not None:
+                return refused
+        document = docs.props(
+            model=self._model_name(call),
+            total_slots=self.slots,
+            endpoint_slots=self.slots_endpoint,
+            endpoint_props=self.props,
+            endpoint_metrics=self.metrics,
+        )
+        return await call.json(200, document)
+
+    async def _props_change(self, call: _Call) -> bool:
+        if not self.props:
+            message = (
+                "This server does not support changing global properties. Start it with `--props`"
+            )
+            return await call.error(501, message, _NOT_SUPPORTED)
+        return await call.json(200, {"success": True})
+
+    async def _slots_answer(self, call: _Call) -> bool:
+        if not self.slots_endpoint:
+            message = "This server does not support slots endpoint. Start it with `--slots`"
+            return await call.error(501, message, _NOT_SUPPORTED)
+        busy = self._busy.get(call.model, {})
+        if call.request.query.get("fail_on_no_slot") and len(busy) >= self.slots:
+            return await call.error(503, "no slot available", "unavailable_error")
+        views = [
+            docs.SlotView(i, busy[i].task, busy[i].n_decoded)
+            if i in busy
+            else docs.SlotView(i, None, 0)
+            for i in range(self.slots)
+        ]
+        return await call.json(200, docs.slots(views))
+
+    async def _slot_action(self, call: _Call) -> bool:
+        message = "This server does not support slots action. Start it with `--slot-save-path`"
+        return await call.error(501, message, _NOT_SUPPORTED)
+
+    async def _metrics_answer(self, call: _Call) -> bool:
+        if not self.metrics:
+            message = "This server does not support metrics endpoint. Start it with `--metrics`"
+            return await call.error(501, message, _NOT_SUPPORTED)
+        counters = self._counters.get(call.model, docs.Counters())
+        text = docs.metrics_text(counters, len(self._busy.get(call.model, {})))
+        extra = (("Process-Start-Time-Unix", str(self._started_at)),)
+        return await call.send(200, text.encode(), "text/plain; version=0.0.4", extra)
+
+    async def _lora_answer(self, call: _Call) -> bool:
+        return await call.json(200, docs.lora_adapters(self.lora_adapters, self._lora_scales))
+
+    async def _lora_change(self, call: _Call) -> bool:
+        entries = call.request.json
+        if not isinstance(entries, list):
+            return await call.error(400, "Request body must be an array", _INVALID)
+        for entry in entries:
+            if isinstance(entry, dict) and isinstance(entry.get("id"), int):
+                scale = entry.get("scale", 0.0)
+                if 0 <= entry["id"] < len(self.lora_adapters) and isinstance(scale, int | float):
+                    self._lora_scales[entry["id"]] = float(scale)
+        return await call.json(200, {"success": True})
+
+    # Requests that need no slot.
+
+    async def _tokenize(self, call: _Call) -> bool:
+        body = call.body()
+        if body is None:
+            return await call.error(400, "Invalid JSON body", _INVALID)
+        try:
+            return await call.json(200, docs.tokenize_answer(self._vocabulary, body))
+        except docs.BadRequest as exc:
+            return await call.error(400, str(exc), _INVALID)
+
+    async def _detokenize(self, call: _Call) -> bool:
+        body = call.body()
+        if body is None:
+            return await call.error(400, "Invalid JSON body", _INVALID)
+        try:
+            content = self._vocabulary.detokenize(body.get("tokens", []))
+        except docs.BadRequest as exc:
+            return await call.error(400, str(exc), _INVALID)
+        return await call.json(200, {"content": content})
+
+    async def _apply_template(self, call: _Call) -> bool:
+        body = call.body()
+        if body is None:
+            return await call.error(400, "Invalid JSON body", _INVALID)
+        prompt = docs.apply_template(docs.chat_messages("chat", body))
+        return await call.json(200, {"prompt": prompt})
+
+    async def _count_tokens(self, call: _Call, kind: str) -> bool:
+        """Token counting: the prompt tokens a generation of this body would report."""
+        body = call.body()
+        if body is None:
+            return await call.error(400, "Invalid JSON body", _INVALID)
+        try:
+            docs.check_generation_body(kind, body)
+        except docs.BadRequest as exc:
+            return await call.error(400, str(exc), _INVALID)
+        except docs.ServerFailure as exc:
+            return await call.error(500, str(exc), "server_error")
+        document: dict[str, Any] = {
+            "input_tokens": len(docs.words(docs.prompt_text(kind, body))) or 1
+        }
+        if kind != "anthropic":
+            document["object"] = "response.input_tokens"
+        return await call.json(200, document)
+
+    # Requests that take a slot.
+
+    async def _with_slot(
+        self, call: _Call, work: Callable[[_InFlight, bool], Awaitable[bool]]
     ) -> bool:
-        hold = _InFlight(self)
+        """Hold a slot while `work(hold, cut)` answers, unless a failure is injected or no slot
+        is free (HTTP 500). `cut` asks the answer to break off mid-way (reset_mid_stream)."""
+        hold = _InFlight(self, call.model)
         try:
             failure = self._take_failure()
             if failure == "reset_before_headers":
                 hold.release()
-                _reset(writer)
+                reset(call.writer)
                 return False
             if failure == "hang":
-                await _wait_until_gone(reader)
+                await wait_until_gone(call.reader)
                 self._count_disconnect()
                 return False
             if failure == "error_500":
-                status, message, error_type = (
-                    500,
-                    "Internal server error (injected)",
-                    "server_error",
-                )
-            elif self.in_flight > self.slots:
-                status, message, error_type = 500, "Context size has been exceeded.", "server_error"
-            elif not isinstance(request.json, dict):
-                status, message, error_type = 400, "Invalid JSON body", "invalid_request_error"
-            else:
-                generation = self._generation(kind, request.json)
-                cut = failure == "reset_mid_stream"
-                if generation.stream:
-                    return await self._stream(generation, hold, reader, writer, cut)
-                return await self._answer_whole(generation, hold, reader, writer, keep_alive, cut)
-            hold.release()
-            return await _send_error(writer, status, message, error_type, keep_alive)
+                hold.release()
+                return await call.error(500, "Internal server error (injected)", "server_error")
+            if hold.slot is None:
+                hold.release()
+                return await call.error(500, "Context size has been exceeded.", "server_error")
+            return await work(hold, failure == "reset_mid_stream")
         finally:
             hold.release()
 
@@ -371,67 +738,79 @@ class FakeLlamaServer:
                 self.fail_count = count - 1
         return mode
 
-    def _generation(self, kind: str, body: dict[str, Any]) -> _Generation:
-        words = tuple(_prompt_text(kind, body).split()) or ("<s>",)
-        cached = max((_common_prefix(words, seen) for seen in self._recent_prompts), default=0)
+    async def _generate(self, call: _Call, kind: str) -> bool:
+        async def work(hold: _InFlight, cut: bool) -> bool:
+            body = call.body()
+            if body is None:
+                hold.release()
+                return await call.error(400, "Invalid JSON body", _INVALID)
+            try:
+                docs.check_generation_body(kind, body)
+            except docs.BadRequest as exc:
+                hold.release()
+                return await call.error(400, str(exc), _INVALID)
+            except docs.ServerFailure as exc:
+                hold.release()
+                return await call.error(500, str(exc), "server_error")
+            generation = self._generation(kind, body, call, hold)
+            self._next_id += 1
+            output = FORMATS[kind](generation, self._next_id, int(time.time()))
+            if generation.stream:
+                return await self._stream(output, hold, call, cut)
+            return await self._answer_whole(output, hold, call, cut)
+
+        return await self._with_slot(call, work)
+
+    def _generation(
+        self, kind: str, body: dict[str, Any], call: _Call, hold: _InFlight
+    ) -> Generation:
+        text = docs.prompt_text(kind, body)
+        words = docs.words(text) or ("<s>",)
+        recent = self._recent.setdefault(call.model, deque(maxlen=max(self.slots, 1)))
+        cached = max((_common_prefix(words, seen) for seen in recent), default=0)
         # The real server re-evaluates at least the last prompt token.
         cache_n = min(cached, len(words) - 1)
-        self._recent_prompts.append(words)
-        model = body.get("model")
+        recent.append(words)
         options = body.get("stream_options")
-        return _Generation(
+        return Generation(
             kind=kind,
-            model=model if isinstance(model, str) else (self.models[0] if self.models else ""),
+            model=self._model_name(call, body),
             stream=body.get("stream") is True,
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
-            max_tokens=_max_tokens(body),
+            max_tokens=docs.max_tokens(body, DEFAULT_MAX_TOKENS),
             prompt_n=len(words) - cache_n,
             cache_n=cache_n,
+            prompt=text,
+            id_slot=hold.slot or 0,
         )
 
-    async def _stream(
-        self,
-        generation: _Generation,
-        hold: _InFlight,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        cut: bool,
-    ) -> bool:
-        """Send SSE token events; the connection is always closed afterwards."""
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
-            b"Transfer-Encoding: chunked\r\nServer: llama.cpp\r\n\r\n"
-        )
-        completion_id = self._new_id(generation.kind)
-        created = int(time.time())
-        before, after = _token_event_template(generation, completion_id, created)
-        n = generation.max_tokens
-        started = time.perf_counter()
+    async def _stream(self, output: Format, hold: _InFlight, call: _Call, cut: bool) -> bool:
+        """Send the SSE stream; the connection is always closed afterwards."""
+        writer = call.writer
+        n = output.generation.max_tokens
         try:
-            # Every token but the last, which carries finish_reason and timings.
-            for i in range(n - 1):
-                if not await self._next_token(reader, writer):
-                    return False
-                if cut and i == RESET_AFTER_TOKENS:
-                    _reset(writer)
-                    return False
-                writer.write(_chunk(before + b"tok%d " % i + after))
-                await writer.drain()
-            if n and not await self._next_token(reader, writer):
+            writer.write(stream_head(call.origin))
+            await writer.drain()
+            started = time.perf_counter()
+            if not await self._first_token(call):
                 return False
+            for i in range(n):
+                if not await self._next_token(call):
+                    return False
+                if cut and i == min(RESET_AFTER_TOKENS, n - 1):
+                    reset(writer)
+                    return False
+                event = output.token(i, n)
+                if event:
+                    writer.write(chunk(event))
+                    await writer.drain()
+                hold.n_decoded = i + 1
             if cut:
-                _reset(writer)
+                reset(writer)
                 return False
-            last = _document(generation, completion_id, created, _text(max(n - 1, 0), n))
-            last["choices"][0]["finish_reason"] = "stop"
-            last["timings"] = _timings(generation, n, (time.perf_counter() - started) * 1000)
-            end = _chunk(_sse(last))
-            if generation.include_usage:
-                final = _document(generation, completion_id, created, "")
-                final["choices"] = []
-                final["usage"] = _usage(generation, n)
-                end += _chunk(_sse(final))
-            end += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            end = chunk(output.end(n, elapsed_ms)) + LAST_CHUNK
+            self._count_generation(output.generation, n, elapsed_ms, call.model)
             hold.release()
             writer.write(end)
             await writer.drain()
@@ -439,46 +818,97 @@ class FakeLlamaServer:
             self._count_disconnect()
         return False
 
-    async def _answer_whole(
-        self,
-        generation: _Generation,
-        hold: _InFlight,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        keep_alive: bool,
-        cut: bool,
-    ) -> bool:
+    async def _answer_whole(self, output: Format, hold: _InFlight, call: _Call, cut: bool) -> bool:
         started = time.perf_counter()
-        n = generation.max_tokens
-        for _ in range(n):
-            if not await self._next_token(reader, writer):
+        n = output.generation.max_tokens
+        if not await self._first_token(call):
+            return False
+        for i in range(n):
+            if not await self._next_token(call):
                 return False
+            hold.n_decoded = i + 1
         elapsed_ms = (time.perf_counter() - started) * 1000
-        completion_id = self._new_id(generation.kind)
-        document = _document(generation, completion_id, int(time.time()), _text(0, n), whole=True)
-        document["usage"] = _usage(generation, n)
-        document["timings"] = _timings(generation, n, elapsed_ms)
-        response = _json_response(200, document, keep_alive)
+        self._count_generation(output.generation, n, elapsed_ms, call.model)
+        response = call.whole(200, dumps(output.whole(n, elapsed_ms)))
         hold.release()
+        return await self._send_held(call, response, cut)
+
+    async def _send_held(self, call: _Call, response: bytes, cut: bool) -> bool:
         if cut:
             # Headers and part of the body, then a reset: a non-streamed "mid-stream" failure.
-            writer.write(response[: len(response) - len(response) // 4])
-            await writer.drain()
-            _reset(writer)
+            call.writer.write(response[: len(response) - len(response) // 4])
+            await call.writer.drain()
+            reset(call.writer)
             return False
-        writer.write(response)
+        call.writer.write(response)
         try:
-            await writer.drain()
+            await call.writer.drain()
         except ConnectionError:
             self._count_disconnect()
             return False
-        return keep_alive
+        return call.keep_alive
 
-    async def _next_token(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _embeddings(self, call: _Call, flavour: str) -> bool:
+        if not self.embeddings:
+            message = "This server does not support embeddings. Start it with `--embeddings`"
+            return await call.error(501, message, _NOT_SUPPORTED)
+
+        def answer(body: dict[str, Any]) -> object:
+            ask = docs.embeddings_ask(body, oai=flavour == "oai")
+            return docs.embeddings_answer(ask, self._model_name(call, body))
+
+        return await self._with_slot(call, lambda hold, cut: self._compute(call, hold, cut, answer))
+
+    async def _rerank(self, call: _Call) -> bool:
+        if not self.reranking:
+            message = "This server does not support reranking. Start it with `--reranking`"
+            return await call.error(501, message, _NOT_SUPPORTED)
+
+        def answer(body: dict[str, Any]) -> object:
+            return docs.rerank_answer(body, self._model_name(call))
+
+        return await self._with_slot(call, lambda hold, cut: self._compute(call, hold, cut, answer))
+
+    async def _compute(
+        self,
+        call: _Call,
+        hold: _InFlight,
+        cut: bool,
+        answer: Callable[[dict[str, Any]], object],
+    ) -> bool:
+        """A one-pass answer (embeddings, reranking): one `token_delay` of work in the slot."""
+        body = call.body()
+        if body is None:
+            hold.release()
+            return await call.error(400, "Invalid JSON body", _INVALID)
+        try:
+            document = answer(body)
+        except docs.BadRequest as exc:
+            hold.release()
+            return await call.error(400, str(exc), _INVALID)
+        if not await self._next_token(call):
+            return False
+        response = call.whole(200, dumps(document))
+        hold.release()
+        return await self._send_held(call, response, cut)
+
+    # Pacing.
+
+    async def _first_token(self, call: _Call) -> bool:
+        """Wait `first_token_delay`; False (and counted) when the client has gone meanwhile."""
+        deadline = time.monotonic() + self.first_token_delay
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, _POLL))
+            if _gone(call):
+                self._count_disconnect()
+                return False
+        return True
+
+    async def _next_token(self, call: _Call) -> bool:
         """Wait `token_delay`; False (and counted) when the client has gone meanwhile."""
         if self.token_delay > 0:
             await asyncio.sleep(self.token_delay)
-        if reader.at_eof() or writer.transport.is_closing():
+        if _gone(call):
             self._count_disconnect()
             return False
         return True
@@ -487,24 +917,34 @@ class FakeLlamaServer:
         with self._stats_lock:
             self.disconnects += 1
 
-    def _new_id(self, kind: str) -> str:
-        self._next_id += 1
-        return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-fake{self._next_id}"
+    def _count_generation(
+        self, generation: Generation, n: int, elapsed_ms: float, model: str | None
+    ) -> None:
+        counters = self._counters.setdefault(model, docs.Counters())
+        counters.add(generation.prompt_n, generation.prompt_n * 0.1, n, elapsed_ms)
 
 
 class _InFlight:
-    """One completion request's place in `in_flight`, given back once.
+    """One request's slot and place in `in_flight`, given back once.
 
+    `slot` is the slot id it runs in, None when every slot was busy (the request is refused).
     Given back just before the response's last bytes are written, as llama-server frees the slot
     before it sends the final result: a client that saw the end may at once send the next
     request without meeting its own previous one in the count.
     """
 
-    __slots__ = ("_server", "_held")
+    __slots__ = ("_server", "_held", "_busy", "slot", "task", "n_decoded")
 
-    def __init__(self, server: FakeLlamaServer) -> None:
+    def __init__(self, server: FakeLlamaServer, model: str | None) -> None:
         self._server = server
         self._held = True
+        self._busy = server._busy.setdefault(model, {})
+        self.slot = next((i for i in range(server.slots) if i not in self._busy), None)
+        if self.slot is not None:
+            self._busy[self.slot] = self
+        server._next_task += 1
+        self.task = server._next_task
+        self.n_decoded = 0
         with server._stats_lock:
             server.in_flight += 1
             server.max_concurrent = max(server.max_concurrent, server.in_flight)
@@ -512,131 +952,14 @@ class _InFlight:
     def release(self) -> None:
         if self._held:
             self._held = False
+            if self.slot is not None:
+                self._busy.pop(self.slot, None)
             with self._server._stats_lock:
                 self._server.in_flight -= 1
 
 
-# Wire helpers.
-
-
-async def _read_request(reader: asyncio.StreamReader) -> tuple[SeenRequest, bool] | None:
-    """The next request on the connection and whether it asks for keep-alive; None at a clean
-    EOF between requests. Raises ValueError (or a stream error) on a malformed request."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial.strip():
-            raise
-        return None
-    request_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
-    method, target, version = request_line.split(" ")
-    headers: dict[str, str] = {}
-    for line in header_lines:
-        name, colon, value = line.partition(":")
-        if not colon:
-            raise ValueError(f"malformed header line {line!r}")
-        name, value = name.strip().lower(), value.strip()
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = await _read_chunked(reader)
-    else:
-        length = int(headers.get("content-length") or 0)
-        body = await reader.readexactly(length) if length else b""
-    try:
-        document = json.loads(body) if body else None
-    except ValueError:
-        document = None
-    connection = headers.get("connection", "").lower()
-    keep_alive = "keep-alive" in connection if version == "HTTP/1.0" else "close" not in connection
-    request = SeenRequest(method=method, path=target, headers=headers, body=body, json=document)
-    return request, keep_alive
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    body = bytearray()
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":
-                pass  # trailers
-            return bytes(body)
-        body += await reader.readexactly(size)
-        await reader.readexactly(2)
-
-
-async def _wait_until_gone(reader: asyncio.StreamReader) -> None:
-    try:
-        while await reader.read(65536):
-            pass
-    except ConnectionError:
-        pass
-
-
-def _reset(writer: asyncio.StreamWriter) -> None:
-    """Abort the connection with a TCP RST, as a crashing server would."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
-
-
-def _json_response(status: int, document: object, keep_alive: bool) -> bytes:
-    body = json.dumps(document, separators=(",", ":")).encode()
-    head = (
-        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-        "Content-Type: application/json; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n"
-        "Server: llama.cpp\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-async def _send_json(
-    writer: asyncio.StreamWriter, status: int, document: object, keep_alive: bool
-) -> bool:
-    writer.write(_json_response(status, document, keep_alive))
-    await writer.drain()
-    return keep_alive
-
-
-async def _send_error(
-    writer: asyncio.StreamWriter, status: int, message: str, kind: str, keep_alive: bool
-) -> bool:
-    error = {"error": {"code": status, "message": message, "type": kind}}
-    return await _send_json(writer, status, error, keep_alive)
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
-def _sse(document: object) -> bytes:
-    return b"data: " + json.dumps(document, separators=(",", ":")).encode() + b"\n\n"
-
-
-# Completion documents.
-
-
-def _prompt_text(kind: str, body: dict[str, Any]) -> str:
-    if kind == "text":
-        prompt = body.get("prompt")
-        if isinstance(prompt, list):
-            return " ".join(part for part in prompt if isinstance(part, str))
-        return prompt if isinstance(prompt, str) else ""
-    parts: list[str] = []
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else []:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts.extend(
-                part["text"]
-                for part in content
-                if isinstance(part, dict) and isinstance(part.get("text"), str)
-            )
-    return " ".join(parts)
+def _gone(call: _Call) -> bool:
+    return call.reader.at_eof() or call.writer.transport.is_closing()
 
 
 def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> int:
@@ -647,97 +970,116 @@ def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> int:
     return i
 
 
-def _max_tokens(body: dict[str, Any]) -> int:
-    for key in ("max_tokens", "max_completion_tokens", "n_predict"):
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return DEFAULT_MAX_TOKENS
+def _check_options(
+    slots: int, token_delay: float, first_token_delay: float, models_max: int, load_delay: float
+) -> None:
+    if slots < 1:
+        raise ValueError(f"slots must be at least 1, not {slots}")
+    for name, value in (
+        ("token_delay", token_delay),
+        ("first_token_delay", first_token_delay),
+        ("load_delay", load_delay),
+    ):
+        if value < 0:
+            raise ValueError(f"{name} must not be negative, not {value}")
+    if models_max < 0:
+        raise ValueError(f"models_max must be 0 (no limit) or more, not {models_max}")
 
 
-def _text(first: int, end: int) -> str:
-    return "".join(f"tok{i} " for i in range(first, end))
+def _check_router(
+    names: tuple[str, ...], models_max: int, startup: tuple[str, ...], failing: frozenset[str]
+) -> None:
+    if len(set(names)) != len(names):
+        raise ValueError(f"router_models names a model twice: {names}")
+    unknown = sorted((set(startup) | set(failing)) - set(names))
+    if unknown:
+        raise ValueError(f"not in router_models: {', '.join(unknown)}")
+    if models_max and len(set(startup)) > models_max:
+        raise ValueError(
+            f"number of models to load on startup ({len(set(startup))}) exceeds models_max "
+            f"({models_max})"
+        )
 
 
-def _document(
-    generation: _Generation, completion_id: str, created: int, text: str, *, whole: bool = False
-) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop" if whole else None}
-    if generation.kind == "text":
-        choice |= {"text": text, "logprobs": None}
-        obj = "text_completion"
-    elif whole:
-        choice["message"] = {"role": "assistant", "content": text}
-        obj = "chat.completion"
-    else:
-        choice["delta"] = {"content": text}
-        obj = "chat.completion.chunk"
-    return {
-        "choices": [choice],
-        "created": created,
-        "id": completion_id,
-        "model": generation.model,
-        "system_fingerprint": "fake",
-        "object": obj,
-    }
+def _models_in(directory: str) -> tuple[str, ...]:
+    """The models llama-server's `--models-dir` would offer: *.gguf files and subfolders."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"--models-dir {directory}: not a directory")
+    names = [
+        entry.stem if entry.is_file() else entry.name
+        for entry in sorted(path.iterdir())
+        if entry.is_dir() or entry.suffix == ".gguf"
+    ]
+    return tuple(names)
 
 
-def _token_event_template(
-    generation: _Generation, completion_id: str, created: int
-) -> tuple[bytes, bytes]:
-    """The bytes around a token's text in its SSE event, so each token costs one concatenation."""
-    event = _sse(_document(generation, completion_id, created, _TOKEN))
-    before, _, after = event.partition(_TOKEN.encode())
-    return before, after
-
-
-def _usage(generation: _Generation, completion_tokens: int) -> dict[str, Any]:
-    prompt_tokens = generation.prompt_n + generation.cache_n
-    return {
-        "completion_tokens": completion_tokens,
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": generation.cache_n},
-    }
-
-
-def _timings(generation: _Generation, predicted_n: int, predicted_ms: float) -> dict[str, Any]:
-    prompt_ms = generation.prompt_n * 0.1
-    return {
-        "cache_n": generation.cache_n,
-        "prompt_n": generation.prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / generation.prompt_n,
-        "prompt_per_second": 1000 * generation.prompt_n / prompt_ms,
-        "predicted_n": predicted_n,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-        "predicted_per_second": 1000 * predicted_n / predicted_ms if predicted_ms else 0.0,
-    }
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="A fake llama-server for trying crossbar.",
+        epilog="Router mode: give --router-model (repeatable) or --models-dir.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9001)
+    parser.add_argument("--slots", type=int, default=4, help="like -np: requests at a time")
+    parser.add_argument("--token-delay", type=float, default=0.02, help="seconds per token")
+    parser.add_argument(
+        "--first-token-delay", type=float, default=0.0, help="seconds from head to first event"
+    )
+    parser.add_argument("--model", action="append", help="a model to list (repeatable)")
+    parser.add_argument("--api-key", help="required key(s), comma-separated, like --api-key")
+    parser.add_argument("--no-metrics", action="store_true", help="/metrics answers 501")
+    parser.add_argument("--no-slots", action="store_true", help="/slots answers 501")
+    parser.add_argument("--props", action="store_true", help="POST /props is allowed")
+    parser.add_argument("--no-embeddings", action="store_true", help="embeddings answer 501")
+    parser.add_argument("--no-reranking", action="store_true", help="reranking answers 501")
+    parser.add_argument("--lora", action="append", default=[], help="a LoRA adapter path")
+    parser.add_argument("--router-model", action="append", default=[], help="a model to load")
+    parser.add_argument("--models-dir", type=_models_in, help="offer its *.gguf files")
+    parser.add_argument("--models-max", type=int, default=4, help="models loaded at once, 0: any")
+    parser.add_argument("--load-delay", type=float, default=0.0, help="seconds a load takes")
+    parser.add_argument("--no-models-autoload", action="store_true")
+    parser.add_argument("--load-on-startup", action="append", default=[], help="a model to load")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     """Serve until Ctrl-C."""
-    parser = argparse.ArgumentParser(description="A fake llama-server for trying crossbar.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9001)
-    parser.add_argument("--slots", type=int, default=4)
-    parser.add_argument("--token-delay", type=float, default=0.02, help="seconds per token")
-    parser.add_argument("--model", action="append", help="a model to list (repeatable)")
+    parser = _parser()
     args = parser.parse_args(argv)
-    fake = FakeLlamaServer(
-        slots=args.slots,
-        token_delay=args.token_delay,
-        models=tuple(args.model or ["test-model"]),
-        host=args.host,
-        port=args.port,
-    )
-    with fake:
-        print(f"fake llama-server on {fake.url} serving {', '.join(fake.models)}; Ctrl-C stops")
-        try:
-            threading.Event().wait()
-        except KeyboardInterrupt:
-            pass
+    try:
+        fake = FakeLlamaServer(
+            slots=args.slots,
+            token_delay=args.token_delay,
+            first_token_delay=args.first_token_delay,
+            models=tuple(args.model or ["test-model"]),
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            metrics=not args.no_metrics,
+            slots_endpoint=not args.no_slots,
+            props=args.props,
+            embeddings=not args.no_embeddings,
+            reranking=not args.no_reranking,
+            lora_adapters=tuple(args.lora),
+            router_models=tuple(args.router_model) + (args.models_dir or ()),
+            models_max=args.models_max,
+            load_delay=args.load_delay,
+            models_autoload=not args.no_models_autoload,
+            load_on_startup=tuple(args.load_on_startup),
+        )
+        fake.start()
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+    try:
+        served = fake.router_models or fake.models
+        mode = "router for" if fake.router_models else "serving"
+        print(f"fake llama-server on {fake.url} {mode} {', '.join(served)}; Ctrl-C stops")
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        fake.stop()
 
 
 if __name__ == "__main__":
