@@ -5,13 +5,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from routing.core.errors import Answer
 from routing.proxy.passage import Answered
 from routing.proxy.record import Trail
 
-METHODS = ("GET", "HEAD", "POST")  # what llama-server's endpoints take; the rest is 405
+METHODS = ("GET", "HEAD", "POST", "OPTIONS")  # what llama-server takes; the rest is 405
+# What llama-server answers to a CORS preflight, so browser clients (its own web UI among them)
+# can use a route; the origin is echoed.
+_PREFLIGHT = (
+    ("Access-Control-Allow-Credentials", "true"),
+    ("Access-Control-Allow-Methods", "GET, POST"),
+    ("Access-Control-Allow-Headers", "*"),
+)
 
 _RESPONSE_DROP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "upgrade", "trailer", "proxy-authenticate"}
@@ -40,9 +47,21 @@ class StreamedResponse(StreamingHttpResponse):
         self.closed = True
 
 
-def error_response(answer: Answer, trail: Trail) -> HttpResponse:
-    """The gateway's own answer for a failure, in OpenAI's error shape."""
+def preflight_response(request: HttpRequest) -> HttpResponse:
+    """A CORS preflight, answered as llama-server answers it."""
+    response = HttpResponse(status=200)
+    response["Access-Control-Allow-Origin"] = request.headers.get("Origin", "")
+    for name, value in _PREFLIGHT:
+        response[name] = value
+    return response
+
+
+def error_response(answer: Answer, trail: Trail, origin: str | None = None) -> HttpResponse:
+    """The gateway's own answer for a failure, in OpenAI's error shape; a browser client may
+    read it (its origin is echoed, as llama-server does)."""
     response = JsonResponse(answer.body(), status=answer.status)
+    if origin is not None:
+        response["Access-Control-Allow-Origin"] = origin
     if answer.retry_after is not None:
         response["Retry-After"] = str(answer.retry_after)
     if answer.status == 401:

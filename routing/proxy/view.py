@@ -33,6 +33,7 @@ from routing.proxy.respond import (
     METHODS,
     StreamedResponse,
     error_response,
+    preflight_response,
     set_placement_headers,
     streamed,
 )
@@ -73,6 +74,8 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         runtime = await get_runtime()
         await runtime.refresh()
         route, path, kind = resolve_route(request, runtime.fleet)
+        if request.method == "OPTIONS":
+            return preflight_response(request)  # a browser asking first: no row, no host
         trail = replace(trail, route=route.name)
         client = runtime.clients.identify(_client_key(request))
         if client is not None:
@@ -105,7 +108,7 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         if answer.status == 500:
             log.exception("unexpected error serving %s", request.path[:200])
         finish(ended, answer.status, answer.message, answer.code)
-        return error_response(answer, ended)
+        return error_response(answer, ended, request.headers.get("Origin"))
     placement = answered.placement
     relay = Relay(answered.upstream, placement.slot if placement else None, answered.trail, runtime)
     return streamed(answered, relay)

@@ -1,0 +1,200 @@
+"""Every llama-server endpoint through a route: what takes a slot and a lease, what does not,
+what the gateway answers itself, and what it refuses."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from accounting.models import Request
+from tests.conftest import wait_until
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.fleet import MODEL, add_host, add_route
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def chat_route(gateway, fake):  # type: ignore[no-untyped-def]
+    add_route("chat", [add_host("gpu1", fake.url)], default_model=MODEL)
+    gateway.sync()
+    return f"{gateway.url}/chat"
+
+
+def rows_for(path_count: int) -> list[Request]:
+    return wait_until(
+        lambda: (rows := list(Request.objects.order_by("id"))) and len(rows) >= path_count and rows,
+        what=f"{path_count} rows",
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/completion", {"prompt": "Once upon a time", "n_predict": 4}),
+        ("/completions", {"prompt": "Once upon a time", "max_tokens": 4}),
+        ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4}),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+        ("/infill", {"input_prefix": "def f(", "input_suffix": "):", "prompt": ""}),
+        ("/v1/responses", {"input": "Hi", "instructions": "Be terse."}),
+        ("/responses", {"input": "Hi"}),
+        ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}),
+        ("/v1/embeddings", {"input": "hello"}),
+        ("/embedding", {"content": "hello"}),
+        ("/rerank", {"query": "q", "documents": ["a", "b"]}),
+        ("/reranking", {"query": "q", "documents": ["a", "b"]}),
+    ],
+)
+def test_endpoints_that_generate_take_a_slot_of_the_route_model(chat_route, fake, path, body):
+    response = httpx.post(f"{chat_route}{path}", json=body, timeout=30)
+
+    assert response.status_code == 200, response.text
+    assert response.headers["x-crossbar-host"] == "gpu1"
+    assert response.headers["x-crossbar-placement"] in ("new", "none")
+    assert [seen.route for seen in fake.seen if seen.method == "POST"] == [path]
+    (row,) = rows_for(1)
+    assert (row.status, row.model, row.host) == (200, MODEL, "gpu1")
+
+
+def test_a_native_completion_returns_to_its_host_on_the_next_turn(gateway, fake, fake2):
+    add_route("chat", [add_host("gpu1", fake.url), add_host("gpu2", fake2.url)])
+    gateway.sync()
+    body = {"model": MODEL, "prompt": "A long shared story prefix", "n_predict": 2}
+
+    first = httpx.post(f"{gateway.url}/chat/completion", json=body)
+    second = httpx.post(f"{gateway.url}/chat/completion", json=body)
+
+    assert first.headers["x-crossbar-placement"] == "new"
+    assert second.headers["x-crossbar-placement"] == "home"
+    assert second.headers["x-crossbar-host"] == first.headers["x-crossbar-host"]
+    assert second.headers["x-crossbar-lease"] == "reused"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/tokenize", {"content": "hello world"}),
+        ("/detokenize", {"tokens": [1, 2, 3]}),
+        ("/apply-template", {"messages": [{"role": "user", "content": "Hi"}]}),
+        ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "Hi"}]}),
+    ],
+)
+def test_endpoints_that_only_read_the_model_take_no_slot(gateway, path, body):
+    with FakeLlamaServer(slots=1, token_delay=0.2) as busy:
+        add_route("chat", [add_host("gpu1", busy.url, models={MODEL: (1, 0)})], default_model=MODEL)
+        gateway.sync()
+        with httpx.Client(base_url=gateway.url, timeout=30) as client:
+            with client.stream(
+                "POST", "/chat/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "hold"}], "stream": True},
+            ) as holding:  # fmt: skip
+                assert holding.status_code == 200  # the only slot is held now
+
+                response = client.post(f"/chat{path}", json=body)
+
+    assert response.status_code == 200, response.text
+    assert response.headers["x-crossbar-placement"] == "none"
+
+
+@pytest.mark.parametrize("path", ["/health", "/props", "/slots", "/metrics", "/lora-adapters"])
+def test_endpoints_about_the_host_pass_through_with_the_hosts_answer(chat_route, fake, path):
+    response = httpx.get(f"{chat_route}{path}")
+
+    assert response.status_code == 200
+    assert response.headers["x-crossbar-host"] == "gpu1"
+    assert fake.requests_to(path)[-1].method == "GET"
+
+
+def test_the_model_list_is_the_gateways_with_and_without_v1(chat_route, fake):
+    for path in ("/v1/models", "/models"):
+        listed = httpx.get(f"{chat_route}{path}").json()
+
+        assert [model["id"] for model in listed["data"]] == [MODEL]
+
+
+def test_a_body_the_gateway_must_read_is_refused_clearly_on_every_endpoint(chat_route, fake):
+    for path in ("/completion", "/v1/messages", "/tokenize", "/v1/responses"):
+        response = httpx.post(f"{chat_route}{path}", content=b"{not json")
+
+        assert response.status_code == 400, path
+        assert response.json()["error"]["code"] == "invalid_body"
+    assert len(rows_for(4)) == 4
+    assert [seen for seen in fake.seen if seen.method == "POST"] == []
+
+
+def test_a_body_the_gateway_need_not_read_passes_untouched(chat_route, fake):
+    raw = b'{"n_ctx":  4096 , "weird":true}'
+
+    httpx.post(f"{chat_route}/props", content=raw, headers={"content-type": "application/json"})
+
+    assert fake.requests_to("/props")[-1].body == raw
+
+
+@pytest.mark.parametrize("path", ["/v2/chat", "/admin", "/completion/x", "/models/load", "/"])
+def test_paths_llama_server_does_not_serve_are_refused(chat_route, path):
+    response = httpx.post(f"{chat_route}{path}", json={})
+
+    assert response.status_code == 404
+
+
+def test_a_preflight_is_answered_as_llama_server_answers_it(chat_route, fake):
+    before = timezone.now()
+    response = httpx.options(
+        f"{chat_route}/v1/chat/completions",
+        headers={"Origin": "http://app.test", "Access-Control-Request-Method": "POST"},
+    )
+
+    assert response.status_code == 200
+    assert response.headers["access-control-allow-origin"] == "http://app.test"
+    assert response.headers["access-control-allow-methods"] == "GET, POST"
+    assert response.headers["access-control-allow-headers"] == "*"
+    assert fake.requests_to("/v1/chat/completions") == []
+    time.sleep(0.5)  # a row, if one were written, would have landed by now
+    assert not Request.objects.filter(started__gte=before).exists()
+
+
+def test_the_response_head_arrives_when_the_hosts_head_does(gateway):
+    with FakeLlamaServer(slots=2, first_token_delay=30) as slow:
+        add_route("chat", [add_host("gpu1", slow.url)], default_model=MODEL)
+        gateway.sync()
+        body = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
+        timeout = httpx.Timeout(10, read=10)
+        with httpx.stream(
+            "POST", f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=timeout
+        ) as response:
+            # The first event is 30 s away; the head must not wait for it.
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+
+
+def test_client_credentials_in_any_header_never_reach_the_host(chat_route, fake):
+    headers = {"Authorization": "Bearer client-secret", "X-Api-Key": "client-secret"}
+
+    httpx.post(f"{chat_route}/v1/messages", json={"max_tokens": 2, "messages": []}, headers=headers)
+
+    (seen,) = [seen for seen in fake.seen if seen.method == "POST"]
+    sent = json.dumps(seen.header_lines).lower()
+    assert "client-secret" not in sent
+    assert "x-api-key" not in sent
+
+
+def test_a_host_that_comes_back_serves_at_once_not_after_the_next_poll(tmp_path, fake):
+    from tests.conftest import running_gateway
+
+    add_route("chat", [add_host("gpu1", fake.url)], default_model=MODEL)
+    with running_gateway(tmp_path, CROSSBAR_HEALTH_INTERVAL="3600") as gateway:
+        gateway.sync()
+        body = {"messages": [{"role": "user", "content": "Hi"}]}
+        assert httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body).status_code == 200
+        fake.fail_mode = "refuse"
+        down = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body)
+        fake.fail_mode = None
+
+        back = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body)
+
+    assert down.status_code == 502
+    assert back.status_code == 200
