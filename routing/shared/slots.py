@@ -135,6 +135,7 @@ class RedisSlots:
         self._reconcile = shared.script(lua.RECONCILE)
         self._channel = f"{shared.prefix}wake:{shared.proc}"
         self._ids = itertools.count(1)
+        self._last_id = 0
         self._configs: dict[str, tuple[int, int]] = {}
         self._unsent: set[str] = set()  # configure/remove calls Redis did not get
         self._held: dict[str, Grant] = {}
@@ -335,7 +336,8 @@ class RedisSlots:
     # -- internals ----------------------------------------------------------------------
 
     def _new_id(self) -> str:
-        return f"{self._shared.proc}.{next(self._ids)}"
+        self._last_id = next(self._ids)
+        return f"{self._shared.proc}.{self._last_id}"
 
     def _known(self, pairs: Sequence[tuple[str, str]]) -> list[str]:
         ids = []
@@ -396,7 +398,7 @@ class RedisSlots:
         if self._reconcile_needed:
             self._reconcile_needed = False
             try:
-                await self._reconcile(self._shared.proc, *self._waits, *self._held)
+                await self._reconcile(self._shared.proc, self._last_id, *self._waits, *self._held)
             except StateUnavailable:
                 self._reconcile_needed = True
                 raise

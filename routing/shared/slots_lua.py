@@ -349,20 +349,24 @@ if at then return at + 1 end
 return 0
 """
 
-# ARGV: P, process, live ids... After calls whose outcome this process could not learn (Redis
-# away, a cancelled call): every slot, place or watch of this process that it no longer knows
-# of goes, and freed slots go to the next waiters. Ids this process still holds or waits with
-# are passed, so what is under way stays.
+# ARGV: P, process, mark, live ids... After calls whose outcome this process could not learn
+# (Redis away, a cancelled call): every slot, place or watch of this process numbered up to the
+# mark that it no longer knows of goes, and freed slots go to the next waiters. Ids it still
+# holds or waits with are passed, and ids made after the mark (calls that may reach Redis
+# before this script) are left alone, so what is under way stays.
 RECONCILE = PRELUDE + r"""
-local mine = ARGV[2]
+local mine, mark = ARGV[2], tonumber(ARGV[3])
 local live = {}
-for i = 3, #ARGV do live[ARGV[i]] = true end
-local function stray(id) return proc_of(id) == mine and not live[id] end
+for i = 4, #ARGV do live[ARGV[i]] = true end
+local function stray(id)
+  if proc_of(id) ~= mine or live[id] then return false end
+  return tonumber(string.match(id, '%.(%d+)$')) <= mark
+end
 for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
   local h = held_key(pair)
   local all = redis.call('HGETALL', h)
   for i = 1, #all, 2 do
-    if all[i + 1] == mine and not live[all[i]] then redis.call('HDEL', h, all[i]) end
+    if stray(all[i]) then redis.call('HDEL', h, all[i]) end
   end
   local q = queue_key(pair)
   for _, w in ipairs(redis.call('LRANGE', q, 0, -1)) do

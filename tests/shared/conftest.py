@@ -8,16 +8,22 @@ installs it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import ROOT, free_port
+
+LONG = 30.0  # seconds a test waits for something that must happen (a busy machine is slow)
 
 
 class RedisServer:
@@ -94,3 +100,35 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 def redis_url(redis_server: RedisServer) -> str:
     """The URL of this test's own redis-server."""
     return redis_server.url
+
+
+async def eventually(predicate, what: str):  # type: ignore[no-untyped-def]
+    """Await until `predicate()` (an async function) is truthy and return it; fail after LONG."""
+    try:
+        async with asyncio.timeout(LONG):
+            while True:
+                if value := await predicate():
+                    return value
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"timed out after {LONG} s waiting for {what}")
+
+
+@contextlib.asynccontextmanager
+async def holding_process(url: str, *what: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A real second OS process (tests/shared/holder.py, liveness expiry 1 s) that holds what
+    `what` says in Redis; yields once it holds it. Killed (SIGKILL) when the block ends, if the
+    test did not kill it first."""
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.shared.holder", url, "1.0", *what,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        said = await asyncio.wait_for(holder.stdout.readline(), LONG)  # type: ignore[union-attr]
+        assert said.strip() == b"held", said
+        yield holder
+    finally:
+        if holder.returncode is None:
+            holder.send_signal(signal.SIGKILL)
+            await holder.wait()

@@ -7,8 +7,6 @@ import asyncio
 import contextlib
 import random
 import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -17,10 +15,7 @@ import redis.asyncio as aioredis
 
 from routing.shared.slots import Grant, PairState, Queued, RedisSlots
 from routing.shared.state import Shared, StateUnavailable
-from tests.conftest import ROOT
-from tests.shared.conftest import RedisServer
-
-LONG = 30.0  # seconds a test waits for something that must happen (a busy machine is slow)
+from tests.shared.conftest import LONG, RedisServer, eventually, holding_process
 
 
 @contextlib.asynccontextmanager
@@ -50,18 +45,6 @@ async def configure(parallel: int, queue_max: int, *instances: RedisSlots, pair=
 
 async def state(slots: RedisSlots, host: str = "h1", model: str = "m") -> PairState:
     return next(s for s in await slots.snapshot() if (s.host, s.model) == (host, model))
-
-
-async def eventually(predicate, what: str):  # type: ignore[no-untyped-def]
-    """Await until `predicate()` (an async function) is truthy and return it; fail after LONG."""
-    try:
-        async with asyncio.timeout(LONG):
-            while True:
-                if value := await predicate():
-                    return value
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        pytest.fail(f"timed out after {LONG} s waiting for {what}")
 
 
 async def test_a_free_slot_is_granted_then_requests_queue_then_the_next_is_refused(redis_url):
@@ -358,14 +341,7 @@ async def test_raising_parallel_grants_the_waiters_at_once(redis_url):
 async def test_a_killed_process_slot_goes_to_the_next_waiter_within_its_expiry(redis_url):
     async with gateway_process(redis_url, hold_ttl=1.0) as slots:
         await slots.configure("h1", "m", parallel=1, queue_max=4)
-        holder = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.shared.holder", redis_url, "h1", "m", "1.0",
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            said = await asyncio.wait_for(holder.stdout.readline(), LONG)  # type: ignore[union-attr]
-            assert said.strip() == b"held"
+        async with holding_process(redis_url, "slot", "h1", "m") as holder:
             queued = await slots.place([("h1", "m")])
             assert isinstance(queued, Queued)
 
@@ -373,10 +349,6 @@ async def test_a_killed_process_slot_goes_to_the_next_waiter_within_its_expiry(r
             await asyncio.wait_for(holder.wait(), LONG)
             # Bounded by the holder's expiry (1 s) and the sweep (each second), not by a release.
             grant = await asyncio.wait_for(slots.wait(queued), LONG)
-        finally:
-            if holder.returncode is None:
-                holder.kill()
-                await holder.wait()
 
         assert grant.id == queued.id
         await slots.release(grant)
