@@ -6,6 +6,8 @@ BIND ?= $(or $(CROSSBAR_BIND),127.0.0.1:8080)
 HOST := $(firstword $(subst :, ,$(BIND)))
 PORT := $(lastword $(subst :, ,$(BIND)))
 # CROSSBAR_SERVER=uvicorn: uvicorn instead of daphne (README "Production", bench/README.md).
+# CROSSBAR_WORKERS=N: crossbar_serve runs N processes on one port (needs CROSSBAR_REDIS_URL;
+# crossbar_site/workers.py).
 SERVER ?= $(or $(CROSSBAR_SERVER),daphne)
 GRACE ?= $(or $(CROSSBAR_SHUTDOWN_GRACE),30)
 
@@ -22,6 +24,7 @@ setup: $(VENV)/.installed
 
 run: setup
 ifeq ($(SERVER),uvicorn)
+	@test "$(or $(CROSSBAR_WORKERS),1)" = 1 || { echo "make run: CROSSBAR_WORKERS is for crossbar_serve (daphne); with CROSSBAR_SERVER=uvicorn run one replica per process (docs/replicas.md)" >&2; exit 2; }
 	$(VENV)/bin/uvicorn crossbar_site.asgi:application --host $(HOST) --port $(PORT) --lifespan on --timeout-graceful-shutdown $(firstword $(subst ., ,$(GRACE))) --no-access-log
 else ifeq ($(SERVER),daphne)
 	$(PY) manage.py crossbar_serve --bind $(HOST) --port $(PORT)

@@ -26,7 +26,7 @@ from django.urls import path  # noqa: E402
 from accounting.recorder import get_recorder  # noqa: E402
 from crossbar_site.handler import GatewayHandler  # noqa: E402
 from routing.ops.dashboard import DashboardConsumer  # noqa: E402
-from routing.runtime import close_runtime  # noqa: E402
+from routing.runtime import STOPPING, close_runtime  # noqa: E402
 
 # First path segments served by the site; everything else is the gateway's.
 SITE_PREFIXES = ("/admin", "/static/", "/dashboard", "/metrics", "/api/")
@@ -71,6 +71,7 @@ async def lifespan(scope, receive, send) -> None:  # type: ignore[no-untyped-def
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            STOPPING.set()
             # uvicorn has cancelled the requests still running past its grace: let them record
             # their 499 rows before the recorder stops.
             if _in_flight:

@@ -18,13 +18,18 @@
   hands all of it to the application at once, in memory. Here at most `BODY_CAP` bytes of a body
   are kept and the rest is read and dropped, so the proxy still sees "too large" (413, with its
   accounting row) while a huge or endless upload costs bandwidth, not memory or disk.
-- **Graceful stop.** On SIGTERM or SIGINT: stop listening (new connections are refused), let
-  the HTTP requests in flight finish for up to `grace` seconds, wait for their last bytes to
-  leave the socket buffers, then stop. Requests still running when the grace is over are cut
-  as if their clients had left (slot freed, host told, a 499 row); a second signal cuts them at
-  once. The accounting recorder writes what it holds when the interpreter exits (`atexit`).
+- **Graceful stop.** On SIGTERM or SIGINT: `/health` answers 503 `draining` from then on (to
+  a load balancer probing over a kept-alive connection), stop listening (new connections are
+  refused), let the HTTP requests in flight finish for up to `grace` seconds, wait for their
+  last bytes to leave the socket buffers, then stop. Requests still running when the grace is
+  over are cut as if their clients had left (slot freed, host told, a 499 row); a second signal
+  cuts them at once. The accounting recorder writes what it holds when the interpreter exits
+  (`atexit`).
 
 Daphne's own command line stops the reactor at once on SIGTERM, dropping every stream.
+
+With `CROSSBAR_WORKERS=N` the process started by `make run` supervises N such servers on one
+listening socket instead (crossbar_site/workers.py).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.server import Server
 from django.conf import settings
 from twisted.internet import reactor, tcp
+from twisted.internet.endpoints import AdoptedStreamServerEndpoint
 from twisted.internet.interfaces import IListeningPort, IPushProducer
 from zope.interface import implementer
 
@@ -146,9 +152,18 @@ class GatewayServer(Server):
     """Daphne's server with backpressure, capped request bodies and a graceful stop."""
 
     def __init__(
-        self, application: Any, endpoints: list[str], *, grace: float, stall_timeout: float
+        self,
+        application: Any,
+        endpoints: list[str],
+        *,
+        grace: float,
+        stall_timeout: float,
+        adopted: tuple[int, int] | None = None,
+        lifeline: int | None = None,
     ) -> None:
         self.grace = grace
+        self.adopted = adopted  # (fd, address family) of a listening socket from a supervisor
+        self.lifeline = lifeline  # reads end-of-file once that supervisor is gone
         self.stall_timeout = stall_timeout
         self.in_flight = 0  # HTTP requests whose application has not returned yet
         self.ports: list[IListeningPort] = []
@@ -158,6 +173,7 @@ class GatewayServer(Server):
         self._stopping = False
         self._stopper: asyncio.Future[None] | None = None
         self._idle = asyncio.Event()  # set while no HTTP request is in flight
+        self._idle.set()  # a server stopped before its first request has nothing to wait for
         self._hurry = asyncio.Event()  # a second signal: no more grace
         super().__init__(
             self._counting(application),
@@ -177,7 +193,18 @@ class GatewayServer(Server):
 
     def run(self) -> None:
         reactor.callLater(0, self._install_signal_handlers)  # inside the loop, once it runs
+        if self.adopted is not None:
+            # daphne listens on endpoint strings only, whose "fd:" form cannot say IPv6 (and
+            # scans Twisted's plugins): the supervisor's socket is listened on directly.
+            self.endpoints = []
+            reactor.callLater(0, self._listen_adopted)
         super().run()
+
+    def _listen_adopted(self) -> None:
+        fd, family = self.adopted  # type: ignore[misc]
+        listening = AdoptedStreamServerEndpoint(reactor, fd, family).listen(self.http_factory)
+        listening.addCallback(self.listen_success)
+        listening.addErrback(self.listen_error)
 
     def listen_success(self, port: IListeningPort) -> None:
         super().listen_success(port)
@@ -246,6 +273,12 @@ class GatewayServer(Server):
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signal.Signals(signum).name)
+        if self.lifeline is not None:
+            loop.add_reader(self.lifeline, self._supervisor_gone)
+
+    def _supervisor_gone(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.lifeline)  # type: ignore[arg-type]
+        self._on_signal("the supervisor is gone")
 
     def _on_signal(self, name: str) -> None:
         if self._stopping:
@@ -253,6 +286,9 @@ class GatewayServer(Server):
             self._hurry.set()
             return
         self._stopping = True
+        from routing.runtime import STOPPING
+
+        STOPPING.set()  # /health: 503 draining
         log.warning(
             "%s: no new connections; waiting up to %g s for %d requests in flight",
             name,
@@ -320,14 +356,32 @@ async def _close_runtime() -> None:
 
 
 def serve(host: str, port: int, *, grace: float) -> None:
-    """Serve the site on host:port until SIGTERM/SIGINT, then stop gracefully. Blocks."""
+    """Serve the site on host:port until SIGTERM/SIGINT, then stop gracefully. Blocks.
+
+    With CROSSBAR_WORKERS=N > 1, supervise N worker processes on host:port instead; a worker
+    (started so by its supervisor) serves the socket it was given. Raises CommandError for a
+    bad CROSSBAR_WORKERS, or N > 1 without CROSSBAR_REDIS_URL."""
+    from crossbar_site import workers
+
+    wanted = workers.count()
+    given = workers.inherited()
+    if given is None and wanted > 1:
+        code = workers.supervise(host, port, wanted, grace)
+        if code:
+            raise SystemExit(code)
+        return
     from crossbar_site.asgi import application
 
+    endpoints = build_endpoint_description_strings(host=host, port=port)
+    if given is not None:
+        endpoints = [f"fd:fileno={given[0]}"]  # a placeholder: daphne refuses an empty list
     server = GatewayServer(
         application,
-        build_endpoint_description_strings(host=host, port=port),
+        endpoints,
         grace=grace,
         stall_timeout=settings.CROSSBAR["STREAM_IDLE_TIMEOUT"],
+        adopted=given[:2] if given is not None else None,
+        lifeline=given[2] if given is not None else None,
     )
     server.run()
     _finish_tasks(asyncio.get_event_loop())  # the loop daphne ran, now stopped

@@ -141,6 +141,8 @@ CROSSBAR = {
     "REQUIRE_KEY": env.bool("CROSSBAR_REQUIRE_KEY", default=False),
     # /metrics answers 401 without `Authorization: Bearer <token>` when this is set.
     "METRICS_TOKEN": env.str("CROSSBAR_METRICS_TOKEN", default=""),
+    # With CROSSBAR_REDIS_URL: how long a process's slots outlive it (routing/shared/state.py).
+    "REDIS_HOLD_TTL": env.float("CROSSBAR_REDIS_HOLD_TTL", default=5.0),
 }
 
 # The proxy accepts request bodies up to 16 MiB (long conversations, images); Django enforces

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import weakref
 
 import httpx
@@ -29,6 +30,10 @@ from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
 
 log = logging.getLogger("crossbar.runtime")
+
+# Set once this process begins a graceful stop (crossbar_site/serve.py, the ASGI lifespan):
+# `/health` then answers 503 "draining" so a load balancer stops sending while requests finish.
+STOPPING = threading.Event()
 
 
 class Runtime:

@@ -38,7 +38,7 @@ from routing.proxy.respond import (
     streamed,
 )
 from routing.proxy.waiting import StatusStream
-from routing.runtime import Runtime, get_runtime
+from routing.runtime import STOPPING, Runtime, get_runtime
 
 log = logging.getLogger("crossbar.proxy")
 
@@ -47,8 +47,10 @@ async def gateway_health() -> JsonResponse:
     """`/health`: the gateway itself is up (for load balancers; no row, no log line).
 
     `revision` is the configuration stamp this process serves, so a deploy script (or a test)
-    can tell when an edit has been picked up.
+    can tell when an edit has been picked up. 503 `draining` once a graceful stop has begun.
     """
+    if STOPPING.is_set():
+        return JsonResponse({"status": "draining"}, status=503)
     runtime = await get_runtime()
     await runtime.refresh()
     return JsonResponse({"status": "ok", "revision": runtime.fleet.revision})

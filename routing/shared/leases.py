@@ -1,0 +1,208 @@
+"""Conversation leases shared by every gateway process, in Redis.
+
+The same contract as the in-process `LeaseTable` (routing/core/leases.py): a (route,
+fingerprint, model) stays on one host for `ttl` seconds after its last request. Reading a
+lease slides its TTL in the same round trip; a new or moved lease costs a second one.
+
+Keys, under the prefix P (a lease's id is a hash of its route, model and fingerprint, so keys
+have a fixed size whatever clients send):
+
+- `P lease:<id>`         the host, expiring after the lease's TTL (Redis expires it)
+- `P leases`             sorted set of ids by expiry: the size cap and the count
+- `P lease-host:<host>`  sorted set of that host's ids by expiry: `held_by_host`, `drop_host`
+- `P lease-hosts`        set of hosts with leases
+  (each index expires with its longest-lived lease, so an idle gateway leaves no key behind)
+
+How the cap holds: every write first drops ids whose expiry passed from `P leases`, then,
+while more than `max_entries` remain, deletes the leases that expire soonest (the least
+recently used when routes share a TTL). Writes are atomic scripts, so there are never more
+than `max_entries` live leases; the index sets expire with their newest member.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+from routing.core.leases import LeaseKey, LeaseOutcome, NoHealthyHost, PinnedHostDown
+from routing.shared.state import Shared
+
+__all__ = ["RedisLeases"]
+
+_PRELUDE = r"""
+local P = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- An index lives as long as its longest-lived member.
+local function outlive(key, expires)
+  local left = redis.call('PTTL', key)
+  if left < 0 or left < expires - now then redis.call('PEXPIREAT', key, expires) end
+end
+local function index(key, expires, id)
+  redis.call('ZADD', key, expires, id)
+  outlive(key, expires)
+end
+"""
+
+# ARGV: P, id, ttl ms. Reply: the host, or nil. Slides the TTL of a live lease.
+_READ = _PRELUDE + r"""
+local key = P .. 'lease:' .. ARGV[2]
+local host = redis.call('GET', key)
+if not host then return false end
+local expires = now + tonumber(ARGV[3])
+redis.call('PEXPIREAT', key, expires)
+index(P .. 'leases', expires, ARGV[2])
+index(P .. 'lease-host:' .. host, expires, ARGV[2])
+return host
+"""
+
+# ARGV: P, id, host, ttl ms, cap, expected current host ('' for none). Sets the lease unless
+# another process changed it since it was read (then its host is returned, not overwritten).
+_WRITE = _PRELUDE + r"""
+local id, host = ARGV[2], ARGV[3]
+local key = P .. 'lease:' .. id
+local current = redis.call('GET', key) or ''
+if current ~= ARGV[6] and current ~= '' then return current end
+if current ~= '' then redis.call('ZREM', P .. 'lease-host:' .. current, id) end
+local expires = now + tonumber(ARGV[4])
+redis.call('SET', key, host, 'PXAT', expires)
+index(P .. 'leases', expires, id)
+index(P .. 'lease-host:' .. host, expires, id)
+redis.call('SADD', P .. 'lease-hosts', host)
+outlive(P .. 'lease-hosts', expires)
+local all = P .. 'leases'
+redis.call('ZREMRANGEBYSCORE', all, '-inf', now)
+local over = redis.call('ZCARD', all) - tonumber(ARGV[5])
+if over > 0 then
+  for _, victim in ipairs(redis.call('ZRANGE', all, 0, over - 1)) do
+    local vkey = P .. 'lease:' .. victim
+    local vhost = redis.call('GET', vkey)
+    if vhost then redis.call('ZREM', P .. 'lease-host:' .. vhost, victim) end
+    redis.call('DEL', vkey)
+  end
+  redis.call('ZREMRANGEBYRANK', all, 0, over - 1)
+end
+return host
+"""
+
+# ARGV: P, host. Reply: how many leases went.
+_DROP_HOST = _PRELUDE + r"""
+local hk = P .. 'lease-host:' .. ARGV[2]
+local gone = 0
+for _, id in ipairs(redis.call('ZRANGE', hk, 0, -1)) do
+  local key = P .. 'lease:' .. id
+  if redis.call('GET', key) == ARGV[2] then
+    redis.call('DEL', key)
+    redis.call('ZREM', P .. 'leases', id)
+    gone = gone + 1
+  end
+end
+redis.call('DEL', hk)
+redis.call('SREM', P .. 'lease-hosts', ARGV[2])
+return gone
+"""
+
+# ARGV: P. Reply: flat list of host, live leases.
+_HELD = _PRELUDE + r"""
+local out = {}
+for _, host in ipairs(redis.call('SMEMBERS', P .. 'lease-hosts')) do
+  local hk = P .. 'lease-host:' .. host
+  redis.call('ZREMRANGEBYSCORE', hk, '-inf', now)
+  local count = redis.call('ZCARD', hk)
+  if count == 0 then
+    redis.call('SREM', P .. 'lease-hosts', host)
+  else
+    table.insert(out, host)
+    table.insert(out, count)
+  end
+end
+return out
+"""
+
+# ARGV: P. Reply: live leases in all.
+_COUNT = _PRELUDE + r"""
+redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
+return redis.call('ZCARD', P .. 'leases')
+"""
+
+
+def lease_id(key: LeaseKey) -> str:
+    """A fixed-size id for a lease key: route, model and fingerprint may be long or odd."""
+    raw = "\0".join((key.route, key.model, key.fingerprint)).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+class RedisLeases:
+    """Leases with a sliding TTL, shared by every process; at most `max_entries` live.
+
+    Every method raises StateUnavailable when Redis cannot be reached.
+    """
+
+    def __init__(self, shared: Shared, *, max_entries: int = 100_000) -> None:
+        self._max_entries = max(1, max_entries)
+        self._read = shared.script(_READ)
+        self._write = shared.script(_WRITE)
+        self._drop_host = shared.script(_DROP_HOST)
+        self._held = shared.script(_HELD)
+        self._count = shared.script(_COUNT)
+
+    async def lease(
+        self,
+        key: LeaseKey,
+        *,
+        ttl: float,
+        strict: bool,
+        usable: Callable[[str], bool],
+        choose: Callable[[], str | None],
+    ) -> tuple[str, LeaseOutcome]:
+        """Return the host for `key` and how it was found; `LeaseTable.lease`'s contract.
+
+        A live lease on a host `usable` accepts is reused (one round trip, its TTL slid). A
+        live lease on an unusable host raises PinnedHostDown when `strict`, else moves to the
+        host `choose` returns. Without one, `choose` picks and the lease is new. When another
+        process set the lease in between, its host is taken if usable. An empty fingerprint
+        is never stored. Raises NoHealthyHost when `choose` returns None.
+        """
+        if not key.fingerprint:
+            return _chosen(choose), LeaseOutcome.NONE
+        ident, ms = lease_id(key), _ms(ttl)
+        current = await self._read(ident, ms)
+        if current is not None and usable(current):
+            return current, LeaseOutcome.REUSED
+        if current is not None and strict:
+            raise PinnedHostDown(current)
+        host = _chosen(choose)
+        stored = await self._write(ident, host, ms, self._max_entries, current or "")
+        if stored != host and usable(stored):
+            return stored, LeaseOutcome.REUSED  # another process placed this conversation first
+        if stored != host:
+            await self._write(ident, host, ms, self._max_entries, stored)
+        return host, LeaseOutcome.MOVED if current is not None else LeaseOutcome.NEW
+
+    async def slide(self, key: LeaseKey, ttl: float) -> str | None:
+        """The host of a live lease for `key`, its TTL slid to `ttl` from now; None without."""
+        return await self._read(lease_id(key), _ms(ttl))
+
+    async def drop_host(self, host: str) -> int:
+        """Remove every lease held by `host` (a deleted host); return how many went."""
+        return int(await self._drop_host(host))
+
+    async def held_by_host(self) -> dict[str, int]:
+        """Live leases per host, for the dashboard."""
+        flat = await self._held()
+        return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    async def count(self) -> int:
+        """Live leases in all."""
+        return int(await self._count())
+
+
+def _ms(ttl: float) -> int:
+    return max(1, int(ttl * 1000))
+
+
+def _chosen(choose: Callable[[], str | None]) -> str:
+    host = choose()
+    if host is None:
+        raise NoHealthyHost()
+    return host

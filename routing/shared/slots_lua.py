@@ -1,0 +1,389 @@
+"""The Lua scripts behind `RedisSlots` (routing/shared/slots.py), one per operation.
+
+Keys, under the prefix P (a pair is "host/model"; ids are "<process>.<n>"):
+
+- `P conf:<pair>`    hash parallel, queue_max (and removed=1 once no process configures it)
+- `P pairs`          set of the pairs with a conf, for the sweep and the snapshot
+- `P held:<pair>`    hash grant id -> process: the slots held; HLEN is the pair's in flight
+- `P queue:<pair>`   list of waiter ids, oldest first (at most queue_max)
+- `P watch:<pair>`   sorted set of waiter ids of other pairs that may take a free slot here,
+                     scored by arrival (`P seq`), so the oldest watcher goes first
+- `P waiter:<id>`    hash pair, seq, watches (JSON list): one queued request; expires after
+                     the longest wait allowed, and is deleted when the waiter is granted or
+                     leaves. A queue or watch entry without its record is stale and skipped.
+- `P proc:<id>`      a process's liveness (routing/shared/state.py)
+- `P wake:<id>`      the pub/sub channel a process hears its grants on ("<waiter>\\n<pair>")
+
+Invariant after every script, for each pair it touched: fewer slots held than `parallel`
+implies no live waiter in its queue or among its watchers (a freed slot goes to the head
+waiter, else to the oldest watcher, in the same script that freed it).
+
+Every script is idempotent for its ids (a retry after a lost reply changes nothing).
+"""
+
+from __future__ import annotations
+
+PRELUDE = r"""
+local P = ARGV[1]
+local alive_cache = {}
+local function alive(proc)
+  local known = alive_cache[proc]
+  if known == nil then
+    known = redis.call('EXISTS', P .. 'proc:' .. proc) == 1
+    alive_cache[proc] = known
+  end
+  return known
+end
+local function proc_of(id) return string.match(id, '^([^.]+)%.') end
+local function held_key(pair) return P .. 'held:' .. pair end
+local function queue_key(pair) return P .. 'queue:' .. pair end
+local function watch_key(pair) return P .. 'watch:' .. pair end
+local function waiter_key(w) return P .. 'waiter:' .. w end
+local function conf(pair)
+  local c = redis.call('HMGET', P .. 'conf:' .. pair, 'parallel', 'queue_max')
+  if not c[1] then return nil, nil end
+  return tonumber(c[1]), tonumber(c[2])
+end
+local function waiting(w)
+  return alive(proc_of(w)) and redis.call('EXISTS', waiter_key(w)) == 1
+end
+
+-- Take a waiter out of its queue and every watch set, and drop its record.
+local function forget_waiter(w)
+  local rec = redis.call('HMGET', waiter_key(w), 'pair', 'watches')
+  if rec[1] then redis.call('LREM', queue_key(rec[1]), 0, w) end
+  if rec[2] then
+    for _, pair in ipairs(cjson.decode(rec[2])) do redis.call('ZREM', watch_key(pair), w) end
+  end
+  redis.call('DEL', waiter_key(w))
+end
+
+-- The slot is counted as the waiter's here, so nobody can take it before the waiter hears.
+local function grant_to(w, pair)
+  forget_waiter(w)
+  redis.call('HSET', held_key(pair), w, proc_of(w))
+  redis.call('PUBLISH', P .. 'wake:' .. proc_of(w), w .. '\n' .. pair)
+end
+
+local function next_waiter(pair)
+  local q = queue_key(pair)
+  while true do
+    local w = redis.call('LINDEX', q, 0)
+    if not w then break end
+    if waiting(w) then return w end
+    redis.call('LPOP', q)
+    forget_waiter(w)
+  end
+  local wk = watch_key(pair)
+  while true do
+    local w = redis.call('ZRANGE', wk, 0, 0)[1]
+    if not w then return nil end
+    if waiting(w) then return w end
+    redis.call('ZREM', wk, w)
+    forget_waiter(w)
+  end
+end
+
+local function hand_over(pair)
+  local parallel = conf(pair)
+  if not parallel then return end
+  local h = held_key(pair)
+  while redis.call('HLEN', h) < parallel do
+    local w = next_waiter(pair)
+    if not w then return end
+    grant_to(w, pair)
+  end
+end
+
+-- Slots held by processes whose liveness key expired; returns how many were taken back.
+local function reclaim(pair)
+  local h = held_key(pair)
+  local all = redis.call('HGETALL', h)
+  local freed = 0
+  for i = 1, #all, 2 do
+    if not alive(all[i + 1]) then
+      redis.call('HDEL', h, all[i])
+      freed = freed + 1
+    end
+  end
+  return freed
+end
+
+local function purge(pair)
+  local q = queue_key(pair)
+  for _, w in ipairs(redis.call('LRANGE', q, 0, -1)) do
+    if not waiting(w) then
+      redis.call('LREM', q, 0, w)
+      forget_waiter(w)
+    end
+  end
+  local wk = watch_key(pair)
+  for _, w in ipairs(redis.call('ZRANGE', wk, 0, -1)) do
+    if not waiting(w) then
+      redis.call('ZREM', wk, w)
+      forget_waiter(w)
+    end
+  end
+end
+
+-- A free slot right now, after serving the pair's own waiters and taking back dead holders.
+local function has_free(pair, parallel)
+  local h = held_key(pair)
+  hand_over(pair)
+  if redis.call('HLEN', h) < parallel then return true end
+  if reclaim(pair) > 0 then
+    hand_over(pair)
+    return redis.call('HLEN', h) < parallel
+  end
+  return false
+end
+
+-- A pair no process configures any more goes once nothing is held or waits there.
+local function tidy(pair)
+  local c = P .. 'conf:' .. pair
+  if redis.call('HGET', c, 'removed') ~= '1' then return end
+  if redis.call('HLEN', held_key(pair)) > 0 or redis.call('LLEN', queue_key(pair)) > 0 then
+    return
+  end
+  redis.call('DEL', c, watch_key(pair))
+  redis.call('SREM', P .. 'pairs', pair)
+end
+
+local function held_by(w, first, last)
+  for i = first, last do
+    if redis.call('HEXISTS', held_key(ARGV[i]), w) == 1 then return ARGV[i] end
+  end
+  return nil
+end
+"""
+
+# ARGV: P, pair, parallel, queue_max
+CONFIGURE = PRELUDE + r"""
+local pair = ARGV[2]
+redis.call('HSET', P .. 'conf:' .. pair, 'parallel', ARGV[3], 'queue_max', ARGV[4])
+redis.call('HDEL', P .. 'conf:' .. pair, 'removed')
+redis.call('SADD', P .. 'pairs', pair)
+hand_over(pair)
+return 1
+"""
+
+# ARGV: P, pair. Like the in-process limiter: held slots release cleanly and waiters keep
+# their place, with the pair at parallel 1 and no new places, until it is idle and goes.
+REMOVE = PRELUDE + r"""
+local pair = ARGV[2]
+if redis.call('EXISTS', P .. 'conf:' .. pair) == 0 then return 0 end
+redis.call('HSET', P .. 'conf:' .. pair, 'parallel', 1, 'queue_max', 0, 'removed', 1)
+tidy(pair)
+return 1
+"""
+
+# ARGV: P, waiter id, waiter record ttl ms, pair1..pairN.
+# Reply: {'grant', pair} | {'queued', pair, position} | {'full'} | {'unconfigured', pair}
+PLACE = PRELUDE + r"""
+local w = ARGV[2]
+local granted = held_by(w, 4, #ARGV)
+if granted then return {'grant', granted} end
+local mine = redis.call('HGET', waiter_key(w), 'pair')
+if mine then return {'queued', mine, (redis.call('LPOS', queue_key(mine), w) or -1) + 1} end
+local limits = {}
+for i = 4, #ARGV do
+  local parallel, queue_max = conf(ARGV[i])
+  if not parallel then return {'unconfigured', ARGV[i]} end
+  limits[i] = {parallel, queue_max}
+end
+for i = 4, #ARGV do
+  local pair = ARGV[i]
+  if has_free(pair, limits[i][1]) then
+    redis.call('HSET', held_key(pair), w, proc_of(w))
+    return {'grant', pair}
+  end
+end
+for i = 4, #ARGV do
+  local pair, queue_max = ARGV[i], limits[i][2]
+  local q = queue_key(pair)
+  if queue_max > 0 and redis.call('LLEN', q) >= queue_max then purge(pair) end
+  if redis.call('LLEN', q) < queue_max then
+    local seq = redis.call('INCR', P .. 'seq')
+    local position = redis.call('RPUSH', q, w)
+    redis.call('HSET', waiter_key(w), 'pair', pair, 'seq', seq, 'watches', '[]')
+    redis.call('PEXPIRE', waiter_key(w), ARGV[3])
+    return {'queued', pair, position}
+  end
+end
+return {'full'}
+"""
+
+# ARGV: P, waiter id, own pair, pair1..pairN to watch.
+# Reply: {'grant', pair} | {'watching'} | {'gone'} (the waiter left or lost its place)
+WATCH = PRELUDE + r"""
+local w = ARGV[2]
+local granted = held_by(w, 3, #ARGV)
+if granted then return {'grant', granted} end
+local key = waiter_key(w)
+local rec = redis.call('HMGET', key, 'seq', 'watches')
+if not rec[1] then return {'gone'} end
+for i = 4, #ARGV do
+  local pair = ARGV[i]
+  local parallel = conf(pair)
+  if parallel and pair ~= ARGV[3] then
+    local free = has_free(pair, parallel)
+    -- Serving the pair's own waiters first may have reached this waiter (a second watch).
+    if redis.call('HEXISTS', held_key(pair), w) == 1 then return {'grant', pair} end
+    if free then
+      grant_to(w, pair)
+      return {'grant', pair}
+    end
+  end
+end
+local watches = cjson.decode(rec[2])
+local known = {}
+for _, pair in ipairs(watches) do known[pair] = true end
+for i = 4, #ARGV do
+  local pair = ARGV[i]
+  if not known[pair] and pair ~= ARGV[3] then
+    known[pair] = true
+    table.insert(watches, pair)
+    redis.call('ZADD', watch_key(pair), rec[1], w)
+  end
+end
+if #watches > 0 then redis.call('HSET', key, 'watches', cjson.encode(watches)) end
+return {'watching'}
+"""
+
+# ARGV: P, waiter id, pair1..pairN (its own and every pair it watched or was placed on).
+# Reply: {'grant', pair} when a slot reached the waiter first (the caller now holds it), else
+# {'none'}; either way the waiter is in no queue or watch set afterwards.
+CANCEL = PRELUDE + r"""
+local w = ARGV[2]
+local granted = held_by(w, 3, #ARGV)
+if granted then return {'grant', granted} end
+forget_waiter(w)
+for i = 3, #ARGV do
+  redis.call('LREM', queue_key(ARGV[i]), 0, w)
+  redis.call('ZREM', watch_key(ARGV[i]), w)
+end
+return {'none'}
+"""
+
+# ARGV: P, grant id, pair
+RELEASE = PRELUDE + r"""
+local pair = ARGV[3]
+if redis.call('HDEL', held_key(pair), ARGV[2]) == 1 then
+  hand_over(pair)
+  tidy(pair)
+end
+return 1
+"""
+
+# ARGV: P, count, then per waiter: id, n, pair1..pairN. Reply per waiter: the pair it was
+# granted, 'waiting', or 'gone'.
+CHECK = PRELUDE + r"""
+local out = {}
+local i = 3
+for _ = 1, tonumber(ARGV[2]) do
+  local w, n = ARGV[i], tonumber(ARGV[i + 1])
+  local status = held_by(w, i + 2, i + 1 + n)
+  if not status then
+    status = redis.call('EXISTS', waiter_key(w)) == 1 and 'waiting' or 'gone'
+  end
+  table.insert(out, status)
+  i = i + 2 + n
+end
+return out
+"""
+
+# ARGV: P, process, count of configs, (pair, parallel, queue_max)*, (grant id, pair)*.
+# After Redis restarted empty (or this process's liveness lapsed): pairs with no conf get this
+# process's, and the slots it holds are counted again (the requests still run on the hosts).
+RESTORE = PRELUDE + r"""
+local n = tonumber(ARGV[3])
+local i = 4
+for _ = 1, n do
+  local c = P .. 'conf:' .. ARGV[i]
+  if redis.call('EXISTS', c) == 0 then
+    redis.call('HSET', c, 'parallel', ARGV[i + 1], 'queue_max', ARGV[i + 2])
+    redis.call('SADD', P .. 'pairs', ARGV[i])
+  end
+  i = i + 3
+end
+while i < #ARGV do
+  redis.call('HSET', held_key(ARGV[i + 1]), ARGV[i], ARGV[2])
+  i = i + 2
+end
+return 1
+"""
+
+# ARGV: P, lock ms. At most one process sweeps per lock period: dead holders and waiters go,
+# their slots to the next waiters; removed pairs that went idle are forgotten.
+SWEEP = PRELUDE + r"""
+if not redis.call('SET', P .. 'sweeping', '1', 'PX', ARGV[2], 'NX') then return 0 end
+for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
+  reclaim(pair)
+  purge(pair)
+  hand_over(pair)
+  tidy(pair)
+end
+return 1
+"""
+
+# ARGV: P. Reply: flat list of pair, parallel, queue_max, in flight, queued.
+SNAPSHOT = PRELUDE + r"""
+local out = {}
+for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
+  local parallel, queue_max = conf(pair)
+  if parallel then
+    table.insert(out, pair)
+    table.insert(out, parallel)
+    table.insert(out, queue_max)
+    table.insert(out, redis.call('HLEN', held_key(pair)))
+    table.insert(out, redis.call('LLEN', queue_key(pair)))
+  end
+end
+return out
+"""
+
+# ARGV: P, waiter id, pair. Reply: its 1-based place in the pair's queue, 0 when not there.
+POSITION = r"""
+local at = redis.call('LPOS', ARGV[1] .. 'queue:' .. ARGV[3], ARGV[2])
+if at then return at + 1 end
+return 0
+"""
+
+# ARGV: P, process, mark, live ids... After calls whose outcome this process could not learn
+# (Redis away, a cancelled call): every slot, place or watch of this process numbered up to the
+# mark that it no longer knows of goes, and freed slots go to the next waiters. Ids it still
+# holds or waits with are passed, and ids made after the mark (calls that may reach Redis
+# before this script) are left alone, so what is under way stays.
+RECONCILE = PRELUDE + r"""
+local mine, mark = ARGV[2], tonumber(ARGV[3])
+local live = {}
+for i = 4, #ARGV do live[ARGV[i]] = true end
+local function stray(id)
+  if proc_of(id) ~= mine or live[id] then return false end
+  return tonumber(string.match(id, '%.(%d+)$')) <= mark
+end
+for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
+  local h = held_key(pair)
+  local all = redis.call('HGETALL', h)
+  for i = 1, #all, 2 do
+    if stray(all[i]) then redis.call('HDEL', h, all[i]) end
+  end
+  local q = queue_key(pair)
+  for _, w in ipairs(redis.call('LRANGE', q, 0, -1)) do
+    if stray(w) then
+      redis.call('LREM', q, 0, w)
+      forget_waiter(w)
+    end
+  end
+  local wk = watch_key(pair)
+  for _, w in ipairs(redis.call('ZRANGE', wk, 0, -1)) do
+    if stray(w) then
+      redis.call('ZREM', wk, w)
+      forget_waiter(w)
+    end
+  end
+  hand_over(pair)
+  tidy(pair)
+end
+return 1
+"""

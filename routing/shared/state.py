@@ -1,0 +1,189 @@
+"""One gateway process's handle on the state it shares with the others through Redis.
+
+`Shared` holds the connection, the process's id and its liveness: a key `<prefix>proc:<id>`
+that the process renews every `tick` seconds with an expiry of `hold_ttl`. Every slot, queue
+place and client count a process takes in Redis carries its id, so once that key has expired
+(the process was killed, hung, or cut off from Redis for longer than `hold_ttl`) any other
+process may take them back. The same tick runs the periodic work of the modules built on it
+(sweeps, deferred releases), and when it finds the process's key gone (Redis restarted empty,
+or the key lapsed), their restore hooks put back what this process still holds.
+
+Every operation of those modules is one Lua script (EVALSHA; redis-py loads a script once and
+again after a Redis restart) written to be idempotent, so the one retry allowed on a dropped
+connection cannot take a slot twice. When Redis cannot be reached they raise `StateUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from routing.core.errors import GatewayError
+
+__all__ = ["DEFAULT_HOLD_TTL", "DEFAULT_PREFIX", "UNREACHABLE", "Shared", "StateUnavailable"]
+
+log = logging.getLogger("crossbar.shared")
+
+DEFAULT_HOLD_TTL = 5.0
+DEFAULT_PREFIX = "crossbar:"
+# Errors that mean "Redis is not there (or not writable) right now", as opposed to a bug.
+UNREACHABLE = (
+    redis_errors.ConnectionError,  # refused, reset, authentication, still loading its data
+    redis_errors.TimeoutError,
+    redis_errors.ReadOnlyError,  # a replica after a failover
+    redis_errors.OutOfMemoryError,  # maxmemory reached with a noeviction policy
+    OSError,
+)
+
+
+class StateUnavailable(GatewayError):
+    """The shared state (Redis) cannot be reached; the request can be retried shortly."""
+
+    status = 503
+    code = "state_unavailable"
+
+    def __init__(self, message: str = "shared state unavailable", *, retry_after: int = 2):
+        super().__init__(message, retry_after=retry_after)
+
+
+Script = Callable[..., Awaitable[Any]]
+Hook = Callable[[], Awaitable[None]]
+
+
+class Shared:
+    """The connection, identity and liveness of one process. Use it on one event loop.
+
+    `start()` begins renewing the liveness key (it never raises: an unreachable Redis is
+    logged and retried every tick); `aclose()` stops, and deletes the key so that the other
+    processes take back at once whatever this process failed to release.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        hold_ttl: float = DEFAULT_HOLD_TTL,
+        timeout: float = 2.0,
+    ) -> None:
+        if not hold_ttl > 0:
+            raise ValueError(f"the hold TTL must be a positive number of seconds, not {hold_ttl}")
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("the Redis URL must start with redis://, rediss:// or unix://")
+        # Where Redis is, for messages: never the whole URL, which may carry a password.
+        where = f"{parts.hostname}:{parts.port or 6379}"
+        self.where = parts.path if parts.scheme == "unix" else where
+        self.prefix = prefix
+        self.hold_ttl = hold_ttl
+        self.tick = min(1.0, hold_ttl / 3)
+        self.proc = secrets.token_hex(6)
+        # One retry on a dropped connection (a pooled connection that died with a restarted
+        # Redis); every script is idempotent, so a retry after a lost reply changes nothing.
+        self.redis = aioredis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1),
+        )
+        self.available = False
+        self._renew = self.script(_RENEW)
+        self._restorers: list[Hook] = []
+        self._tickers: list[Hook] = []
+        self._task: asyncio.Task[None] | None = None
+        self._said_down = False
+
+    def script(self, lua: str) -> Script:
+        """A Lua script as an async function of its ARGV (KEYS are not used: one Redis, not a
+        cluster). Raises StateUnavailable when Redis cannot be reached."""
+        registered = self.redis.register_script(lua)
+
+        async def call(*args: object) -> Any:
+            try:
+                return await registered(args=[self.prefix, *args])
+            except UNREACHABLE as exc:
+                self._down(exc)
+                raise StateUnavailable(
+                    f"shared state unavailable: Redis at {self.where} cannot be reached"
+                ) from exc
+
+        return call
+
+    def on_restore(self, hook: Hook) -> None:
+        """Call `hook` when this process's liveness key was found gone (Redis restarted, or
+        the key lapsed): the hook puts back what the process still holds."""
+        self._restorers.append(hook)
+
+    def on_tick(self, hook: Hook) -> None:
+        """Call `hook` every tick while Redis answers (sweeps, deferred releases)."""
+        self._tickers.append(hook)
+
+    async def start(self) -> None:
+        """Renew the liveness key now and then every `tick` seconds, in a task of its own."""
+        if self._task is None:
+            await self.beat()
+            self._task = asyncio.create_task(self._beat_forever(), name="crossbar-shared-beat")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        try:
+            await self.redis.delete(f"{self.prefix}proc:{self.proc}")
+        except UNREACHABLE:
+            pass  # it expires by itself
+        await self.redis.aclose()
+
+    async def beat(self) -> None:
+        """One tick: renew the liveness key, restore if it was gone, run the tick hooks.
+
+        Never raises for an unreachable Redis (that is logged once per outage)."""
+        try:
+            lapsed = await self._renew(self.proc, int(self.hold_ttl * 1000))
+            if lapsed:
+                for restore in self._restorers:
+                    await restore()
+            for hook in self._tickers:
+                await hook()
+        except StateUnavailable:
+            return
+        except Exception:
+            log.exception("shared state: a periodic task failed")
+            return
+        if self._said_down:
+            log.warning("shared state: Redis at %s answers again", self.where)
+            self._said_down = False
+        self.available = True
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick)
+            await self.beat()
+
+    def _down(self, exc: BaseException) -> None:
+        self.available = False
+        if not self._said_down:
+            self._said_down = True
+            log.warning(
+                "shared state: Redis at %s cannot be reached (%s)", self.where, type(exc).__name__
+            )
+
+
+# Returns 1 when the key was gone (first start, Redis restarted, or lapsed), 0 when renewed.
+_RENEW = """
+local key = ARGV[1] .. 'proc:' .. ARGV[2]
+if redis.call('SET', key, '1', 'PX', ARGV[3], 'XX') then return 0 end
+redis.call('SET', key, '1', 'PX', ARGV[3])
+return 1
+"""

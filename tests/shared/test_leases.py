@@ -1,0 +1,139 @@
+"""RedisLeases against a real redis-server, two instances standing for two gateway processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from routing.core.leases import LeaseKey, LeaseOutcome, NoHealthyHost, PinnedHostDown
+from routing.shared.leases import RedisLeases, lease_id
+from routing.shared.state import Shared, StateUnavailable
+from tests.shared.conftest import RedisServer, eventually
+
+KEY = LeaseKey("chat", "fingerprint-1", "m")
+
+
+@contextlib.asynccontextmanager
+async def two(url: str, max_entries: int = 100_000) -> AsyncIterator[tuple[RedisLeases, ...]]:
+    shared = [Shared(url), Shared(url)]
+    try:
+        yield tuple(RedisLeases(s, max_entries=max_entries) for s in shared)
+    finally:
+        for s in shared:
+            await s.aclose()
+
+
+def picks(host: str | None):  # type: ignore[no-untyped-def]
+    return lambda: host
+
+
+async def lease(table: RedisLeases, key: LeaseKey = KEY, *, host: str | None = "h1", **kw):  # type: ignore[no-untyped-def]
+    options = {"ttl": 60.0, "strict": False, "usable": lambda name: True, **kw}
+    return await table.lease(key, choose=picks(host), **options)
+
+
+async def test_a_lease_made_by_one_process_is_reused_by_the_other(redis_url):
+    async with two(redis_url) as (a, b):
+        assert await lease(a, host="h1") == ("h1", LeaseOutcome.NEW)
+        assert await lease(b, host="h2") == ("h1", LeaseOutcome.REUSED)
+        assert await b.held_by_host() == {"h1": 1}
+
+
+async def test_reading_a_lease_slides_its_ttl_in_the_same_round_trip(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    async with two(redis_url) as (a, b):
+        await lease(a, ttl=2.0)
+        assert 0 < await client.pttl(f"crossbar:lease:{lease_id(KEY)}") <= 2000
+
+        assert await b.slide(KEY, 600.0) == "h1"
+
+        assert await client.pttl(f"crossbar:lease:{lease_id(KEY)}") > 500_000
+    await client.aclose()
+
+
+async def test_a_lease_on_an_unusable_host_moves_or_raises_when_strict(redis_url):
+    async with two(redis_url) as (a, b):
+        await lease(a, host="h1")
+        down = {"usable": lambda name: name != "h1"}
+
+        with pytest.raises(PinnedHostDown) as pinned:
+            await lease(b, host="h2", strict=True, **down)
+        moved = await lease(b, host="h2", **down)
+
+        assert pinned.value.host == "h1"
+        assert moved == ("h2", LeaseOutcome.MOVED)
+        assert await lease(a, host="h3") == ("h2", LeaseOutcome.REUSED)
+        assert await a.held_by_host() == {"h2": 1}
+
+
+async def test_two_processes_placing_the_same_new_conversation_agree_on_one_host(redis_url):
+    async with two(redis_url) as (a, b):
+        results = await asyncio.gather(lease(a, host="h1"), lease(b, host="h2"))
+
+        hosts = {host for host, _ in results}
+        assert len(hosts) == 1
+        assert await a.held_by_host() == {hosts.pop(): 1}
+
+
+async def test_no_fingerprint_or_no_host_stores_nothing(redis_url):
+    async with two(redis_url) as (a, _):
+        anonymous = LeaseKey("chat", "", "m")
+        assert await lease(a, anonymous, host="h1") == ("h1", LeaseOutcome.NONE)
+        with pytest.raises(NoHealthyHost):
+            await lease(a, host=None)
+        assert await a.count() == 0
+        assert await a.held_by_host() == {}
+
+
+async def test_the_cap_keeps_the_leases_used_last_and_the_keys_stay_bounded(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    async with two(redis_url, max_entries=5) as (a, b):
+        keys = [LeaseKey("chat", f"conversation-{i}", "m") for i in range(20)]
+        for i, key in enumerate(keys):
+            await lease(a if i % 2 else b, key, host=f"h{i % 3}", ttl=60.0 + i)
+
+        assert await a.count() == 5
+        assert sum((await a.held_by_host()).values()) == 5
+        assert [await b.slide(key, 60.0) is not None for key in keys] == [False] * 15 + [True] * 5
+        lease_keys = [k for k in await client.keys("crossbar:lease:*")]
+        assert len(lease_keys) == 5
+    await client.aclose()
+
+
+async def test_leases_expire_and_leave_no_key_behind(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    async with two(redis_url) as (a, _):
+        await lease(a, ttl=0.2)
+
+        async def gone() -> bool:
+            return await client.dbsize() == 0
+
+        await eventually(gone, "the lease and its index keys to expire")
+        assert await a.count() == 0
+    await client.aclose()
+
+
+async def test_dropping_a_host_removes_only_its_leases(redis_url):
+    async with two(redis_url) as (a, b):
+        await lease(a, LeaseKey("chat", "one", "m"), host="h1")
+        await lease(a, LeaseKey("chat", "two", "m"), host="h1")
+        await lease(b, LeaseKey("chat", "three", "m"), host="h2")
+
+        assert await b.drop_host("h1") == 2
+
+        assert await a.held_by_host() == {"h2": 1}
+        assert await lease(a, LeaseKey("chat", "one", "m"), host="h2") == ("h2", LeaseOutcome.NEW)
+
+
+async def test_a_stopped_redis_is_a_clear_error(redis_server: RedisServer):
+    async with two(redis_server.url) as (a, _):
+        await lease(a)
+        redis_server.stop()
+        with pytest.raises(StateUnavailable, match="Redis at 127.0.0.1"):
+            await lease(a)
+        redis_server.start()
+        assert await lease(a, host="h2") == ("h2", LeaseOutcome.NEW)  # restarted empty

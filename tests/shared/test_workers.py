@@ -1,0 +1,105 @@
+"""`CROSSBAR_WORKERS=N make run` (`manage.py crossbar_serve`): refused without Redis; with it,
+N worker processes serve one port, a dead worker is replaced, and SIGTERM stops them all
+gracefully."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from accounting.models import Request
+from tests.conftest import ROOT, free_port, running_gateway, wait_until
+from tests.fleet import add_host, add_route, chat
+
+URL = "/chat/v1/chat/completions"
+
+
+def crossbar_serve(tmp_path, **env: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    return subprocess.run(
+        [sys.executable, "manage.py", "crossbar_serve", "--port", str(free_port())],
+        cwd=ROOT,
+        env={**os.environ, "CROSSBAR_VAR_DIR": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_workers_without_redis_are_refused_with_one_line_saying_why(tmp_path):
+    done = crossbar_serve(tmp_path, CROSSBAR_WORKERS="2", CROSSBAR_REDIS_URL="")
+
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "CommandError: CROSSBAR_WORKERS=2 needs CROSSBAR_REDIS_URL: several gateway processes "
+        "share their slots, queues and leases through Redis (docs/replicas.md)"
+    ]
+
+
+@pytest.mark.parametrize("value", ["0", "two", "65", "-1"])
+def test_a_bad_number_of_workers_is_refused_with_one_line(tmp_path, value):
+    done = crossbar_serve(tmp_path, CROSSBAR_WORKERS=value, CROSSBAR_REDIS_URL="redis://x")
+
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"CommandError: CROSSBAR_WORKERS must be a whole number of processes from 1 to 64, "
+        f"not {value!r}"
+    ]
+
+
+def workers(log: str) -> dict[int, int]:
+    """The pid of each worker the supervisor started last, by worker number."""
+    return {int(n): int(pid) for n, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", log)}
+
+
+def served(url: str) -> int:
+    """A chat request on a fresh connection; its status."""
+    return httpx.post(f"{url}{URL}", json=chat(), timeout=30).status_code
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_serve_one_port_a_dead_one_is_replaced_and_sigterm_stops_both(
+    django_db_setup, tmp_path, fake, redis_url
+):
+    add_route("chat", [add_host("gpu1", fake.url)])
+    since = timezone.now()  # rows of this test only, whatever another gateway writes late
+    rows = Request.objects.filter(started__gte=since)
+    grace = "120"  # stopping must not wait for it: nothing is in flight
+    with running_gateway(
+        tmp_path, CROSSBAR_WORKERS="2", CROSSBAR_REDIS_URL=redis_url, CROSSBAR_SHUTDOWN_GRACE=grace
+    ) as gateway:
+        pids = wait_until(lambda: len(workers(gateway.log())) == 2 and workers(gateway.log()))
+        # Each worker alone serves the port while the other is frozen.
+        for frozen in pids.values():
+            os.kill(frozen, signal.SIGSTOP)
+            try:
+                statuses = [served(gateway.url) for _ in range(3)]
+            finally:
+                os.kill(frozen, signal.SIGCONT)
+            assert statuses == [200] * 3
+        wait_until(lambda: rows.count() == 6, timeout=30, what="the six rows")
+
+        os.kill(pids[1], signal.SIGKILL)
+        wait_until(
+            lambda: workers(gateway.log()).get(1, pids[1]) != pids[1],
+            timeout=30,
+            what="a new worker 1",
+        )
+        assert [served(gateway.url) for _ in range(3)] == [200] * 3
+
+        gateway.process.send_signal(signal.SIGTERM)
+        exit_code = gateway.process.wait(timeout=60)
+
+    assert exit_code == 0
+    assert f"worker 1 (pid {pids[1]}) exited with signal SIGKILL" in gateway.log()
+    assert "all workers stopped" in gateway.log()
+    assert sorted(rows.values_list("status", flat=True)) == [200] * 9
+    for pid in [*pids.values(), *workers(gateway.log()).values()]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # no worker left behind
