@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import Prefetch, QuerySet
 from django.forms import BaseFormSet, BaseInlineFormSet, ModelForm
 from django.http import HttpRequest
+from django.utils import timezone
 
 from routing.config.validation import (
     DUPLICATE_NAME,
@@ -19,7 +21,7 @@ from routing.config.validation import (
     config_problems,
     route_problems,
 )
-from routing.models import Route, RouteHost
+from routing.models import ConfigFileLoad, Route, RouteHost
 
 
 class RouteHostFormSet(BaseInlineFormSet):
@@ -108,3 +110,37 @@ class RouteAdmin(admin.ModelAdmin):
         hosts = {h.name: HostSpec.from_host(h) for h in route.hosts.prefetch_related("models")}
         for problem in route_problems(RouteSpec.from_route(route), hosts):
             self.message_user(request, problem.message, messages.WARNING)
+
+
+@admin.register(ConfigFileLoad)
+class ConfigFileLoadAdmin(admin.ModelAdmin):
+    """When the config file last changed what: written by `crossbar_config load`, read here."""
+
+    list_display = ["loaded_at", "summary", "path", "short_sha256"]
+    list_display_links = ["loaded_at"]
+    search_fields = ["path", "summary"]
+    ordering = ["-loaded", "-pk"]
+    fields = ["loaded_at", "path", "sha256", "summary"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    @admin.display(description="loaded", ordering="loaded")
+    def loaded_at(self, load: ConfigFileLoad) -> str:
+        return moment(load.loaded)
+
+    @admin.display(description="sha256")
+    def short_sha256(self, load: ConfigFileLoad) -> str:
+        return load.sha256[:12]
+
+
+def moment(value: datetime) -> str:
+    """A time as operators compare them: to the second, in the site's zone."""
+    return f"{timezone.localtime(value):%Y-%m-%d %H:%M:%S}"
