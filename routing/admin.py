@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import Prefetch, QuerySet
 from django.forms import BaseFormSet, BaseInlineFormSet, ModelForm
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from routing.config.validation import (
@@ -91,6 +92,38 @@ class RouteAdmin(admin.ModelAdmin):
     list_filter = ["enabled", "sticky"]
     search_fields = ["name", "default_model"]
 
+    def get_form(
+        self, request: HttpRequest, obj: Route | None = None, change: bool = False, **kwargs: Any
+    ) -> type[ModelForm]:
+        form = super().get_form(request, obj, change, **kwargs)
+        if obj is not None and "fallback" in form.base_fields:
+            # A route falling back to itself is refused anyway; do not offer it.
+            field = form.base_fields["fallback"]
+            field.queryset = field.queryset.exclude(pk=obj.pk)  # type: ignore[attr-defined]
+        return form
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        @admin.display(description="client URL")
+        def client_url(route: Route) -> str:
+            return route_url(request, route.name)
+
+        return [*self.list_display, client_url]
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        route = self.get_object(request, object_id) if object_id else None
+        context = {
+            **(extra_context or {}),
+            "client_url": route_url(request, route.name) if route else "",
+            "site_root": request.build_absolute_uri("/"),
+        }
+        return super().changeform_view(request, object_id, form_url, context)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Route]:
         route_hosts = RouteHost.objects.select_related("host")
         routes = super().get_queryset(request).select_related("fallback")
@@ -139,6 +172,12 @@ class ConfigFileLoadAdmin(admin.ModelAdmin):
     @admin.display(description="sha256")
     def short_sha256(self, load: ConfigFileLoad) -> str:
         return load.sha256[:12]
+
+
+def route_url(request: HttpRequest, name: str) -> str:
+    """The base URL clients give their OpenAI library for route `name`, as this request
+    reached the site: `<scheme>://<host>/<route>/v1`."""
+    return request.build_absolute_uri(f"/{name}/v1")
 
 
 def moment(value: datetime) -> str:
