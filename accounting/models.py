@@ -78,6 +78,8 @@ class Request(models.Model):
             models.Index(fields=["route", "started"], name="request_route_started"),
             models.Index(fields=["host", "started"], name="request_host_started"),
             models.Index(fields=["model", "started"], name="request_model_started"),
+            # The client filter, and each client key's "last used" and "requests (24 h)".
+            models.Index(fields=["client", "started"], name="request_client_started"),
             # Fingerprint search is a prefix range (see the admin), which a plain btree serves.
             models.Index(fields=["fingerprint"], name="request_fingerprint"),
         ]
