@@ -1,4 +1,7 @@
-"""The request history in the admin: read-only, newest first, fast on a million rows."""
+"""The request history in the admin: read-only, newest first, fast on a million rows.
+
+Client keys are in `accounting.keys_admin`, registered from here.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +9,14 @@ import string
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
-from accounting.models import ClientKey, Request
+from accounting.models import Request
 
 
 class StatusClassFilter(admin.SimpleListFilter):
@@ -210,44 +213,6 @@ def moment(value: datetime) -> str:
     return f"{timezone.localtime(value):%Y-%m-%d %H:%M:%S}"
 
 
-@admin.register(ClientKey)
-class ClientKeyAdmin(admin.ModelAdmin):
-    """Client keys: the key is shown once, in the message after it is issued, never again."""
-
-    list_display = [
-        "name", "key_start", "enabled", "routes", "max_concurrent", "requests_per_minute",
-        "created",
-    ]  # fmt: skip
-    list_filter = ["enabled"]
-    search_fields = ["name", "prefix", "notes"]
-    fields = [
-        "name", "key_start", "enabled", "routes", "max_concurrent", "requests_per_minute",
-        "notes", "created",
-    ]  # fmt: skip
-    readonly_fields = ["key_start", "created"]
-    actions = ["replace_keys"]
-
-    @admin.display(description="key")
-    def key_start(self, key: ClientKey) -> str:
-        return f"{key.prefix}…" if key.prefix else "issued when saved"
-
-    def save_model(self, request: HttpRequest, obj: ClientKey, form: Any, change: bool) -> None:
-        secret = None if change else obj.issue_key()
-        super().save_model(request, obj, form, change)
-        if secret is not None:
-            _show_once(request, obj, secret)
-
-    @admin.action(description="Replace the keys of the selected clients")
-    def replace_keys(self, request: HttpRequest, queryset: QuerySet[ClientKey]) -> None:
-        for key in queryset:
-            secret = key.issue_key()
-            key.save(update_fields=["key_hash", "prefix"])
-            _show_once(request, key, secret)
-
-
-def _show_once(request: HttpRequest, key: ClientKey, secret: str) -> None:
-    messages.success(
-        request,
-        f"The key of “{key.name}” is {secret} — copy it now: it is stored hashed and "
-        "cannot be shown again.",
-    )
+# Client keys have their own module; importing it registers their admin (after `moment`, which
+# it uses, is defined).
+from accounting import keys_admin  # noqa: E402, F401

@@ -29,6 +29,8 @@ from routing.config.validation import (
     ModelSpec,
     Problem,
     RouteSpec,
+    client_key_problems,
+    client_keys_from_db,
     config_from_db,
     config_problems,
     single_values,
@@ -116,7 +118,10 @@ class Command(BaseCommand):
             hosts, routes, problems = _read_config(path)
             problems += config_problems(hosts, routes)
         else:
-            path, problems = "the database", config_problems(*config_from_db())
+            hosts, routes = config_from_db()
+            problems = config_problems(hosts, routes)
+            problems += client_key_problems(client_keys_from_db(), routes)
+            path = "the database"
         _refuse_errors(path, problems)
         return "\n".join([*map(str, problems), f"{path}: {_count(problems)}"])
 
