@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.apps import apps
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
@@ -78,6 +80,8 @@ class Request(models.Model):
             models.Index(fields=["route", "started"], name="request_route_started"),
             models.Index(fields=["host", "started"], name="request_host_started"),
             models.Index(fields=["model", "started"], name="request_model_started"),
+            # The client filter, and each client key's "last used" and "requests (24 h)".
+            models.Index(fields=["client", "started"], name="request_client_started"),
             # Fingerprint search is a prefix range (see the admin), which a plain btree serves.
             models.Index(fields=["fingerprint"], name="request_fingerprint"),
         ]
@@ -139,6 +143,11 @@ class ClientKey(models.Model):
     def route_names(self) -> list[str]:
         return self.routes.replace(",", " ").split()
 
+    def clean(self) -> None:
+        """Refuse route names no route has (a key limited to a typo could use nothing)."""
+        if unknown := unknown_routes(self.route_names):
+            raise ValidationError({"routes": [no_such_route(self.name, name) for name in unknown]})
+
     def issue_key(self) -> str:
         """Give the row a new random key and return it: the only time it exists in clear.
 
@@ -148,3 +157,17 @@ class ClientKey(models.Model):
         self.key_hash = hash_key(key)
         self.prefix = shown_prefix(key)
         return key
+
+
+def unknown_routes(names: list[str]) -> list[str]:
+    """Those of `names` that no route has, in order.
+
+    Routes are looked up by app label so that accounting does not import routing.
+    """
+    route_model = apps.get_model("routing", "Route")
+    known = set(route_model.objects.filter(name__in=names).values_list("name", flat=True))
+    return [name for name in dict.fromkeys(names) if name not in known]
+
+
+def no_such_route(key: str, route: str) -> str:
+    return f"Client key “{key}” names route “{route}”, which does not exist."

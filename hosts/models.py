@@ -72,13 +72,15 @@ class HostModel(models.Model):
     upstream_name = models.CharField(
         max_length=200, blank=True, help_text="Optional. Written into the body sent to this host."
     )
+    # 4 and 8, as docs/config.md says: with 1 slot and no queue a second concurrent request
+    # would be refused at once. Set parallel to the host's real -np.
     parallel = models.PositiveIntegerField(
-        default=1,
+        default=4,
         validators=[MinValueValidator(1, message="Parallel must be at least 1.")],
         help_text="Requests in flight at once (llama-server's -np).",
     )
     queue_max = models.PositiveIntegerField(
-        default=0, help_text="Requests allowed to wait for a slot; more are refused at once."
+        default=8, help_text="Requests allowed to wait for a slot; more are refused at once."
     )
 
     class Meta:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
+from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import Prefetch, QuerySet
 from django.forms import BaseFormSet, BaseInlineFormSet, ModelForm
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 
 from routing.config.validation import (
     DUPLICATE_NAME,
@@ -19,7 +22,7 @@ from routing.config.validation import (
     config_problems,
     route_problems,
 )
-from routing.models import Route, RouteHost
+from routing.models import ConfigFileLoad, Route, RouteHost
 
 
 class RouteHostFormSet(BaseInlineFormSet):
@@ -89,6 +92,38 @@ class RouteAdmin(admin.ModelAdmin):
     list_filter = ["enabled", "sticky"]
     search_fields = ["name", "default_model"]
 
+    def get_form(
+        self, request: HttpRequest, obj: Route | None = None, change: bool = False, **kwargs: Any
+    ) -> type[ModelForm]:
+        form = super().get_form(request, obj, change, **kwargs)
+        if obj is not None and "fallback" in form.base_fields:
+            # A route falling back to itself is refused anyway; do not offer it.
+            field = form.base_fields["fallback"]
+            field.queryset = field.queryset.exclude(pk=obj.pk)  # type: ignore[attr-defined]
+        return form
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        @admin.display(description="client URL")
+        def client_url(route: Route) -> str:
+            return route_url(request, route.name)
+
+        return [*self.list_display, client_url]
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        route = self.get_object(request, object_id) if object_id else None
+        context = {
+            **(extra_context or {}),
+            "client_url": route_url(request, route.name) if route else "",
+            "site_root": request.build_absolute_uri("/"),
+        }
+        return super().changeform_view(request, object_id, form_url, context)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Route]:
         route_hosts = RouteHost.objects.select_related("host")
         routes = super().get_queryset(request).select_related("fallback")
@@ -108,3 +143,43 @@ class RouteAdmin(admin.ModelAdmin):
         hosts = {h.name: HostSpec.from_host(h) for h in route.hosts.prefetch_related("models")}
         for problem in route_problems(RouteSpec.from_route(route), hosts):
             self.message_user(request, problem.message, messages.WARNING)
+
+
+@admin.register(ConfigFileLoad)
+class ConfigFileLoadAdmin(admin.ModelAdmin):
+    """When the config file last changed what: written by `crossbar_config load`, read here."""
+
+    list_display = ["loaded_at", "summary", "path", "short_sha256"]
+    list_display_links = ["loaded_at"]
+    search_fields = ["path", "summary"]
+    ordering = ["-loaded", "-pk"]
+    fields = ["loaded_at", "path", "sha256", "summary"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    @admin.display(description="loaded", ordering="loaded")
+    def loaded_at(self, load: ConfigFileLoad) -> str:
+        return moment(load.loaded)
+
+    @admin.display(description="sha256")
+    def short_sha256(self, load: ConfigFileLoad) -> str:
+        return load.sha256[:12]
+
+
+def route_url(request: HttpRequest, name: str) -> str:
+    """The base URL clients give their OpenAI library for route `name`, as this request
+    reached the site: `<scheme>://<host>/<route>/v1`."""
+    return request.build_absolute_uri(f"/{name}/v1")
+
+
+def moment(value: datetime) -> str:
+    """A time as operators compare them: to the second, in the site's zone."""
+    return f"{timezone.localtime(value):%Y-%m-%d %H:%M:%S}"

@@ -8,6 +8,7 @@ import secrets
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 from hosts.models import Host
 
@@ -130,3 +131,30 @@ class ConfigRevision(models.Model):
         stamp = secrets.randbits(62)
         if not cls.objects.filter(pk=1).update(stamp=stamp):
             cls.objects.update_or_create(pk=1, defaults={"stamp": stamp})
+
+
+class ConfigFileLoad(models.Model):
+    """A configuration file loaded into the database: which file, its content, when, what changed.
+
+    `make run` (crossbar_setup) loads its file only when the file's sha256 differs from its last
+    load here, so an edit made in the admin is not reverted by the next restart.
+    """
+
+    path = models.CharField(max_length=1000, help_text="The file, as an absolute path.")
+    sha256 = models.CharField(max_length=64, help_text="The file's content as loaded (hex).")
+    loaded = models.DateTimeField(default=timezone.now, db_index=True)
+    summary = models.CharField(
+        max_length=1000, help_text="What the load changed: “1 host added, 2 models changed”."
+    )
+
+    class Meta:
+        ordering = ["-loaded", "-pk"]
+        verbose_name = "config file load"
+
+    def __str__(self) -> str:
+        return f"{self.path} at {self.loaded:%Y-%m-%d %H:%M:%S}"
+
+    @classmethod
+    def last_of(cls, path: str) -> ConfigFileLoad | None:
+        """The latest load of the file at `path` (absolute), if any."""
+        return cls.objects.filter(path=path).order_by("-loaded", "-pk").first()

@@ -95,13 +95,16 @@ def dump_config(
 def _table(name: str, values: Mapping[str, object], indent: str = "") -> list[str]:
     """One `[[name]]` table, written out in full (tomli_w would inline the short ones)."""
     lines = [f"{indent}[[{name}]]"]
-    lines += [f"{indent}{key} = {_literal(value)}" for key, value in values.items() if value != ""]
+    lines += [
+        f"{indent}{key} = {toml_literal(value)}" for key, value in values.items() if value != ""
+    ]
     return lines
 
 
-def _literal(value: object) -> str:
+def toml_literal(value: object) -> str:
+    """`value` as TOML writes it: `"gpu1"`, `2.0`, `true`, `["a", "b"]`."""
     if isinstance(value, list):
-        return "[" + ", ".join(_literal(item) for item in value) + "]"
+        return "[" + ", ".join(toml_literal(item) for item in value) + "]"
     return tomli_w.dumps({"v": value}).removeprefix("v = ").rstrip("\n")
 
 

@@ -23,6 +23,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Prefetch
 
+from accounting.models import ClientKey, no_such_route
 from hosts.models import Host, HostModel
 from routing.models import Route, RouteHost
 
@@ -34,6 +35,7 @@ DEFAULT_MODEL_NOT_SERVED = "E004"
 UNKNOWN_FALLBACK = "E005"
 FALLBACK_CHAIN = "E006"
 FALLBACK_MODEL_NOT_SERVED = "E007"
+UNKNOWN_KEY_ROUTE = "E008"
 ROUTE_WITHOUT_HOSTS = "W001"
 
 
@@ -172,6 +174,24 @@ def config_from_db() -> tuple[list[HostSpec], list[RouteSpec]]:
     return [HostSpec.from_host(host) for host in hosts], [
         RouteSpec.from_route(route) for route in routes
     ]
+
+
+def client_key_problems(keys: Mapping[str, list[str]], routes: list[RouteSpec]) -> list[Problem]:
+    """Client keys (name: route names) limited to routes that do not exist."""
+    known = {route.name for route in routes}
+    return [
+        Problem(
+            f"{entry_key('client_keys', key)}.routes", no_such_route(key, name), UNKNOWN_KEY_ROUTE
+        )
+        for key, names in keys.items()
+        for name in dict.fromkeys(names)
+        if name not in known
+    ]
+
+
+def client_keys_from_db() -> dict[str, list[str]]:
+    """Every client key's name and route names, enabled or not."""
+    return {key.name: key.route_names for key in ClientKey.objects.all()}
 
 
 def entry_key(prefix: str, name: str, index: int | None = None) -> str:

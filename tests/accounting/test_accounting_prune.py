@@ -87,6 +87,67 @@ def test_a_bad_age_is_refused_with_a_clear_message(age: str) -> None:
     assert Request.objects.count() == 1
 
 
-def test_the_age_is_required() -> None:
-    with pytest.raises(CommandError, match="--older-than"):
+def test_the_age_is_required_to_delete() -> None:
+    add_aged(timedelta(days=400))
+
+    with pytest.raises(CommandError, match="--older-than is required to delete"):
         prune()
+    assert Request.objects.count() == 1
+
+
+def test_a_dry_run_without_an_age_counts_the_requests_older_than_1_7_30_and_90_days() -> None:
+    add_aged(
+        timedelta(hours=2),
+        *[timedelta(days=2)] * 2,
+        *[timedelta(days=10)] * 3,
+        timedelta(days=40),
+        timedelta(days=100),
+    )
+
+    output = prune("--dry-run")
+
+    assert output.splitlines() == [
+        "8 requests in all; nothing deleted. Older than:",
+        "    1d  7",
+        "    7d  5",
+        "   30d  2",
+        "   90d  1",
+        "Delete with --older-than AGE (e.g. --older-than 30d).",
+    ]
+    assert Request.objects.count() == 8
+
+
+def test_one_m_is_refused_as_ambiguous_naming_minutes_and_months() -> None:
+    add_aged(timedelta(days=400), timedelta(days=2))
+
+    with pytest.raises(CommandError) as refused:
+        prune("--older-than", "1m")
+
+    message = str(refused.value)
+    assert "“1m” is ambiguous: write 1min for minutes or 1mo for months (30 days)" in message
+    assert "s, min, h, d or mo" in message
+    assert Request.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("age", "kept_ages_in_days"),
+    [
+        ("90min", [0]),
+        ("36000s", [0, 0]),
+        ("3d", [0, 0, 2]),
+        ("1mo", [0, 0, 2]),
+        ("2mo", [0, 0, 2, 31]),
+    ],
+)
+def test_minutes_and_months_are_spelled_min_and_mo(age: str, kept_ages_in_days: list[int]) -> None:
+    add_aged(
+        timedelta(minutes=30),
+        timedelta(hours=2),
+        timedelta(days=2),
+        timedelta(days=31),
+        timedelta(days=400),
+    )
+
+    prune("--older-than", age)
+
+    assert remaining_ages_in_days() == kept_ages_in_days

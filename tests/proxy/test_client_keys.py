@@ -368,9 +368,18 @@ def test_require_key_refuses_requests_before_any_key_exists(gateway_requiring_ke
 
 @pytest.mark.django_db
 def test_the_admin_shows_a_new_key_once_and_stores_its_hash(admin_client):
+    add_route("chat", [])
+    add_route("code", [])
     response = admin_client.post(
         "/admin/accounting/clientkey/add/",
-        {"name": "team-a", "enabled": "on", "routes": "chat, code", "max_concurrent": "4"},
+        {
+            "name": "team-a",
+            "enabled": "on",
+            "routes": ["chat", "code"],
+            "max_concurrent": "4",
+            # Past the "turns authentication on" page (tests/accounting/test_client_keys_admin.py).
+            "_confirm_authentication": "yes",
+        },
         follow=True,
     )
 
@@ -393,7 +402,8 @@ def test_replacing_a_key_shows_the_new_one_and_the_old_stops_matching(admin_clie
 
     response = admin_client.post(
         "/admin/accounting/clientkey/",
-        {"action": "replace_keys", "_selected_action": [row.pk]},
+        # "post": past the confirmation page (tests/accounting/test_client_keys_admin.py).
+        {"action": "replace_keys", "_selected_action": [row.pk], "post": "yes"},
         follow=True,
     )
 

@@ -58,7 +58,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--since",
             metavar="SPAN",
-            help="How far back from now (or from --to): 90m, 24h, 7d. Default 24h.",
+            help="How far back from now (or from --to): 90min, 24h, 7d. Default 24h.",
         )
         parser.add_argument(
             "--from",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
 from pathlib import Path
@@ -13,14 +14,25 @@ from django.core.management.base import BaseCommand
 
 
 class Command(BaseCommand):
-    help = "Create the `admin` superuser on first run and load crossbar.toml when present."
+    help = (
+        "Create the `admin` superuser on first run, and load crossbar.toml (or $CROSSBAR_CONFIG) "
+        "when its content changed since it was last loaded."
+    )
 
     def handle(self, *args: object, **options: object) -> str:
         lines = [self._ensure_admin()]
         config = Path(os.environ.get("CROSSBAR_CONFIG") or settings.BASE_DIR / "crossbar.toml")
         if config.is_file():
-            call_command("crossbar_config", "load", str(config))
-            lines.append(f"Loaded {config}.")
+            # Only a changed file is loaded: loading it at every start would revert each edit
+            # made in the admin since (crossbar_config load records what it loaded).
+            shown = (
+                os.path.relpath(config) if config.resolve().is_relative_to(Path.cwd()) else config
+            )
+            lines.append(
+                call_command(
+                    "crossbar_config", "load", "--if-changed", str(shown), stdout=io.StringIO()
+                )
+            )
         else:
             lines.append(f"No {config.name}: add hosts and routes in the admin.")
         return "\n".join(lines)

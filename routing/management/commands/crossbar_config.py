@@ -5,9 +5,9 @@ The format is described in docs/config.md.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tomllib
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,22 +15,27 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import models, transaction
 
 from hosts.models import Host, HostModel
+from routing.config.diff import (
+    OPERATIONAL,
+    Change,
+    change_summary,
+    config_diff,
+    kept_draining,
+    not_named,
+)
 from routing.config.toml import api_key_problems, dump_config, parse_config
 from routing.config.validation import (
     HostSpec,
     ModelSpec,
     Problem,
     RouteSpec,
+    client_key_problems,
+    client_keys_from_db,
     config_from_db,
     config_problems,
     single_values,
 )
-from routing.models import Route, RouteHost
-
-OUTCOMES = ("created", "updated", "unchanged", "deleted")
-KINDS = {Host: "hosts", HostModel: "models", Route: "routes"}
-
-Tally = dict[str, Counter[str]]
+from routing.models import ConfigFileLoad, Route, RouteHost
 
 
 class Command(BaseCommand):
@@ -49,6 +54,17 @@ class Command(BaseCommand):
             action="store_true",
             help="Also delete the hosts, models and routes the file does not name.",
         )
+        load.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Print what the load would add, change (old -> new) and remove; write nothing.",
+        )
+        load.add_argument(
+            "--if-changed",
+            action="store_true",
+            help="Load only if the file's content differs from its last load (what `make run` "
+            "does).",
+        )
         actions.add_parser("dump", help="Print the configuration as TOML that `load` reads.")
         check = actions.add_parser(
             "check", help="Report problems of the database, or of FILE on its own."
@@ -57,21 +73,40 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, action: str, **options: object) -> str:
         if action == "load":
-            return self.load_file(str(options["file"]), prune=bool(options["prune"]))
+            return self.load_file(
+                str(options["file"]),
+                prune=bool(options["prune"]),
+                dry_run=bool(options["dry_run"]),
+                if_changed=bool(options["if_changed"]),
+            )
         if action == "dump":
             return self.dump_database()
         return self.check_config(options["file"] and str(options["file"]))
 
-    def load_file(self, path: str, prune: bool) -> str:
-        hosts, routes, problems = _read_config(path)
+    def load_file(self, path: str, prune: bool, dry_run: bool, if_changed: bool) -> str:
+        data = _read_bytes(path)
+        digest = hashlib.sha256(data).hexdigest()
+        where = str(Path(path).resolve())
+        last = ConfigFileLoad.last_of(where) if if_changed and not dry_run else None
+        if last is not None and last.sha256 == digest:
+            return f"{path} unchanged since {last.loaded:%Y-%m-%d %H:%M:%S} UTC: not loaded"
+        hosts, routes, problems = _parse(path, data)
         problems += api_key_problems(hosts, os.environ)
         with transaction.atomic():
+            current = config_from_db()
             # Judge what the database will hold afterwards, not the file alone: a file may
             # name hosts it does not define, and without --prune what it leaves out stays.
-            problems += config_problems(*_merged(config_from_db(), hosts, routes, prune))
+            problems += config_problems(*_merged(current, hosts, routes, prune))
             _refuse_errors(f"{path}: nothing was changed", problems)
-            tally = _apply(hosts, routes, prune)
-        return "\n".join([_summary(tally), *map(str, problems)])
+            changes = config_diff(current, hosts, routes, prune, _key_changes(hosts))
+            notes = kept_draining(current, hosts)
+            if dry_run:
+                kept = [] if prune else not_named(current, hosts, routes)
+                return _dry_run_report(path, changes, kept, [*notes, *map(str, problems)])
+            _apply(hosts, routes, prune)
+            summary = change_summary(changes)
+            ConfigFileLoad.objects.create(path=where, sha256=digest, summary=summary)
+        return "\n".join([f"loaded {path}: {summary}", *notes, *map(str, problems)])
 
     def dump_database(self) -> str:
         hosts, routes = config_from_db()
@@ -83,18 +118,62 @@ class Command(BaseCommand):
             hosts, routes, problems = _read_config(path)
             problems += config_problems(hosts, routes)
         else:
-            path, problems = "the database", config_problems(*config_from_db())
+            hosts, routes = config_from_db()
+            problems = config_problems(hosts, routes)
+            problems += client_key_problems(client_keys_from_db(), routes)
+            path = "the database"
         _refuse_errors(path, problems)
         return "\n".join([*map(str, problems), f"{path}: {_count(problems)}"])
 
 
+def _dry_run_report(path: str, changes: list[Change], kept: list[str], notes: list[str]) -> str:
+    lines = [f"{path}: dry run, nothing written. A load would:"]
+    lines += [f"  {change}" for change in changes] or ["  change nothing"]
+    if kept:
+        lines.append(f"  keep what the file does not name (--prune removes it): {', '.join(kept)}")
+    return "\n".join([*lines, *notes, f"summary: {change_summary(changes)}"])
+
+
 def _read_config(path: str) -> tuple[list[HostSpec], list[RouteSpec], list[Problem]]:
+    return _parse(path, _read_bytes(path))
+
+
+def _read_bytes(path: str) -> bytes:
     try:
-        return parse_config(Path(path).read_text(encoding="utf-8"))
+        return Path(path).read_bytes()
     except OSError as error:
         raise CommandError(f"Cannot read {path}: {error.strerror}.") from None
+
+
+def _parse(path: str, data: bytes) -> tuple[list[HostSpec], list[RouteSpec], list[Problem]]:
+    try:
+        return parse_config(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise CommandError(f"{path} is not valid TOML: {error}.") from None
+
+
+def _new_api_key(spec: HostSpec, host: Host) -> str:
+    """The API key `host` has after loading `spec`."""
+    if spec.api_key_env:
+        return os.environ[spec.api_key_env]
+    # The file brought this key in, so the file takes it away; a key set in the admin (no
+    # api_key_env) is never touched by a load.
+    return "" if host.api_key_env else host.api_key
+
+
+def _key_changes(hosts: list[HostSpec]) -> dict[str, str]:
+    """How the load changes each existing host's API key, in words that never show a key."""
+    existing = Host.objects.in_bulk([spec.name for spec in hosts], field_name="name")
+    changes = {}
+    for spec in hosts:
+        host = existing.get(spec.name)
+        if host is None or (new := _new_api_key(spec, host)) == host.api_key:
+            continue
+        changes[spec.name] = (
+            "api key removed" if not new else "api key set" if not host.api_key else
+            "api key replaced"
+        )  # fmt: skip
+    return changes
 
 
 def _refuse_errors(title: str, problems: list[Problem]) -> None:
@@ -136,86 +215,61 @@ def _kept_models(current: HostSpec, loaded: HostSpec) -> list[ModelSpec]:
     return [model for model in current.models if model.name not in names]
 
 
-def _apply(hosts: list[HostSpec], routes: list[RouteSpec], prune: bool) -> Tally:
+def _apply(hosts: list[HostSpec], routes: list[RouteSpec], prune: bool) -> None:
     """Write the specs into the database by name; the caller holds the transaction."""
-    tally: Tally = {kind: Counter() for kind in KINDS.values()}
     existing_hosts = {host.name: host for host in Host.objects.prefetch_related("models")}
     for spec in hosts:
-        host = existing_hosts.get(spec.name) or Host(name=spec.name)
+        host = existing_hosts.get(spec.name)
         values = single_values(spec, HostSpec)
-        if spec.api_key_env:
-            values["api_key"] = os.environ[spec.api_key_env]
-        elif host.api_key_env:
-            # The file brought this key in, so the file takes it away; a key set in the
-            # admin (no api_key_env) is never touched by a load.
-            values["api_key"] = ""
-        tally["hosts"][_save(host, values)] += 1
+        if host is None:
+            host = Host(name=spec.name)
+        else:
+            for name in OPERATIONAL:
+                del values[name]
+        values["api_key"] = _new_api_key(spec, host)
+        _save(host, values)
         existing_models = {model.name: model for model in host.models.all()}
         for model_spec in spec.models:
             model = existing_models.get(model_spec.name) or HostModel(host=host)
-            tally["models"][_save(model, single_values(model_spec, ModelSpec))] += 1
+            _save(model, single_values(model_spec, ModelSpec))
         if prune:
-            names = [model.name for model in spec.models]
-            _delete(host.models.exclude(name__in=names), tally)
+            host.models.exclude(name__in=[model.name for model in spec.models]).delete()
 
     existing_routes = {route.name: route for route in Route.objects.select_related("fallback")}
-    outcomes: dict[str, str] = {}
     for spec in routes:
         route = existing_routes.setdefault(spec.name, Route(name=spec.name))
         values = single_values(spec, RouteSpec)
         del values["fallback"]
-        outcomes[spec.name] = _save(route, values)
-        if _set_route_hosts(route, spec.hosts) and outcomes[spec.name] == "unchanged":
-            outcomes[spec.name] = "updated"
+        _save(route, values)
+        _set_route_hosts(route, spec.hosts)
     # Only now: a fallback may be a route the file creates further down.
     for spec in routes:
         fallback = existing_routes[spec.fallback] if spec.fallback else None
-        changed = _save(existing_routes[spec.name], {"fallback": fallback}) == "updated"
-        if changed and outcomes[spec.name] == "unchanged":
-            outcomes[spec.name] = "updated"
-    tally["routes"].update(outcomes.values())
+        _save(existing_routes[spec.name], {"fallback": fallback})
 
+    # QuerySet.delete() sends post_delete per row, so the gateway hears of every deletion.
     if prune:
-        _delete(Route.objects.exclude(name__in=[route.name for route in routes]), tally)
-        _delete(Host.objects.exclude(name__in=[host.name for host in hosts]), tally)
-    return tally
+        Route.objects.exclude(name__in=[route.name for route in routes]).delete()
+        Host.objects.exclude(name__in=[host.name for host in hosts]).delete()
 
 
-def _save(obj: models.Model, values: dict[str, object]) -> str:
-    """Save `obj` with `values` if it is new or any of them differ; say which it was."""
-    created = obj.pk is None
+def _save(obj: models.Model, values: dict[str, object]) -> None:
+    """Save `obj` with `values` if it is new or any of them differ (an unchanged row is not
+    written, so the gateway is not told of a change that is none)."""
     changed = {name: value for name, value in values.items() if getattr(obj, name) != value}
-    if not (created or changed):
-        return "unchanged"
+    if obj.pk is not None and not changed:
+        return
     for name, value in changed.items():
         setattr(obj, name, value)
     obj.save()
-    return "created" if created else "updated"
 
 
-def _set_route_hosts(route: Route, names: list[str]) -> bool:
-    """Give the route exactly these hosts in this order; say whether anything changed."""
+def _set_route_hosts(route: Route, names: list[str]) -> None:
+    """Give the route exactly these hosts in this order."""
     current = route.route_hosts.select_related("host")
     if [route_host.host.name for route_host in current] == names:
-        return False
+        return
     current.delete()
     hosts = Host.objects.in_bulk(names, field_name="name")
     for position, name in enumerate(names):
         RouteHost.objects.create(route=route, host=hosts[name], position=position)
-    return True
-
-
-def _delete(queryset: models.QuerySet, tally: Tally) -> None:
-    # QuerySet.delete() sends post_delete per row, so the gateway hears of every deletion.
-    _, deleted = queryset.delete()
-    for model, kind in KINDS.items():
-        tally[kind]["deleted"] += deleted.get(model._meta.label, 0)
-
-
-def _summary(tally: Tally) -> str:
-    """`hosts: 2 created, 1 unchanged; models: ...; routes: ...`"""
-    parts = []
-    for kind, counts in tally.items():
-        numbers = [f"{counts[outcome]} {outcome}" for outcome in OUTCOMES if counts[outcome]]
-        parts.append(f"{kind}: {', '.join(numbers) or 'none'}")
-    return "; ".join(parts)

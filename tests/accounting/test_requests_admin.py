@@ -1,0 +1,105 @@
+"""The request list as an operator reads it: error codes, clients, and times to the second."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import pytest
+from django.test import Client
+
+from tests.accounting.test_accounting_admin import LIST, add, listed
+
+pytestmark = pytest.mark.django_db
+
+
+def cells(html: str, field: str) -> list[str]:
+    """The text of every cell of one column, top to bottom, tags stripped."""
+    found = re.findall(rf'<t[dh] class="field-{field}[^"]*"[^>]*>(.*?)</t[dh]>', html, re.S)
+    return [re.sub(r"<[^>]+>", "", cell).strip() for cell in found]
+
+
+def test_the_list_shows_the_error_code_and_the_client_of_each_request(
+    admin_client: Client,
+) -> None:
+    add(fingerprint="1" * 64, status=503, code="queue_full", client="web-frontend")
+    add(
+        fingerprint="2" * 64,
+        started=datetime(2026, 11, 30, 11, 0, tzinfo=UTC),
+        status=502,
+        code="upstream_unreachable",
+    )
+    add(fingerprint="3" * 64, started=datetime(2026, 11, 30, 10, 0, tzinfo=UTC))
+
+    html = admin_client.get(LIST).content.decode()
+
+    assert cells(html, "error_code") == ["queue_full", "upstream_unreachable", "-"]
+    assert cells(html, "client") == ["web-frontend", "-", "-"]
+    # A long code may break after its underscores rather than widen the table.
+    assert "upstream_<wbr>unreachable" in html
+
+
+def test_times_are_shown_to_the_second_in_the_list_and_on_the_rows_page(
+    admin_client: Client,
+) -> None:
+    row = add(started=datetime(2026, 11, 30, 8, 13, 5, 250_000, tzinfo=UTC))
+
+    listing = admin_client.get(LIST).content.decode()
+    page = admin_client.get(f"{LIST}{row.pk}/change/").content.decode()
+
+    assert cells(listing, "started_at") == ["2026-11-30 08:13:05"]
+    assert '<div class="readonly">2026-11-30 08:13:05</div>' in page
+    for html in (listing, page):
+        assert "a.m." not in html and "p.m." not in html
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("?client=web-frontend", ["00000003", "00000001"]),
+        ("?client=ci-batch", ["00000002"]),
+        ("?code=queue_full", ["00000003"]),
+        ("?code=", ["00000002", "00000001"]),
+    ],
+)
+def test_the_client_and_code_filters_narrow_the_list(
+    admin_client: Client, query: str, expected: list[str]
+) -> None:
+    for n, values in enumerate(
+        [
+            {"client": "web-frontend"},
+            {"client": "ci-batch"},
+            {"client": "web-frontend", "status": 503, "code": "queue_full"},
+        ],
+        start=1,
+    ):
+        add(
+            fingerprint=f"{n:08x}" + "0" * 56,
+            started=datetime(2026, 11, 1, n, tzinfo=UTC),
+            **values,
+        )
+
+    assert listed(admin_client, query) == expected
+
+
+def test_the_filter_sidebar_offers_the_clients_and_codes_found(admin_client: Client) -> None:
+    add(client="web-frontend", status=429, code="rate_limit_exceeded")
+    add(client="ci-batch")
+
+    html = admin_client.get(LIST).content.decode()
+
+    assert "By client" in html and "By code" in html
+    for link in ("?client=web-frontend", "?client=ci-batch", "?code=rate_limit_exceeded"):
+        assert link in html
+
+
+def test_the_columns_have_short_headers(admin_client: Client) -> None:
+    add()
+
+    html = admin_client.get(LIST).content.decode()
+    headers = re.findall(r'<th scope="col" class="[^"]*column-\w+[^"]*">(.*?)</th>', html, re.S)
+
+    assert [re.sub(r"<[^>]+>|\s+", " ", header).strip() for header in headers] == [
+        "Started", "Route", "Model", "Host", "Client", "Status", "Code", "Queue ms", "Ttfb ms",
+        "Total ms", "Tokens in/out", "Cache hit", "Fingerprint",
+    ]  # fmt: skip
