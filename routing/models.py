@@ -84,6 +84,25 @@ class Route(models.Model):
         blank=True,
         help_text="The model to ask the fallback route for; empty: the same model.",
     )
+    pass_credentials = models.BooleanField(
+        default=False,
+        help_text=(
+            "Send the client's own Authorization / X-Api-Key to the hosts (for fleets whose "
+            "llama-servers check their own keys). Off: the host's api_key is sent instead."
+        ),
+    )
+    map_unknown_models = models.BooleanField(
+        default=False,
+        help_text=(
+            "Serve a model name the route does not know (gpt-3.5-turbo, test, ...) with the "
+            "default model."
+        ),
+    )
+    manage_models = models.BooleanField(
+        default=False,
+        help_text="Let clients load and unload models on router-mode hosts (/models/load, "
+        "/models/unload). Off: only operators, from the host admin.",
+    )
     hosts = models.ManyToManyField(Host, through="RouteHost", related_name="routes")
 
     class Meta:

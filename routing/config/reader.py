@@ -44,6 +44,9 @@ def load_fleet() -> Fleet:
             fallback=route.fallback.name if route.fallback else "",
             fallback_after=route.fallback_after,
             fallback_model=route.fallback_model,
+            pass_credentials=route.pass_credentials,
+            map_unknown_models=route.map_unknown_models,
+            manage_models=route.manage_models,
         )
         for route in Route.objects.select_related("fallback").prefetch_related(
             "route_hosts__host"

@@ -45,6 +45,9 @@ class RouteConfig:
     fallback: str = ""  # a route name
     fallback_after: float = 10.0
     fallback_model: str = ""
+    pass_credentials: bool = False
+    map_unknown_models: bool = False
+    manage_models: bool = False
 
 
 @dataclass(slots=True, frozen=True)

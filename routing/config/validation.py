@@ -36,6 +36,7 @@ UNKNOWN_FALLBACK = "E005"
 FALLBACK_CHAIN = "E006"
 FALLBACK_MODEL_NOT_SERVED = "E007"
 UNKNOWN_KEY_ROUTE = "E008"
+CATCH_ALL_WITHOUT_DEFAULT = "E009"
 ROUTE_WITHOUT_HOSTS = "W001"
 
 
@@ -88,6 +89,9 @@ class RouteSpec:
     fallback: str
     fallback_after: float
     fallback_model: str
+    pass_credentials: bool = False
+    map_unknown_models: bool = False
+    manage_models: bool = False
     hosts: list[str] = field(default_factory=list)
 
     @classmethod
@@ -162,6 +166,12 @@ def route_problems(route: RouteSpec, hosts: Mapping[str, HostSpec]) -> Iterator[
             f"Default model “{route.default_model}” is not served by any of route "
             f"“{route.name}”'s hosts: {names}.",
             DEFAULT_MODEL_NOT_SERVED,
+        )
+    if route.map_unknown_models and not route.default_model:
+        yield Problem(
+            f"{key}.map_unknown_models",
+            f"Route “{route.name}” maps unknown model names to its default model, but has none.",
+            CATCH_ALL_WITHOUT_DEFAULT,
         )
 
 

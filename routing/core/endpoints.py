@@ -12,6 +12,8 @@ its kind:
   read; it goes to a usable host of the route (or, per host, to the one an operator names).
 - `MODELS`: the model list, answered by the gateway from its configuration: what a client may
   send, over every host of the route.
+- `MANAGE`: loading and unloading models on a router-mode host (`/models/load`,
+  `/models/unload`): an operator's action, open to clients only where the route says so.
 
 Any other path is refused (404), and so are path tricks (empty, `.` or `..` segments). Pure.
 """
@@ -28,6 +30,7 @@ class Kind(enum.Enum):
     INSPECT = "inspect"
     HOST = "host"
     MODELS = "models"
+    MANAGE = "manage"
 
 
 _OPENAI = {
@@ -56,6 +59,8 @@ _NATIVE = {
     "slots": Kind.HOST,
     "metrics": Kind.HOST,
     "lora-adapters": Kind.HOST,
+    "models/load": Kind.MANAGE,
+    "models/unload": Kind.MANAGE,
 }
 
 

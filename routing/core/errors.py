@@ -5,6 +5,7 @@
     ├── UnknownRoute, NotFound         404            ├── UnknownModel     404 model_not_found
     ├── MethodNotAllowed               405            ├── BodyTooLarge     413
     ├── MissingKey, InvalidKey         401            ├── RouteNotAllowed  403
+    ├── ManagementNotAllowed           403 model_management_not_allowed
     ├── ClientLimited                  429 (+ Retry-After)
     ├── QueueFull                      503 queue_full (+ Retry-After 1)
     ├── NoHealthyHost                  503 no_healthy_host (+ Retry-After 2)
@@ -151,6 +152,13 @@ class InvalidKey(GatewayError):
 
     status = 401
     code = "invalid_api_key"
+
+
+class ManagementNotAllowed(GatewayError):
+    """The route does not let clients load or unload models."""
+
+    status = 403
+    code = "model_management_not_allowed"
 
 
 class RouteNotAllowed(GatewayError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from django.core.exceptions import RequestDataTooBig
@@ -16,6 +17,7 @@ from routing.core.errors import (
     BadBody,
     BodyTooLarge,
     ConflictingRoute,
+    ManagementNotAllowed,
     MissingRoute,
     NotFound,
     UnknownRoute,
@@ -43,6 +45,7 @@ class Ask:
     payload: dict[str, object] | None  # the body's JSON object, when the gateway read it
     model: str | None  # the model it names; None for requests about the host itself
     fingerprint: str = ""
+    credentials: bool = False  # the client's credentials go to the host (the route says so)
 
     @property
     def takes_slot(self) -> bool:
@@ -90,26 +93,33 @@ def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str,
     return route, rest, kind
 
 
-def read_ask(request: HttpRequest, route: RouteConfig, path: str, kind: Kind) -> Ask:
+def read_ask(
+    request: HttpRequest, route: RouteConfig, path: str, kind: Kind, models: Collection[str]
+) -> Ask:
     """Read the body when the gateway needs what it names (the model, the conversation).
 
-    Requests about the host, and GETs, pass with their body unread. Raises BodyTooLarge, or
-    BadBody with the reason.
+    `models` are those the route serves. Requests about the host, and GETs, pass with their
+    body unread. Raises BodyTooLarge, ManagementNotAllowed, or BadBody with the reason.
     """
     method = request.method or "GET"
+    credentials = route.pass_credentials
+    if kind is Kind.MANAGE and not route.manage_models:
+        raise ManagementNotAllowed(
+            f"route “{route.name}” does not let clients load or unload models"
+        )
     if method in _LOCAL_METHODS:
-        return Ask(request, path, kind, b"", None, None)
+        return Ask(request, path, kind, b"", None, None, credentials=credentials)
     body = _read_body(request)
     if kind is Kind.HOST or kind is Kind.MODELS:
-        return Ask(request, path, kind, body, None, None)
+        return Ask(request, path, kind, body, None, None, credentials=credentials)
     payload = _parse_payload(body)
-    model = _model_of(payload, route)
+    model = _model_of(payload, route, models)
     if not isinstance(payload.get("messages", []), list):
         raise BadBody("messages must be a list of message objects")
     conversation = ""
     if kind is Kind.GENERATE:
         conversation = fingerprint(method, payload, request.headers.get(SESSION_HEADER))
-    return Ask(request, path, kind, body, payload, model, conversation)
+    return Ask(request, path, kind, body, payload, model, conversation, credentials)
 
 
 def wants_wait_status(ask: Ask, route: RouteConfig) -> bool:
@@ -154,9 +164,12 @@ def _parse_payload(body: bytes) -> dict[str, object]:
     return payload
 
 
-def _model_of(payload: dict[str, object], route: RouteConfig) -> str:
-    """The model the body names; else the route's default."""
+def _model_of(payload: dict[str, object], route: RouteConfig, models: Collection[str]) -> str:
+    """The model the body names; else (or, with `map_unknown_models`, when the route does not
+    serve it) the route's default."""
     model = payload.get("model")
+    if route.map_unknown_models and route.default_model and model not in models:
+        return route.default_model
     if model is None or model == "":
         if route.default_model:
             return route.default_model

@@ -31,14 +31,19 @@ _REQUEST_DROP = frozenset(
 )  # fmt: skip
 
 
-def _headers(request: HttpRequest, api_key: str) -> list[tuple[str, str]]:
+_CREDENTIALS = frozenset({"authorization", "x-api-key"})
+
+
+def _headers(request: HttpRequest, api_key: str, credentials: bool) -> list[tuple[str, str]]:
+    """The client's headers as the host gets them: its credentials only when the route passes
+    them through; otherwise the host's own key."""
     headers = [
         (name, value)
         for name, value in request.headers.items()
-        if name.lower() not in _REQUEST_DROP
+        if name.lower() not in _REQUEST_DROP or (credentials and name.lower() in _CREDENTIALS)
     ]
     headers.append(("Accept-Encoding", "identity"))
-    if api_key:
+    if api_key and not credentials:
         headers.append(("Authorization", f"Bearer {api_key}"))
     return headers
 
@@ -104,7 +109,7 @@ async def forward(runtime: Runtime, ask: Ask, model: str | None, host: str) -> h
     upstream_request = runtime.client.build_request(
         ask.request.method or "GET",
         url,
-        headers=_headers(ask.request, config.api_key),
+        headers=_headers(ask.request, config.api_key, ask.credentials),
         content=body or None,
     )
     return await _send(runtime, host, upstream_request)

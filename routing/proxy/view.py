@@ -87,10 +87,10 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             raise MethodNotAllowed(
                 f"method {(request.method or '')[:20]} not allowed: use {', '.join(METHODS)}"
             )
-        if kind is Kind.MODELS:
+        if kind is Kind.MODELS and request.method in ("GET", "HEAD"):
             finish(trail, 200)
             return models_response(runtime, route)
-        ask = read_ask(request, route, path, kind)
+        ask = read_ask(request, route, path, kind, runtime.fleet.route_models(route))
         trail = replace(trail, model=ask.model or "", fingerprint=ask.fingerprint)
         try:
             passage = _place(runtime, route, ask, trail)
