@@ -38,6 +38,7 @@ import asyncio
 import logging
 import signal
 import weakref
+from http import HTTPStatus
 from typing import Any
 
 # Twisted's asyncio reactor is installed by daphne.server, which Django's app loading already
@@ -49,6 +50,7 @@ from django.conf import settings
 from twisted.internet import reactor, tcp
 from twisted.internet.endpoints import AdoptedStreamServerEndpoint
 from twisted.internet.interfaces import IListeningPort, IPushProducer
+from twisted.web import http
 from zope.interface import implementer
 
 log = logging.getLogger("crossbar.serve")
@@ -60,7 +62,17 @@ _CUT_WAIT = 5.0  # seconds requests cut at the end of the grace may take to wind
 
 
 class _CappedRequest(WebRequest):
-    """Daphne's request, keeping at most `BODY_CAP` bytes of the body it receives."""
+    """Daphne's request, keeping at most `BODY_CAP` bytes of the body it receives, and
+    sending the standard reason phrase for codes Twisted does not know (429 is not
+    "Unknown Status")."""
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        if message is None and code not in http.RESPONSES:
+            try:
+                message = HTTPStatus(code).phrase.encode()
+            except ValueError:
+                pass  # a code with no standard phrase at all
+        super().setResponseCode(code, message)
 
     def gotLength(self, length: int | None) -> None:
         super().gotLength(length if length is None else min(length, BODY_CAP))
@@ -193,6 +205,9 @@ class GatewayServer(Server):
 
     def run(self) -> None:
         reactor.callLater(0, self._install_signal_handlers)  # inside the loop, once it runs
+        # The gateway's runtime at once, not at the first request: the host admin shows live
+        # state from the start, and the first request pays no load.
+        reactor.callLater(0, _start_runtime)
         if self.adopted is not None:
             # daphne listens on endpoint strings only, whose "fd:" form cannot say IPv6 (and
             # scans Twisted's plugins): the supervisor's socket is listened on directly.
@@ -344,6 +359,18 @@ class GatewayServer(Server):
 def _unsent() -> int:
     """Client connections with response bytes not yet handed to the kernel."""
     return sum(1 for writer in reactor.getWriters() if isinstance(writer, tcp.Server))
+
+
+def _start_runtime() -> None:
+    from routing.runtime import get_runtime
+
+    async def start() -> None:
+        try:
+            await get_runtime()
+        except Exception as exc:  # e.g. the database is down: the first request tries again
+            log.warning("gateway runtime not started yet: %s", exc)
+
+    asyncio.ensure_future(start())
 
 
 async def _close_runtime() -> None:

@@ -2,7 +2,9 @@
 
     GatewayError                       400 bad_request (the base: status, code, retry_after)
     ├── MissingRoute, ConflictingRoute 400            ├── BadBody          400 invalid_body
+    ├── BadHostHeader                  400 invalid_host
     ├── UnknownRoute, NotFound         404            ├── UnknownModel     404 model_not_found
+    │   └── NotARoute                  404 unknown_route, no row
     ├── MethodNotAllowed               405            ├── BodyTooLarge     413
     ├── MissingKey, InvalidKey         401            ├── RouteNotAllowed  403
     ├── ManagementNotAllowed           403 model_management_not_allowed
@@ -76,6 +78,13 @@ class PinnedHostDown(GatewayError):
         self.host = host
 
 
+class BadHostHeader(GatewayError):
+    """The `Host` header names no host the gateway serves (ALLOWED_HOSTS): e.g. a page on
+    another site reaching a gateway on 127.0.0.1 through DNS rebinding."""
+
+    code = "invalid_host"
+
+
 class MissingRoute(GatewayError):
     code = "missing_route"
 
@@ -87,6 +96,12 @@ class ConflictingRoute(GatewayError):
 class UnknownRoute(GatewayError):
     status = 404
     code = "unknown_route"
+
+
+class NotARoute(UnknownRoute):
+    """The path's first segment names no route (and no `X-Crossbar-Route` was sent): not a
+    request for the gateway at all (a stray `/favicon.ico`, a scanner). Answered 404 without a
+    row, a log line or a metric, so only proxy traffic is in the books."""
 
 
 class NotFound(GatewayError):

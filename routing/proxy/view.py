@@ -23,9 +23,22 @@ from accounting.keys import hash_key
 from routing.config.shape import RouteConfig
 from routing.core.clients import bearer_token
 from routing.core.endpoints import Kind
-from routing.core.errors import MethodNotAllowed, NoHealthyHost, UnknownModel, answer_for
+from routing.core.errors import (
+    MethodNotAllowed,
+    NoHealthyHost,
+    NotARoute,
+    UnknownModel,
+    answer_for,
+)
 from routing.core.placement import Placer, Waiting
-from routing.proxy.ask import ROUTE_HEADER, Ask, read_ask, resolve_route, wants_wait_status
+from routing.proxy.ask import (
+    ROUTE_HEADER,
+    Ask,
+    check_host,
+    read_ask,
+    resolve_route,
+    wants_wait_status,
+)
 from routing.proxy.passage import Passage
 from routing.proxy.record import Arrival, Trail, finish
 from routing.proxy.relay import Relay
@@ -79,6 +92,7 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         if request.method == "OPTIONS":
             return preflight_response(request)  # a browser asking first: no row, no host
         trail = replace(trail, route=route.name)
+        check_host(request)
         client = runtime.clients.identify(_client_key(request))
         if client is not None:
             trail = replace(trail, client=client.name)
@@ -104,6 +118,8 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         ended = passage.trail if passage is not None else trail
         finish(ended, 499, "client disconnected before the response", "client_disconnected")
         raise
+    except NotARoute as exc:
+        return error_response(answer_for(exc), trail, request.headers.get("Origin"))
     except Exception as exc:
         ended = passage.trail if passage is not None else trail
         answer = answer_for(exc)

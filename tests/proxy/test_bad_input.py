@@ -164,10 +164,12 @@ def test_path_tricks_get_a_clear_error_and_never_reach_the_admin_or_the_host(
     answers = {
         target.decode(): exchange(gateway.url, b"POST", target, BODY) for target in PATH_TRICKS
     }
-    ledger.sent(len(answers))
+    # A path naming no route is no request for the gateway: answered, but not in the books.
+    proxied = {t: a for t, a in answers.items() if PATH_TRICKS[t.encode()][1] != "unknown_route"}
+    ledger.sent(len(proxied))
 
     check_refusals(answers, {t.decode(): e for t, e in PATH_TRICKS.items()})
-    assert ledger.statuses() == statuses(answers)
+    assert ledger.statuses() == statuses(proxied)
     assert completions(fake) == []
     assert "Traceback" not in new_log()
 
@@ -181,7 +183,7 @@ def test_an_unknown_method_gets_405_with_the_allowed_ones(chat_route, gateway, f
 
     check_refusals(answers, dict.fromkeys(answers, (405, "method_not_allowed")))
     assert ledger.statuses() == [405, 405]
-    assert answers["BREW"].headers["allow"] == "GET, HEAD, POST"
+    assert answers["BREW"].headers["allow"] == "GET, HEAD, POST, OPTIONS"
     assert completions(fake) == []
 
 

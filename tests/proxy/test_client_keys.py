@@ -255,6 +255,7 @@ def test_over_max_concurrent_a_key_gets_429_until_its_request_ends(gateway, fake
     after = post(gateway, key=key)
 
     assert limited.status_code == 429
+    assert limited.reason_phrase == "Too Many Requests"  # not Twisted's "Unknown Status"
     assert limited.headers["retry-after"] == "1"
     assert limited.json()["error"]["code"] == "rate_limit_exceeded"
     assert after.status_code == 200

@@ -76,7 +76,7 @@ def test_a_whole_json_answer_records_its_tokens(chat_route):
     ("path", "content", "status"),
     [
         ("/chat/v1/chat/completions", b"{oops", 400),
-        ("/nope/v1/chat/completions", b"{}", 404),
+        ("/chat/v2/chat/completions", b"{}", 404),
         ("/chat/v1/chat/completions", b'{"model": "x"' + b" " * (16 * 1024 * 1024) + b"}", 413),
     ],
 )
@@ -89,6 +89,19 @@ def test_refused_requests_are_recorded_with_their_status(
 
     assert response.status_code == row.status == status
     assert row.error and row.host == "" and row.prompt_tokens is None
+
+
+def test_a_path_naming_no_route_is_answered_without_a_row_a_log_line_or_a_metric(
+    chat_route, gateway
+):
+    before = gateway.log()
+    answers = [httpx.get(f"{gateway.url}{path}") for path in ("/favicon.ico", "/nope/v1/models")]
+    time.sleep(0.7)  # longer than the recorder's flush interval: a row would show
+
+    assert [a.status_code for a in answers] == [200, 404]  # the site's own icon; nothing
+    assert not Request.objects.exists()
+    assert "route=nope" not in gateway.log()[len(before):]
+    assert 'route="nope"' not in httpx.get(f"{gateway.url}/metrics").text
 
 
 def test_a_full_queue_records_a_503(chat_route, fake):
@@ -182,3 +195,13 @@ def test_no_healthy_host_is_recorded_as_503(chat_route, fake):
 
     assert [row.status for row in recorded] == statuses
     assert recorded[-1].error == "no healthy host" and recorded[-1].host == ""
+
+
+def test_a_host_header_the_gateway_does_not_serve_is_refused_with_a_row(chat_route, gateway, fake):
+    response = httpx.post(chat_route, json=chat(), headers={"Host": "rebound.example"})
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_host"
+    (row,) = rows(1)
+    assert (row.status, row.code, row.route) == (400, "invalid_host", "chat")
+    assert [seen for seen in fake.seen if seen.method == "POST"] == []
