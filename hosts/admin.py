@@ -123,18 +123,17 @@ class HostAdmin(admin.ModelAdmin):
 
 def describe_live(states: HostStates, host: Host) -> str:
     """The gateway's view of a host in one line: health, slots and queue per model, drain."""
-    state = states.get(host.name)
-    if state is None:
+    live = states.get(host.name)
+    if live is None:
         return "not served by this process" if states else "gateway not running here"
-    health = state["state"]
-    if state.get("reason"):
-        health += f" ({state['reason']})"
-    if state.get("since"):
-        health += f" since {state['since'][:19].replace('T', ' ')}"
-    busy = sum(m["in_flight"] + m["queued"] for m in state["models"])
+    health = str(live.state)
+    if live.reason:
+        health += f" ({live.reason})"
+    if live.since_iso:
+        health += f" since {live.since_iso[:19].replace('T', ' ')}"
+    busy = live.in_flight + live.queued
     models = "; ".join(
-        f"{m['name']} {m['in_flight']}/{m['parallel']} running, {m['queued']} queued"
-        for m in state["models"]
+        f"{m.name} {m.in_flight}/{m.parallel} running, {m.queued} queued" for m in live.models
     )
     parts = [health, models] if models else [health]
     if host.draining:
