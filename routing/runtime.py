@@ -27,6 +27,7 @@ from routing.core.choose import Candidate, best
 from routing.core.clients import ClientGate
 from routing.core.leases import LeaseKey, LeaseOutcome, LeaseTable
 from routing.core.limiter import Limiter
+from routing.core.running import RunningTable
 
 log = logging.getLogger("crossbar.runtime")
 
@@ -42,6 +43,7 @@ class Runtime:
         self.leases = LeaseTable()
         self.health = HealthTable()
         self.clients = ClientGate(require=conf["REQUIRE_KEY"])
+        self.running = RunningTable()
         self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
         self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
         self.stream_idle_timeout: float = conf["STREAM_IDLE_TIMEOUT"]

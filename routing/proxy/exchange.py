@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from accounting.recorder import RequestRecord, get_recorder
 from routing.core.clients import ClientPass
 from routing.core.placement import Placement
+from routing.core.running import RunningRequest, RunningTable
 from routing.ops import metrics
 
 log = logging.getLogger("crossbar.proxy")
@@ -26,6 +27,7 @@ class Exchange:
     __slots__ = (
         "route", "fingerprint", "model", "host", "lease", "fallback", "started", "t0",
         "queued_ms", "ttfb_ms", "streamed", "done", "_lock", "client", "client_pass",
+        "running", "_running_in",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -44,6 +46,13 @@ class Exchange:
         self.streamed = False
         self.done = False
         self._lock = threading.Lock()
+        self.running: RunningRequest | None = None  # the dashboard's running-requests entry
+        self._running_in: RunningTable | None = None
+
+    def track(self, table: RunningTable) -> None:
+        """Show the request among the running ones until it finishes."""
+        self._running_in = table
+        self.running = table.add(self.route, self.model, self.client)
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.t0) * 1000)
@@ -55,6 +64,8 @@ class Exchange:
         self.model = placement.model
         self.fallback = placement.fallback
         self.queued_ms = int(placement.waited * 1000)
+        if self.running is not None and self._running_in is not None:
+            self._running_in.placed(self.running, self.host, self.queued_ms)
 
     def finish(
         self,
@@ -63,11 +74,15 @@ class Exchange:
         prompt_tokens: int | None = None,
         cached_tokens: int | None = None,
         completion_tokens: int | None = None,
+        code: str = "",
     ) -> None:
+        """Write the request's row once; `code` is the gateway's error code (empty: none)."""
         with self._lock:
             if self.done:
                 return
             self.done = True
+        if self.running is not None and self._running_in is not None:
+            self._running_in.finish(self.running)
         if self.client_pass is not None:
             self.client_pass.release()
         total_ms = self.elapsed_ms()
@@ -89,6 +104,7 @@ class Exchange:
             error=error,
             client=self.client,
             fallback=self.fallback,
+            code=code,
         )
         get_recorder().record(record)
         metrics.observe(record)

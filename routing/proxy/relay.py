@@ -10,6 +10,7 @@ import httpx
 from routing.core import sse
 from routing.core.errors import Answer, describe_error
 from routing.core.limiter import Slot
+from routing.core.running import data_events
 from routing.core.tee import Tee
 from routing.proxy.exchange import Exchange
 from routing.runtime import Runtime
@@ -33,7 +34,7 @@ class Relay:
 
     __slots__ = (
         "_upstream", "_chunks", "_slot", "_tee", "_exchange", "_idle", "_loop", "_status",
-        "_closed", "_task", "_read_since", "_watchdog", "_stalled",
+        "_closed", "_task", "_read_since", "_watchdog", "_stalled", "_running",
     )  # fmt: skip
 
     def __init__(
@@ -53,6 +54,8 @@ class Relay:
         self._watchdog: asyncio.TimerHandle | None = None
         self._stalled = False
         exchange.streamed = exchange.streamed or self._tee.streamed
+        # Tokens so far, for the dashboard's running requests: one per SSE event passed on.
+        self._running = runtime.running if self._tee.streamed and exchange.running else None
 
     def __aiter__(self) -> Relay:
         return self
@@ -80,6 +83,8 @@ class Relay:
             raise
         self._read_since = None
         self._tee.feed(chunk)
+        if self._running is not None and self._exchange.running is not None:
+            self._running.token(self._exchange.running, data_events(chunk))
         return chunk
 
     def _watch(self) -> None:

@@ -76,7 +76,7 @@ def error_response(exc: Exception, exchange: Exchange) -> HttpResponse:
         response["Allow"] = ", ".join(_METHODS)
     if exchange.host:
         response["X-Crossbar-Host"] = exchange.host
-    exchange.finish(answer.status, answer.message)
+    exchange.finish(answer.status, answer.message, code=answer.code)
     return response
 
 
@@ -222,6 +222,7 @@ async def _serve(request: HttpRequest, exchange: Exchange) -> HttpResponse | Str
             if not isinstance(payload.get("messages", []), list):
                 raise BadBody("messages must be a list of message objects")
     exchange.model = model or ""
+    exchange.track(runtime.running)
     ask = Ask(request, rest, body, payload)
 
     if model is None:
@@ -314,7 +315,7 @@ async def _wait_then_stream(
         placement = waiting.result()
     except Exception as exc:
         answer = answer_for(exc)
-        exchange.finish(answer.status, answer.message)
+        exchange.finish(answer.status, answer.message, code=answer.code)
         yield sse.error_event(answer)
         return
     finally:
@@ -336,7 +337,7 @@ async def _wait_then_stream(
     except GatewayError as exc:
         placement.slot.release()
         answer = answer_for(exc)
-        exchange.finish(answer.status, answer.message)
+        exchange.finish(answer.status, answer.message, code=answer.code)
         yield sse.error_event(answer)
         return
     except BaseException:

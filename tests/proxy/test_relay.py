@@ -34,6 +34,7 @@ class _Exchange:
     def __init__(self) -> None:
         self.host = "gpu1"
         self.streamed = False
+        self.running = None  # not in the dashboard's running table
         self.finished: list[tuple[object, ...]] = []
 
     def finish(self, *outcome: object) -> None:

@@ -30,6 +30,7 @@ class _Stalling(httpx.AsyncByteStream):
 class _Exchange:
     host = "gpu1"
     streamed = False
+    running = None  # not in the dashboard's running table
 
     def __init__(self) -> None:
         self.finished: list[tuple[object, ...]] = []
