@@ -213,3 +213,49 @@ def test_the_metrics_token_is_required_when_set(gateway_with_metrics_token):
 
 def test_metrics_need_no_token_by_default(gateway):
     assert httpx.get(f"{gateway.url}/metrics").status_code == 200
+
+
+def test_a_returning_conversation_that_finds_its_cache_gone_counts_as_a_cold_turn(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url)])
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    session = {"X-Crossbar-Session": "cold-turn-conversation"}
+    opening = "please tell me about the long history of the river valley and its towns"
+    before = scrape(gateway.url)
+
+    first = httpx.post(url, json=chat(opening, max_tokens=2), headers=session)
+    warm = httpx.post(url, json=chat(opening + " and bridges", max_tokens=2), headers=session)
+    # The same conversation (its lease) with a prompt the host has never seen: a cold cache.
+    cold = httpx.post(url, json=chat("unrelated words entirely", max_tokens=2), headers=session)
+    after = scrape(gateway.url)
+
+    leases = [response.headers["x-crossbar-lease"] for response in (first, warm, cold)]
+    assert leases == ["new", "reused", "reused"]
+    assert warm.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert delta(before, after, "crossbar_cold_turns_total", route="chat", host="gpu1") == 1
+
+
+def test_errors_count_with_their_code_and_successes_with_none(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 0)})])
+    gateway.sync()
+    fake.token_delay = 0.1
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    before = scrape(gateway.url)
+    holder = threading.Thread(
+        target=lambda: httpx.post(url, json=chat("hold", stream=True, max_tokens=10), timeout=30)
+    )
+    holder.start()
+    wait_until(lambda: fake.in_flight == 1, what="the only slot to be taken")
+    refused = httpx.post(url, json=chat("no room"))
+    holder.join()
+    after = scrape(gateway.url)
+
+    assert refused.status_code == 503
+    refusals = {
+        labels: count - before.get((name, labels), 0.0)
+        for (name, labels), count in after.items()
+        if name == "crossbar_requests_total" and ("code", "queue_full") in labels
+    }
+    assert sum(refusals.values()) == 1
+    assert all(("status", "503") in labels for labels in refusals)
+    assert delta(before, after, "crossbar_requests_total", **PLACE, status="200", code="") == 1
