@@ -259,3 +259,18 @@ def test_errors_count_with_their_code_and_successes_with_none(gateway, fake):
     assert sum(refusals.values()) == 1
     assert all(("status", "503") in labels for labels in refusals)
     assert delta(before, after, "crossbar_requests_total", **PLACE, status="200", code="") == 1
+
+
+def test_the_code_label_stays_bounded_whatever_codes_arrive(monkeypatch):
+    from routing.ops import metrics
+
+    monkeypatch.setattr(metrics, "_codes", set())
+
+    kept = [metrics.code_label(f"code_{i}") for i in range(metrics.MAX_CODES)]
+    past_the_bound = metrics.code_label("one_too_many")
+    odd = metrics.code_label("Not A Code; DROP")
+
+    assert kept == [f"code_{i}" for i in range(metrics.MAX_CODES)]
+    assert metrics.code_label("code_3") == "code_3"  # a known code stays itself
+    assert past_the_bound == "other" and odd == "other"
+    assert metrics.code_label("") == ""
