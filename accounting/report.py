@@ -11,6 +11,10 @@ Definitions:
   that got no response head.
 - token sums add the rows where the count is known; an unknown count is not a zero.
 - `cache_hit` is cached / prompt tokens over the rows where both are known.
+- `cold_turns` counts requests of a reused lease (the conversation came back to its host) that
+  found less than `COLD_TURN_SHARE` of their prompt in the host's cache: the host had evicted
+  the conversation's KV cache, so it needs more slots or more `--cache-ram`. Rows with unknown
+  counts are not cold turns.
 - `tok_per_s` is the streaming rate: completion tokens / (total_ms - ttfb_ms) in seconds, summed
   over streamed rows where the completion count and ttfb are known. A non-streamed response
   arrives whole, so it has no generation interval to measure and is left out.
@@ -27,6 +31,9 @@ from typing import Any
 
 GROUPINGS = ("route", "host", "model", "lease", "placement", "code", "client")
 
+# A reused lease that finds less than this share of its prompt cached is a cold turn.
+COLD_TURN_SHARE = 0.5
+
 # The row fields summarize() reads, after the group's own fields.
 ROW_FIELDS = (
     "status",
@@ -37,6 +44,7 @@ ROW_FIELDS = (
     "prompt_tokens",
     "cached_tokens",
     "completion_tokens",
+    "lease",
 )
 
 COLUMNS = (
@@ -53,11 +61,23 @@ COLUMNS = (
     "prompt_tokens",
     "cached_tokens",
     "completion_tokens",
+    "cold_turns",
     "cache_hit",
     "tok_per_s",
 )
 
 _CHUNK = 10_000
+
+
+def is_cold_turn(lease: str, prompt_tokens: int | None, cached_tokens: int | None) -> bool:
+    """Whether a request came back to its conversation's host and found its cache gone."""
+    return (
+        lease == "reused"
+        and prompt_tokens is not None
+        and prompt_tokens > 0
+        and cached_tokens is not None
+        and cached_tokens < prompt_tokens * COLD_TURN_SHARE
+    )
 
 
 def percentile(ordered: Sequence[int], p: float) -> int | None:
@@ -102,6 +122,7 @@ def _summary(
     prompt: list[int | None],
     cached: list[int | None],
     completion: list[int | None],
+    lease: list[str],
 ) -> dict[str, Any]:
     statuses = Counter(status)
     # Per row: are both counts known (for cache_hit), is there a generation time (tok_per_s)?
@@ -129,6 +150,7 @@ def _summary(
         "prompt_tokens": sum(filter(None, prompt)),
         "cached_tokens": sum(filter(None, cached)),
         "completion_tokens": sum(filter(None, completion)),
+        "cold_turns": sum(map(is_cold_turn, lease, prompt, cached)),
         "cache_hit": (
             round(sum(compress(cached, both_known)) / ratio_prompt, 4) if ratio_prompt else None
         ),

@@ -8,6 +8,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 
 from hosts.actions import set_draining
 from hosts.live import HostStates, host_states
@@ -88,7 +90,10 @@ class HostAdmin(admin.ModelAdmin):
         def live(host: Host) -> str:
             return describe_live(states, host)
 
-        return [*self.list_display, live]
+        # Right after the name: what the gateway sees is what this list is opened for, and the
+        # columns past the page's width would hide it.
+        first, *rest = self.list_display
+        return [first, live, *rest]
 
     @admin.display(description="live state")
     def live_state(self, host: Host) -> str:
@@ -122,24 +127,25 @@ class HostAdmin(admin.ModelAdmin):
 
 
 def describe_live(states: HostStates, host: Host) -> str:
-    """The gateway's view of a host in one line: health, slots and queue per model, drain."""
-    state = states.get(host.name)
-    if state is None:
+    """The gateway's view of a host, a line each: health, each model's slots and queue, drain."""
+    live = states.get(host.name)
+    if live is None:
         return "not served by this process" if states else "gateway not running here"
-    health = state["state"]
-    if state.get("reason"):
-        health += f" ({state['reason']})"
-    if state.get("since"):
-        health += f" since {state['since'][:19].replace('T', ' ')}"
-    busy = sum(m["in_flight"] + m["queued"] for m in state["models"])
-    models = "; ".join(
-        f"{m['name']} {m['in_flight']}/{m['parallel']} running, {m['queued']} queued"
-        for m in state["models"]
-    )
-    parts = [health, models] if models else [health]
+    health = str(live.state)
+    if live.reason:
+        health += f" ({live.reason})"
+    if live.since_iso:
+        health += f" since {live.since_iso[:19].replace('T', ' ')}"
+    lines = [health]
+    lines += [
+        f"{m.name} {m.in_flight}/{m.parallel} running, {m.queued} queued" for m in live.models
+    ]
     if host.draining:
-        parts.append("draining, idle" if busy == 0 else f"draining, {busy} still running")
-    return " · ".join(parts)
+        busy = live.in_flight + live.queued
+        lines.append("draining, idle" if busy == 0 else f"draining, {busy} still running")
+    # Unbroken lines: the list's table would otherwise squeeze this column a word wide.
+    line = '<span style="white-space: nowrap">{}</span>'
+    return format_html_join(mark_safe("<br>"), line, ((text,) for text in lines))
 
 
 def _hosts(count: int) -> str:

@@ -1,16 +1,89 @@
-"""What the running gateway knows of each host right now, for the admin.
+"""What the running gateway knows of each host right now: one typed shape, and where it comes from.
 
-The gateway's runtime lives in `routing`, which `hosts` must not import; the runtime registers
-a provider here instead (`provide`), and the host admin asks `host_states()`. In a process with
-no gateway serving (a `manage.py` shell, the test client), there is nothing to show.
+`HostLive` and `ModelLive` are the one shape of a host's live state. `routing.ops.live` builds
+them from the runtime; the dashboard (as JSON, through `as_json`), the metrics collector and the
+host admin read them. They live here, in the lowest layer, because `hosts` must not import
+`routing`: the runtime registers a provider instead (`provide`), and the host admin asks
+`host_states()`. In a process with no gateway serving (a `manage.py` shell, the test client),
+there is nothing to show.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-HostStates = dict[str, dict[str, Any]]
+from hosts.health import HostState
+
+
+@dataclass(slots=True, frozen=True)
+class ModelLive:
+    """One model of a host: its slots in flight against `parallel`, and its queue."""
+
+    name: str
+    in_flight: int
+    parallel: int
+    queued: int
+    queue_max: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "in_flight": self.in_flight,
+            "parallel": self.parallel,
+            "queued": self.queued,
+            "queue_max": self.queue_max,
+        }
+
+
+@dataclass(slots=True, frozen=True)
+class HostLive:
+    """One configured host as the gateway sees it at one instant.
+
+    `since` is when the host entered `state` (wall clock, epoch seconds); None until the health
+    poller or the proxy has said anything about it. `reason` says why it is down or loading.
+    """
+
+    name: str
+    enabled: bool
+    draining: bool
+    state: HostState
+    reason: str
+    since: float | None
+    leases: int
+    models: tuple[ModelLive, ...]
+
+    @property
+    def in_flight(self) -> int:
+        return sum(model.in_flight for model in self.models)
+
+    @property
+    def queued(self) -> int:
+        return sum(model.queued for model in self.models)
+
+    @property
+    def since_iso(self) -> str | None:
+        if self.since is None:
+            return None
+        return datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds")
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON-ready form the dashboard receives; the one place this shape is serialised."""
+        return {
+            "name": self.name,
+            "enabled": self.enabled,
+            "draining": self.draining,
+            "state": str(self.state),
+            "reason": self.reason,
+            "since": self.since_iso,
+            "leases": self.leases,
+            "models": [model.as_json() for model in self.models],
+        }
+
+
+HostStates = dict[str, HostLive]
 
 _provider: Callable[[], HostStates] | None = None
 
@@ -22,7 +95,7 @@ def provide(provider: Callable[[], HostStates]) -> None:
 
 
 def host_states() -> HostStates:
-    """{host name: state} as `routing.ops.dashboard.state` describes it; {} without a gateway."""
+    """{host name: HostLive}; {} without a gateway in this process or when it cannot answer."""
     if _provider is None:
         return {}
     try:

@@ -28,6 +28,7 @@ from routing.core.choose import Candidate
 from routing.core.clients import ClientGate
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
+from routing.core.running import RunningTable
 
 log = logging.getLogger("crossbar.runtime")
 
@@ -48,6 +49,7 @@ class Runtime:
         # A host that becomes usable again offers its free slots to the requests waiting.
         self.health = HealthTable(on_eligible=self.limiter.wake)
         self.clients = ClientGate(require=conf["REQUIRE_KEY"])
+        self.running = RunningTable()
         self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
         self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
         self.stream_idle_timeout: float = conf["STREAM_IDLE_TIMEOUT"]

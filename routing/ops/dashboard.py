@@ -1,19 +1,24 @@
 """The live dashboard: a page for staff, and the WebSocket that keeps it current.
 
-The page (`/dashboard/`) is a plain template; its script opens `/dashboard/ws/` and renders
-what arrives. The consumer sends a `state` message every `TICK` seconds, read from the runtime
-of its own event loop (the one the proxy serves from): per host its health, draining flag and
-leases, per (host, model) slots in flight against `parallel` and the queue, and the requests
-that finished since the last message. A staff user with the right to change hosts may drain
-and undrain from the page; the change goes through `hosts.actions.set_draining`, like the
-admin's, and every open dashboard is told through the channel layer's group.
+The page (`/dashboard/`) is a plain template with uPlot (vendored in `routing/static/`); its
+script opens `/dashboard/ws/` and renders what arrives. The consumer sends a `state` message
+every `TICK` seconds, read from the runtime of its own event loop (the one the proxy serves
+from): each host's `HostLive` (health and its reason, draining, leases, per model the slots in
+flight against `parallel` and the queue), the requests that finished since the last message,
+the requests running now, and per host the last five minutes (`history.cards`). Charts come in
+`history` messages: the whole window when the page opens or changes window, then only the
+points that changed, never the whole history every tick.
+
+A staff user with the right to change hosts may drain and undrain from the page; the change
+goes through `hosts.actions.set_draining`, like the admin's, and every open dashboard is told
+through the channel layer's group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import UTC, datetime
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -25,7 +30,14 @@ from django.shortcuts import render
 
 from accounting.recorder import RequestRecord
 from hosts.actions import set_draining
-from hosts.health import HostState
+from routing.ops.history import (
+    RING_WINDOWS,
+    WINDOWS,
+    database_history,
+    ensure_sampler,
+    history,
+)
+from routing.ops.live import host_lives
 from routing.ops.metrics import recent
 from routing.runtime import Runtime, get_runtime
 
@@ -33,6 +45,8 @@ log = logging.getLogger("crossbar.dashboard")
 
 GROUP = "crossbar-dashboard"
 TICK = 0.5
+DEFAULT_WINDOW = "5m"
+MAX_RUNNING = 200  # rows of the running-requests table sent; the rest are counted on the page
 
 
 @staff_member_required
@@ -48,37 +62,28 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
 
 def state(runtime: Runtime) -> dict[str, Any]:
     """Every configured host with its models, as the dashboard shows them, JSON-ready."""
-    health = runtime.health.snapshot()
-    held = runtime.leases.held_by_host()
-    pairs = {(pair.host, pair.model): pair for pair in runtime.limiter.snapshot()}
-    hosts = []
-    for name, host in sorted(runtime.fleet.hosts.items()):
-        known = health.get(name)
-        models = []
-        for model in sorted(host.models.values(), key=lambda m: m.name):
-            pair = pairs.get((name, model.name))
-            models.append(
-                {
-                    "name": model.name,
-                    "in_flight": pair.in_flight if pair else 0,
-                    "parallel": model.parallel,
-                    "queued": pair.queued if pair else 0,
-                    "queue_max": model.queue_max,
-                }
-            )
-        hosts.append(
-            {
-                "name": name,
-                "enabled": host.enabled,
-                "draining": host.draining,
-                "state": str(known.state if known else HostState.UNKNOWN),
-                "reason": known.reason if known else "",
-                "since": _iso(known.since) if known else None,
-                "leases": held.get(name, 0),
-                "models": models,
-            }
-        )
-    return {"type": "state", "revision": runtime.fleet.revision, "hosts": hosts}
+    return {
+        "type": "state",
+        "revision": runtime.fleet.revision,
+        "hosts": [host.as_json() for host in host_lives(runtime)],
+    }
+
+
+def running_entries(runtime: Runtime) -> list[dict[str, Any]]:
+    """The requests running now, oldest first, at most `MAX_RUNNING` (no fingerprint)."""
+    return [
+        {
+            "n": row.number,
+            "route": row.route,
+            "model": row.model[:100],
+            "host": row.host,
+            "client": row.client,
+            "elapsed_ms": row.elapsed_ms,
+            "queued_ms": row.queued_ms,
+            "tokens": row.tokens,
+        }
+        for row in runtime.running.snapshot()[:MAX_RUNNING]
+    ]
 
 
 def request_entry(number: int, record: RequestRecord) -> dict[str, Any]:
@@ -98,15 +103,14 @@ def request_entry(number: int, record: RequestRecord) -> dict[str, Any]:
     }
 
 
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
-
-
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
     """One open dashboard. Anonymous and non-staff users are refused at the handshake.
 
-    Receives `{"type": "drain", "host": name, "on": true|false}`; sends `state` messages
-    (with the requests finished since the last one) and `notice` messages.
+    Receives `{"type": "drain", "host": name, "on": true|false}` and
+    `{"type": "window", "window": "5m"|"1h"|"24h"}`. Sends a `state` message every `TICK`
+    (hosts, the requests finished since the last one, the requests running, the host cards),
+    `history` messages (the whole window on connect and on a window change, `replace: true`;
+    then the points that changed, the step in progress included) and `notice` messages.
     """
 
     async def connect(self) -> None:
@@ -118,8 +122,13 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         self.can_drain = await database_sync_to_async(user.has_perm)("hosts.change_host")
         self.runtime = await get_runtime()
         self.shown = 0  # the number of the last request sent
+        self.window = DEFAULT_WINDOW
+        self.history_from: int | None = None  # the step the next increment starts at
+        self.db_version = -1  # the database history's version last sent
+        self.db_refresh: asyncio.Task[None] | None = None
         await self.accept()
         await self.channel_layer.group_add(GROUP, self.channel_name)
+        ensure_sampler(self.runtime)
         self.ticker = asyncio.create_task(self._tick_forever())
 
     async def disconnect(self, code: int) -> None:
@@ -129,9 +138,14 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(GROUP, self.channel_name)
 
     async def _tick_forever(self) -> None:
+        try:
+            await self.send_history(replace=True)
+        except Exception:  # the database down must not end the dashboard
+            log.exception("dashboard: cannot send the history")
         while True:
             try:
                 await self.send_state()
+                await self.send_history(replace=False)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a reload failing (database down) must not end the dashboard
@@ -145,12 +159,72 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if fresh:
             self.shown = fresh[-1][0]
         message["requests"] = [request_entry(number, record) for number, record in fresh]
+        message["running"] = running_entries(self.runtime)
+        message["running_total"] = len(self.runtime.running)
+        message["cards"] = _cards()
         await self.send_json(message)
 
+    async def send_history(self, *, replace: bool) -> None:
+        """The window's points: all of them, or those that changed since the last send."""
+        window = WINDOWS[self.window]
+        if window.name in RING_WINDOWS:
+            since = None if replace else self.history_from
+            points = history.points(window.name, since=since)
+            self.history_from = points[-1]["t"] if points else None
+        else:
+            points = await self._database_points(replace)
+            if points is None:
+                return
+        await self.send_json(
+            {
+                "type": "history",
+                "window": window.name,
+                "step": window.step,
+                "seconds": window.seconds,
+                "replace": replace,
+                "points": points,
+            }
+        )
+
+    async def _database_points(self, replace: bool) -> list[dict[str, Any]] | None:
+        """The 24-hour points to send now, or None when nothing changed."""
+        if replace:
+            if database_history.stale:
+                try:
+                    await database_history.refresh()
+                except Exception:
+                    log.exception("dashboard: cannot read the request history")
+                    await self.send_json(
+                        {"type": "notice", "text": "The 24-hour history cannot be read now."}
+                    )
+            self.db_version = database_history.version
+            return database_history.points()
+        if database_history.stale and (self.db_refresh is None or self.db_refresh.done()):
+            # In the background: the live state keeps its pace while the database answers.
+            self.db_refresh = asyncio.create_task(database_history.refresh())
+            self.db_refresh.add_done_callback(_log_failure)
+        if database_history.version == self.db_version:
+            return None
+        self.db_version = database_history.version
+        return database_history.points(since=database_history.changed_from)
+
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        if not isinstance(content, dict) or content.get("type") != "drain":
+        if not isinstance(content, dict):
             return
-        host, on = content.get("host"), content.get("on")
+        if content.get("type") == "window":
+            await self.change_window(content.get("window"))
+        elif content.get("type") == "drain":
+            await self.drain(content.get("host"), content.get("on"))
+
+    async def change_window(self, name: object) -> None:
+        if not isinstance(name, str) or name not in WINDOWS:
+            choices = ", ".join(WINDOWS)
+            await self.send_json({"type": "notice", "text": f"Unknown window; use {choices}."})
+            return
+        self.window = name
+        await self.send_history(replace=True)
+
+    async def drain(self, host: object, on: object) -> None:
         if not isinstance(host, str) or not isinstance(on, bool):
             return
         if not self.can_drain:
@@ -168,3 +242,20 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
 
     async def dashboard_notice(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "notice", "text": event["text"]})
+
+
+_cards_cache: tuple[int, dict[str, dict[str, Any]]] = (-1, {})
+
+
+def _cards() -> dict[str, dict[str, Any]]:
+    """The host cards, computed once a second for every open dashboard."""
+    global _cards_cache
+    second = int(time.time())
+    if _cards_cache[0] != second:
+        _cards_cache = (second, history.cards())
+    return _cards_cache[1]
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("dashboard: cannot read the request history: %s", task.exception())

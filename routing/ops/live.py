@@ -1,14 +1,55 @@
-"""The gateway's live state of each host, for the host admin (read from another thread)."""
+"""The gateway's live state of each host, built from the runtime in one place.
+
+`host_lives` is the only reader of the runtime's health, lease and limiter tables for display:
+the dashboard, `/metrics` and the host admin all see what it returns. `live_host_states` is the
+host admin's provider, safe to call from another thread.
+"""
 
 from __future__ import annotations
 
 import asyncio
 
-from routing.ops.dashboard import state
-from routing.runtime import current_runtime
+from hosts.health import HostState
+from hosts.live import HostLive, HostStates, ModelLive
+from routing.runtime import Runtime, current_runtime
 
 
-def live_host_states() -> dict[str, dict[str, object]]:
+def host_lives(runtime: Runtime) -> tuple[HostLive, ...]:
+    """Every configured host with its models, sorted by name. Call on the runtime's loop."""
+    health = runtime.health.snapshot()
+    held = runtime.leases.held_by_host()
+    pairs = {(pair.host, pair.model): pair for pair in runtime.limiter.snapshot()}
+    hosts = []
+    for name, host in sorted(runtime.fleet.hosts.items()):
+        known = health.get(name)
+        models = []
+        for model in sorted(host.models.values(), key=lambda m: m.name):
+            pair = pairs.get((name, model.name))
+            models.append(
+                ModelLive(
+                    name=model.name,
+                    in_flight=pair.in_flight if pair else 0,
+                    parallel=model.parallel,
+                    queued=pair.queued if pair else 0,
+                    queue_max=model.queue_max,
+                )
+            )
+        hosts.append(
+            HostLive(
+                name=name,
+                enabled=host.enabled,
+                draining=host.draining,
+                state=known.state if known else HostState.UNKNOWN,
+                reason=known.reason if known else "",
+                since=known.since if known else None,
+                leases=held.get(name, 0),
+                models=tuple(models),
+            )
+        )
+    return tuple(hosts)
+
+
+def live_host_states() -> HostStates:
     """Each host's live state, read on the runtime's own loop; safe from any thread.
 
     Blocks the calling thread (an admin view's) for at most a second; {} when no gateway
@@ -18,16 +59,16 @@ def live_host_states() -> dict[str, dict[str, object]]:
     if runtime is None or runtime.loop.is_closed():
         return {}
 
-    async def read() -> dict[str, object]:
-        return state(runtime)
+    async def read() -> tuple[HostLive, ...]:
+        return host_lives(runtime)
 
     try:
         running_here = asyncio.get_running_loop() is runtime.loop
     except RuntimeError:
         running_here = False
-    snapshot = (
-        state(runtime)
+    lives = (
+        host_lives(runtime)
         if running_here
         else asyncio.run_coroutine_threadsafe(read(), runtime.loop).result(timeout=1)
     )
-    return {host["name"]: host for host in snapshot["hosts"]}
+    return {host.name: host for host in lives}

@@ -3,21 +3,26 @@ right now (read from the runtime when scraped), served at `/metrics`.
 
 Request-level metrics come from the same `RequestRecord` the recorder gets:
 `routing.proxy.record.finish` calls `observe(record)` once per request, on the loop. That costs a
-few counter and histogram updates (prometheus-client's own locks, nothing else) and one append
-to the dashboard's tail of recent requests.
+few counter and histogram updates (prometheus-client's own locks, nothing else), one append to
+the dashboard's tail of recent requests and one count in the dashboard's history rings.
 
 State gauges (in flight, queued, slots, host state, leases, recorder backlog) are collected at
-scrape time by `StateCollector`, from the runtime and the recorder, on the event loop that
-serves the scrape; the runtime is never read from another thread.
+scrape time by `StateCollector`, from `routing.ops.live.host_lives` and the recorder, on the
+event loop that serves the scrape; the runtime is never read from another thread.
 
 Label values are bounded by the configuration: route, host, model and client names, status
-codes, lease outcomes. Never a fingerprint, a client address or a key. A request that reached
-no host keeps its model label empty, because the model is whatever the client sent.
+codes, lease outcomes, and the gateway's own error codes (`code`, empty for success; at most
+`MAX_CODES` distinct values, then `other`). Never a fingerprint, a client address or a key. A
+request that reached no host keeps its model label empty, because the model is whatever the
+client sent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -37,9 +42,12 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from accounting.recorder import RequestRecord, get_recorder
+from accounting.report import COLD_TURN_SHARE, is_cold_turn
 from hosts.health import HostState
 from routing.core.clients import bearer_token
 from routing.core.recent import RecentRequests
+from routing.ops import history
+from routing.ops.live import host_lives
 from routing.runtime import Runtime, current_runtime, get_runtime
 
 REGISTRY = CollectorRegistry()
@@ -56,8 +64,16 @@ _TOTAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 REQUESTS = Counter(
     "crossbar_requests",
-    "Requests answered, by route, host, model and HTTP status (499: the client left).",
-    [*_PLACE, "status"],
+    "Requests answered, by route, host, model, HTTP status (499: the client left) and the "
+    "gateway's error code (empty for success).",
+    [*_PLACE, "status", "code"],
+    registry=REGISTRY,
+)
+COLD_TURNS = Counter(
+    "crossbar_cold_turns",
+    f"Requests of a reused lease that found less than {COLD_TURN_SHARE:.0%} of their prompt "
+    "cached: the host evicted the conversation (more slots or --cache-ram would keep it).",
+    ["route", "host"],
     registry=REGISTRY,
 )
 QUEUE_WAIT = Histogram(
@@ -112,6 +128,24 @@ CLIENT_REQUESTS = Counter(
 # The dashboard's tail of finished requests.
 recent: RecentRequests[RequestRecord] = RecentRequests()
 
+MAX_CODES = 50
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,39}")
+_codes: set[str] = set()
+_codes_lock = threading.Lock()
+
+
+def code_label(code: str) -> str:
+    """The `code` label for a record's code: itself while the set of codes stays small."""
+    if not code or code in _codes:
+        return code
+    if not _CODE.fullmatch(code):
+        return "other"
+    with _codes_lock:
+        if len(_codes) >= MAX_CODES:
+            return "other"
+        _codes.add(code)
+    return code
+
 
 @dataclass(slots=True, frozen=True)
 class _Series:
@@ -149,7 +183,7 @@ def observe(record: RequestRecord) -> None:
     """Count one finished request. Cheap, thread-safe, never touches the database."""
     model = record.model if record.host else ""
     status = str(record.status)
-    REQUESTS.labels(record.route, record.host, model, status).inc()
+    REQUESTS.labels(record.route, record.host, model, status, code_label(record.code)).inc()
     series = _series_for(record.route, record.host, model)
     if record.host:
         series.queue_wait.observe(record.queued_ms / 1000)
@@ -164,11 +198,30 @@ def observe(record: RequestRecord) -> None:
         series.completion.inc(record.completion_tokens)
     if record.lease:
         LEASES.labels(record.route, record.host, record.lease).inc()
+        if is_cold_turn(record.lease, record.prompt_tokens, record.cached_tokens):
+            COLD_TURNS.labels(record.route, record.host).inc()
     if record.fallback:
         FALLBACKS.labels(record.route, record.fallback).inc()
     if record.client:
         CLIENT_REQUESTS.labels(record.client, status).inc()
     recent.add(record)
+    history.history.observe(record)
+    _start_sampling()
+
+
+def _start_sampling() -> None:
+    """Make sure the dashboard's history samples the hosts, from the first request on."""
+    runtime = current_runtime()
+    if runtime is None or history.sampling(runtime) or runtime.loop.is_closed():
+        return
+    try:
+        here = asyncio.get_running_loop() is runtime.loop
+    except RuntimeError:
+        here = False
+    if here:
+        history.ensure_sampler(runtime)
+    else:
+        runtime.loop.call_soon_threadsafe(history.ensure_sampler, runtime)
 
 
 class StateCollector:
@@ -207,14 +260,6 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
     queue_max = GaugeMetricFamily(
         "crossbar_queue_max", "Queue places configured per host and model.", labels=pairs
     )
-    for pair in runtime.limiter.snapshot():
-        labels = [pair.host, pair.model]
-        in_flight.add_metric(labels, pair.in_flight)
-        queued.add_metric(labels, pair.queued)
-        slots.add_metric(labels, pair.parallel)
-        queue_max.add_metric(labels, pair.queue_max)
-    yield from (in_flight, queued, slots, queue_max)
-
     state = GaugeMetricFamily(
         "crossbar_host_state",
         "1 for the host's current health state (unknown, up, loading, down), else 0.",
@@ -226,15 +271,18 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
     leases = GaugeMetricFamily(
         "crossbar_leases_held", "Unexpired conversation leases on the host.", labels=["host"]
     )
-    health = runtime.health.snapshot()
-    held = runtime.leases.held_by_host()
-    for name, host in sorted(runtime.fleet.hosts.items()):
-        current = health[name].state if name in health else HostState.UNKNOWN
+    for host in host_lives(runtime):
+        for model in host.models:
+            labels = [host.name, model.name]
+            in_flight.add_metric(labels, model.in_flight)
+            queued.add_metric(labels, model.queued)
+            slots.add_metric(labels, model.parallel)
+            queue_max.add_metric(labels, model.queue_max)
         for each in HostState:
-            state.add_metric([name, each.value], 1 if each == current else 0)
-        draining.add_metric([name], 1 if host.draining else 0)
-        leases.add_metric([name], held.get(name, 0))
-    yield from (state, draining, leases)
+            state.add_metric([host.name, each.value], 1 if each == host.state else 0)
+        draining.add_metric([host.name], 1 if host.draining else 0)
+        leases.add_metric([host.name], host.leases)
+    yield from (in_flight, queued, slots, queue_max, state, draining, leases)
 
     clients = GaugeMetricFamily(
         "crossbar_client_in_flight", "Requests in flight per client key.", labels=["client"]
@@ -266,4 +314,5 @@ async def metrics_view(request: HttpRequest) -> HttpResponse:
         return response
     runtime = await get_runtime()
     await runtime.refresh()
+    history.ensure_sampler(runtime)
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

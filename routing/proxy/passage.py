@@ -117,6 +117,8 @@ class Passage:
                 raise failure or NoHealthyHost()
             host = hosts[0]
             trail = self.trail = replace(self.trail, host=host)
+            if trail.running is not None:
+                trail.running.table.placed(trail.running, host, 0)
             try:
                 upstream = await forward(self.runtime, self.ask, self.ask.model, host)
             except HostDown as down:  # marked down: the next round ranks it out

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from accounting.recorder import RequestRecord, get_recorder
 from routing.core.clients import ClientPass
 from routing.core.placement import Placement
+from routing.core.running import RunningRequest
 from routing.core.tee import Usage
 from routing.ops import metrics
 
@@ -53,9 +54,12 @@ class Trail:
     queued_ms: int = 0
     ttfb_ms: int | None = None
     streamed: bool = False
+    running: RunningRequest | None = None  # its line in the dashboard's running requests
 
     def placed(self, placement: Placement) -> Trail:
         """Where the request runs. `route` stays the route the client asked for."""
+        if self.running is not None:
+            self.running.table.placed(self.running, placement.host, int(placement.waited * 1000))
         return replace(
             self,
             host=placement.host,
@@ -73,6 +77,8 @@ def finish(
     """End the request: its row, its metrics, its log line; the client key's pass back."""
     if trail.client_pass is not None:
         trail.client_pass.release()
+    if trail.running is not None:
+        trail.running.table.finish(trail.running)
     total_ms = trail.arrival.elapsed_ms()
     record = RequestRecord(
         route=trail.route,

@@ -11,6 +11,7 @@ import httpx
 from routing.core import sse
 from routing.core.errors import Answer, describe_error
 from routing.core.limiter import Slot
+from routing.core.running import data_events
 from routing.core.tee import Tee
 from routing.proxy.record import Trail, finish
 from routing.runtime import Runtime
@@ -33,7 +34,7 @@ class Relay:
 
     __slots__ = (
         "_upstream", "_chunks", "_slot", "_tee", "_trail", "_idle", "_loop", "_status",
-        "_closed", "_task", "_read_since", "_watchdog", "_stalled",
+        "_closed", "_task", "_read_since", "_watchdog", "_stalled", "_running",
     )  # fmt: skip
 
     def __init__(
@@ -52,6 +53,8 @@ class Relay:
         self._read_since: float | None = None  # when the pending read began; None between reads
         self._watchdog: asyncio.TimerHandle | None = None
         self._stalled = False
+        # Tokens so far, for the dashboard's running requests: one per SSE event passed on.
+        self._running = trail.running if self._tee.streamed else None
 
     @property
     def streamed(self) -> bool:
@@ -84,6 +87,8 @@ class Relay:
             raise
         self._read_since = None
         self._tee.feed(chunk)
+        if self._running is not None:
+            self._running.tokens += data_events(chunk)
         return chunk
 
     def close(self) -> None:

@@ -105,7 +105,10 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             finish(trail, 200)
             return models_response(runtime, route)
         ask = read_ask(request, route, path, kind, runtime.fleet.route_models(route))
-        trail = replace(trail, model=ask.model or "", fingerprint=ask.fingerprint)
+        running = runtime.running.add(route.name, ask.model or "", trail.client)
+        trail = replace(
+            trail, model=ask.model or "", fingerprint=ask.fingerprint, running=running
+        )
         try:
             passage = _place(runtime, route, ask, trail)
         except NoHealthyHost:

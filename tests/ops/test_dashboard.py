@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -245,3 +245,132 @@ async def test_a_staff_user_granted_the_permission_can_drain(connect):
     await receive_until(communicator, lambda m: (h := host_in(m, "gpu1")) and h["draining"])
 
     assert await sync_to_async(lambda: Host.objects.get(name="gpu1").draining)() is True
+
+
+# -- history, running requests and host cards -------------------------------------------------
+
+
+def finished(host: str, **changes: Any) -> RequestRecord:
+    values: dict[str, Any] = dict(
+        route="chat", fingerprint="f" * 64, model=MODEL, host=host,
+        started=datetime.now(UTC), queued_ms=0, ttfb_ms=30, total_ms=400, status=200,
+        streamed=True, lease="reused", prompt_tokens=100, cached_tokens=10, completion_tokens=8,
+    )  # fmt: skip
+    values.update(changes)
+    return RequestRecord(**values)
+
+
+async def staff_on_dashboard(connect, host: str):  # type: ignore[no-untyped-def]
+    staff = await sync_to_async(User.objects.create_superuser)("ops", password="x-1234567")
+    added = await sync_to_async(add_host)(host, "http://127.0.0.1:9", models={MODEL: (2, 2)})
+    await sync_to_async(add_route)("chat", [added])
+    communicator, connected = await connect(staff)
+    assert connected
+    return communicator
+
+
+def is_history(replace: bool, window: str = "5m"):  # type: ignore[no-untyped-def]
+    return lambda m: m["type"] == "history" and m["replace"] is replace and m["window"] == window
+
+
+async def test_the_history_comes_whole_on_connect_and_then_only_what_changed(connect):
+    communicator = await staff_on_dashboard(connect, "gpu-hist")
+
+    whole = await receive_until(communicator, is_history(True))
+    metrics.observe(finished("gpu-hist", status=503, code="queue_full", ttfb_ms=None))
+    metrics.observe(finished("gpu-hist"))
+
+    def counted(m: dict[str, Any]) -> bool:
+        return is_history(False)(m) and any(
+            p["hosts"].get("gpu-hist", {}).get("requests") == 2 for p in m["points"]
+        )
+
+    increment = await receive_until(communicator, counted)
+
+    assert (whole["step"], whole["seconds"], len(whole["points"])) == (5, 300, 60)
+    assert len(increment["points"]) <= 2  # the step in progress, and the one before it at most
+    point = next(p for p in increment["points"] if "gpu-hist" in p["hosts"])
+    assert point["requests"]["5xx"] >= 1 and point["codes"].get("queue_full", 0) >= 1
+    assert point["hosts"]["gpu-hist"]["cold"] == 2
+    assert point["hosts"]["gpu-hist"]["cache_hit"] == 0.1
+
+
+async def test_choosing_a_window_sends_that_window_whole(connect):
+    communicator = await staff_on_dashboard(connect, "gpu-win")
+    await receive_until(communicator, is_history(True))
+
+    await communicator.send_json_to({"type": "window", "window": "1h"})
+    hour = await receive_until(communicator, is_history(True, "1h"))
+    await communicator.send_json_to({"type": "window", "window": "1y"})
+    refused = await receive_until(communicator, lambda m: m["type"] == "notice")
+
+    assert (hour["step"], len(hour["points"])) == (30, 120)
+    assert refused["text"] == "Unknown window; use 5m, 1h, 24h."
+
+
+async def test_the_24_hour_window_is_read_from_the_request_rows(connect, monkeypatch):
+    from accounting.models import Request
+    from routing.ops import dashboard
+    from routing.ops.history import DatabaseHistory
+
+    monkeypatch.setattr(dashboard, "database_history", DatabaseHistory())
+    communicator = await staff_on_dashboard(connect, "gpu-day")
+    an_hour_ago = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
+    for status in (200, 200, 504):
+        await sync_to_async(Request.objects.create)(
+            route="chat", model=MODEL, host="gpu-day", started=an_hour_ago + timedelta(seconds=7),
+            queued_ms=0, ttfb_ms=80, total_ms=3000, status=status,
+            code="upstream_timeout" if status == 504 else "",
+        )  # fmt: skip
+
+    await communicator.send_json_to({"type": "window", "window": "24h"})
+    day = await receive_until(communicator, is_history(True, "24h"))
+
+    assert (day["step"], len(day["points"])) == (60, 24 * 60)
+    point = next(p for p in day["points"] if p["t"] == int(an_hour_ago.timestamp()))
+    assert point["requests"] == {"2xx": 2, "4xx": 0, "5xx": 1, "499": 0}
+    assert point["codes"] == {"upstream_timeout": 1}
+    assert point["hosts"]["gpu-day"]["requests"] == 3
+
+
+async def test_running_requests_show_with_their_host_wait_and_tokens_until_they_finish(connect):
+    from routing.runtime import get_runtime
+
+    communicator = await staff_on_dashboard(connect, "gpu-run")
+    runtime = await get_runtime()
+    waiting = runtime.running.add("chat", MODEL, "team-b")
+    streaming = runtime.running.add("chat", MODEL, "")
+    runtime.running.placed(streaming, "gpu-run", 250)
+    runtime.running.token(streaming, 7)
+
+    shown = await receive_until(communicator, lambda m: len(m.get("running", [])) == 2)
+    runtime.running.finish(waiting)
+    runtime.running.finish(streaming)
+    gone = await receive_until(communicator, lambda m: m.get("running") == [])
+
+    first, second = shown["running"]
+    assert first == first | {"route": "chat", "model": MODEL, "client": "team-b", "host": ""}
+    assert first["queued_ms"] is None
+    assert second == second | {"host": "gpu-run", "queued_ms": 250, "tokens": 7}
+    assert second["elapsed_ms"] >= 0
+    assert shown["running_total"] == 2 and gone["running_total"] == 0
+
+
+async def test_host_cards_give_the_last_five_minutes_and_the_down_reason(connect):
+    communicator = await staff_on_dashboard(connect, "gpu-card")  # nothing listens at its URL
+    metrics.observe(finished("gpu-card", ttfb_ms=120, cached_tokens=90))
+    metrics.observe(finished("gpu-card", status=502, ttfb_ms=120, cached_tokens=90))
+
+    message = await receive_until(
+        communicator,
+        lambda m: m.get("cards", {}).get("gpu-card", {}).get("requests") == 2
+        and (host_in(m, "gpu-card") or {}).get("state") == "down",
+    )
+
+    card = message["cards"]["gpu-card"]
+    assert card["outcomes"] == {"2xx": 1, "4xx": 0, "5xx": 1, "499": 0}
+    assert card["codes"] == {"http_502": 1}
+    assert card["cache_hit"] == 0.9 and card["cold"] == 0
+    assert 100 < card["ttfb_p50"] <= 125
+    reason = host_in(message, "gpu-card")["reason"]  # type: ignore[index]
+    assert reason.startswith("/health: ConnectError")

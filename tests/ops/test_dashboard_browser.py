@@ -1,11 +1,13 @@
-"""The dashboard in a real browser: sign in, watch a request run, drain its host.
+"""The dashboard in a real browser: sign in, watch requests run, chart them, drain a host.
 
-Drives Debian's chromium with Playwright (its own browser downloads are not used). The test
-skips only when chromium is not installed; `.ci/run` installs it.
+Drives Debian's chromium with Playwright (its own browser downloads are not used). The tests
+skip only when chromium is not installed; `.ci/run` installs it. Screenshots at 1366 px go to
+var/test-artifacts/ (gitignored), to look at after a run.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -15,11 +17,13 @@ import pytest
 from django.contrib.auth.models import User
 
 from hosts.models import Host
-from tests.conftest import wait_until
+from tests.conftest import ROOT, running_gateway, wait_until
 from tests.fleet import MODEL, add_host, add_route, chat
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 WAIT = 15_000  # ms, for every expectation: the request runs about 6 s
+ARTIFACTS = ROOT / "var" / "test-artifacts"
+WIDE = {"width": 1366, "height": 900}
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -56,6 +60,28 @@ def browser_page(monkeypatch) -> Iterator[object]:  # type: ignore[no-untyped-de
             browser.close()
 
 
+def sign_in(page, gateway, then: str = "/dashboard/") -> None:  # type: ignore[no-untyped-def]
+    from playwright.sync_api import expect
+
+    User.objects.create_superuser("ops", password="ops-password-1")
+    page.goto(f"{gateway.url}{then}")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "ops-password-1")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{gateway.url}{then}")
+    if then == "/dashboard/":
+        expect(page.locator("#connection")).to_have_text("live", timeout=WAIT)
+
+
+def stream_in_thread(gateway, content: str, max_tokens: int) -> threading.Thread:  # type: ignore[no-untyped-def]
+    body = chat(content, stream=True, max_tokens=max_tokens)
+    thread = threading.Thread(
+        target=lambda: httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=60)
+    )
+    thread.start()
+    return thread
+
+
 def test_staff_watch_a_request_run_and_drain_its_host_from_the_dashboard(
     gateway, fake, browser_page
 ):
@@ -63,38 +89,25 @@ def test_staff_watch_a_request_run_and_drain_its_host_from_the_dashboard(
 
     page = browser_page
     fake.token_delay = 0.2
-    User.objects.create_superuser("ops", password="ops-password-1")
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (4, 4)})])
     gateway.sync()
 
-    page.goto(f"{gateway.url}/dashboard/")
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", "ops-password-1")
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{gateway.url}/dashboard/")
-    expect(page.locator("#connection")).to_have_text("live", timeout=WAIT)
-    row = page.locator(f'#hosts tr[data-host="gpu1"][data-model="{MODEL}"]')
-    in_flight = row.locator('[data-role="in-flight"]')
-    expect(in_flight).to_have_text("0 / 4", timeout=WAIT)
+    sign_in(page, gateway)
+    card = page.locator('#hosts [data-host="gpu1"]')
+    in_flight = card.locator(f'tr[data-model="{MODEL}"] [data-role="in-flight"]')
+    expect(in_flight).to_have_text("0 / 4 running", timeout=WAIT)
 
-    body = chat("a long answer, please", stream=True, max_tokens=30)  # about 6 s
-    streaming = threading.Thread(
-        target=lambda: httpx.post(
-            f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=30
-        )
-    )
-    streaming.start()
+    streaming = stream_in_thread(gateway, "a long answer, please", 30)  # about 6 s
     try:
-        expect(in_flight).to_have_text("1 / 4", timeout=WAIT)
-        page.click('#hosts tr[data-host="gpu1"] button[data-action="drain"]')
-        button = page.locator('#hosts tr[data-host="gpu1"] button')
+        expect(in_flight).to_have_text("1 / 4 running", timeout=WAIT)
+        card.locator('button[data-action="drain"]').click()
         notices = page.locator("#notices")
-        expect(row.locator('[data-role="health"]')).to_contain_text("draining", timeout=WAIT)
-        expect(button).to_have_text("Stop draining", timeout=WAIT)
+        expect(card.locator('[data-role="health"]')).to_contain_text("draining", timeout=WAIT)
+        expect(card.locator("button")).to_have_text("Stop draining", timeout=WAIT)
         expect(notices).to_contain_text("ops started draining gpu1.", timeout=WAIT)
         drained = Host.objects.get(name="gpu1").draining
         # Draining lets the running request finish; it shows among the recent requests.
-        expect(in_flight).to_have_text("0 / 4", timeout=WAIT)
+        expect(in_flight).to_have_text("0 / 4 running", timeout=WAIT)
         finished = page.locator("#requests tbody tr").first
         expect(finished).to_contain_text("chat", timeout=WAIT)
         expect(finished).to_contain_text("200", timeout=WAIT)
@@ -103,3 +116,90 @@ def test_staff_watch_a_request_run_and_drain_its_host_from_the_dashboard(
 
     assert drained is True
     wait_until(lambda: fake.in_flight == 0, what="the stream to end upstream")
+
+
+def successes(page) -> int:  # type: ignore[no-untyped-def]
+    """The 2xx count the requests chart gives for its window, as the page shows it."""
+    summary = page.locator('[data-chart="requests"] .latest').inner_text()
+    found = re.search(r"2xx (\d+)", summary)
+    assert found, f"no 2xx count in the summary: {summary!r}"
+    return int(found.group(1))
+
+
+@pytest.fixture
+def fresh_gateway(django_db_setup, tmp_path):  # type: ignore[no-untyped-def]
+    """A gateway of the test's own: its history holds only this test's requests."""
+    with running_gateway(tmp_path) as gw:
+        yield gw
+
+
+def test_running_streams_show_in_the_running_table_and_the_charts(
+    fresh_gateway, fake, fake2, browser_page
+):
+    from playwright.sync_api import expect
+
+    gateway = fresh_gateway
+    page = browser_page
+    page.set_viewport_size(WIDE)
+    fake.token_delay = fake2.token_delay = 0.2
+    add_route(
+        "chat",
+        [
+            add_host("gpu-a", fake.url, models={MODEL: (2, 4)}),
+            add_host("gpu-b", fake2.url, models={MODEL: (2, 4)}),
+        ],
+    )
+    gateway.sync()
+    sign_in(page, gateway)
+    requests = page.locator('[data-chart="requests"]')
+    expect(requests.locator(".latest")).to_contain_text("in this window: 2xx 0", timeout=WAIT)
+
+    streams = [stream_in_thread(gateway, f"conversation {i}, tell me more", 30) for i in range(3)]
+    try:
+        running = page.locator("#running tbody tr[data-route='chat']")
+        expect(running).to_have_count(3, timeout=WAIT)
+        expect(page.locator("#running-count")).to_have_text("(3)", timeout=WAIT)
+        # Tokens so far grow while the streams run (one per event relayed).
+        expect(running.first.locator('[data-role="tokens"]')).not_to_have_text("0", timeout=WAIT)
+        expect(running.first).to_contain_text("gpu-", timeout=WAIT)
+        in_flight = page.locator('[data-chart="in_flight"] .latest')
+        busy = re.compile(r"latest: .*gpu-[ab] (0\.\d*[1-9]|[1-9])")
+        expect(in_flight).to_have_text(busy, timeout=WAIT)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-running.png"), full_page=True)
+    finally:
+        for stream in streams:
+            stream.join()
+
+    expect(requests.locator(".latest")).to_contain_text("2xx 3 ", timeout=WAIT)
+    expect(page.locator('[data-chart="tokens"] .latest')).to_have_text(
+        re.compile(r"in this window: [1-9]\d* tokens"), timeout=WAIT
+    )
+    expect(page.locator('[data-chart="ttfb"] .latest')).to_have_text(
+        re.compile(r"latest: p50 \d"), timeout=WAIT
+    )
+    expect(page.locator("#running tbody")).to_contain_text("Nothing running.", timeout=WAIT)
+    expect(requests.locator("canvas")).to_have_count(1)
+    assert int(requests.get_attribute("data-points") or 0) == 60
+    # The three requests, spread over the two hosts, in the hosts' cards.
+    counts = page.locator('#hosts [data-figure="requests"]')
+    expect(counts).to_have_count(2)
+    expect(counts.nth(0)).not_to_have_text("0", timeout=WAIT)
+    expect(counts.nth(1)).not_to_have_text("0", timeout=WAIT)
+    assert sum(int(text) for text in counts.all_inner_texts()) == 3
+
+    page.click('#windows button[data-window="1h"]')
+    expect(page.locator("#window-note")).to_contain_text("steps of 30 s", timeout=WAIT)
+    assert int(requests.get_attribute("data-points") or 0) == 120
+    assert successes(page) == 3
+    page.click('#windows button[data-window="5m"]')
+    expect(page.locator("#window-note")).to_contain_text("steps of 5 s", timeout=WAIT)
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+    page.goto(f"{gateway.url}/admin/hosts/host/")
+    expect(page.locator("#result_list")).to_contain_text("gpu-b", timeout=WAIT)
+    page.screenshot(path=str(ARTIFACTS / "admin-hosts.png"), full_page=True)
+    page.goto(f"{gateway.url}/admin/accounting/request/")
+    rows = page.locator("#result_list tbody tr", has_text=MODEL)
+    expect(rows).to_have_count(3, timeout=WAIT)
+    page.screenshot(path=str(ARTIFACTS / "admin-requests.png"), full_page=True)

@@ -69,7 +69,7 @@ def test_finished_requests_move_the_counters_histograms_and_token_counts(gateway
     after = scrape(gateway.url)
 
     assert first.status_code == second.status_code == 200
-    assert delta(before, after, "crossbar_requests_total", **PLACE, status="200") == 2
+    assert delta(before, after, "crossbar_requests_total", **PLACE, status="200", code="") == 2
     assert delta(before, after, "crossbar_request_duration_seconds_count", **PLACE) == 2
     assert delta(before, after, "crossbar_ttfb_seconds_count", **PLACE) == 2
     assert delta(before, after, "crossbar_queue_wait_seconds_count", **PLACE) == 2
@@ -96,7 +96,7 @@ def test_a_refused_request_counts_its_status_without_the_client_chosen_model(gat
     after = scrape(gateway.url)
 
     assert response.status_code == 404
-    labels = {"route": "chat", "host": "", "model": "", "status": "404"}
+    labels = {"route": "chat", "host": "", "model": "", "status": "404", "code": "model_not_found"}
     assert delta(before, after, "crossbar_requests_total", **labels) == 1
     assert "no-such-model-x9" not in text
 
@@ -176,7 +176,7 @@ def test_a_request_served_by_the_fallback_route_is_counted(gateway, fake):
 
     assert response.headers["x-crossbar-fallback"] == "cpu"
     assert delta(before, after, "crossbar_fallbacks_total", route="chat", fallback="cpu") == 1
-    labels = {"route": "chat", "host": "cpu1", "model": "small", "status": "200"}
+    labels = {"route": "chat", "host": "cpu1", "model": "small", "status": "200", "code": ""}
     assert delta(before, after, "crossbar_requests_total", **labels) == 1
 
 
@@ -213,3 +213,64 @@ def test_the_metrics_token_is_required_when_set(gateway_with_metrics_token):
 
 def test_metrics_need_no_token_by_default(gateway):
     assert httpx.get(f"{gateway.url}/metrics").status_code == 200
+
+
+def test_a_returning_conversation_that_finds_its_cache_gone_counts_as_a_cold_turn(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url)])
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    session = {"X-Crossbar-Session": "cold-turn-conversation"}
+    opening = "please tell me about the long history of the river valley and its towns"
+    before = scrape(gateway.url)
+
+    first = httpx.post(url, json=chat(opening, max_tokens=2), headers=session)
+    warm = httpx.post(url, json=chat(opening + " and bridges", max_tokens=2), headers=session)
+    # The same conversation (its lease) with a prompt the host has never seen: a cold cache.
+    cold = httpx.post(url, json=chat("unrelated words entirely", max_tokens=2), headers=session)
+    after = scrape(gateway.url)
+
+    leases = [response.headers["x-crossbar-lease"] for response in (first, warm, cold)]
+    assert leases == ["new", "reused", "reused"]
+    assert warm.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert delta(before, after, "crossbar_cold_turns_total", route="chat", host="gpu1") == 1
+
+
+def test_errors_count_with_their_code_and_successes_with_none(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 0)})])
+    gateway.sync()
+    fake.token_delay = 0.1
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    before = scrape(gateway.url)
+    holder = threading.Thread(
+        target=lambda: httpx.post(url, json=chat("hold", stream=True, max_tokens=10), timeout=30)
+    )
+    holder.start()
+    wait_until(lambda: fake.in_flight == 1, what="the only slot to be taken")
+    refused = httpx.post(url, json=chat("no room"))
+    holder.join()
+    after = scrape(gateway.url)
+
+    assert refused.status_code == 503
+    refusals = {
+        labels: count - before.get((name, labels), 0.0)
+        for (name, labels), count in after.items()
+        if name == "crossbar_requests_total" and ("code", "queue_full") in labels
+    }
+    assert sum(refusals.values()) == 1
+    assert all(("status", "503") in labels for labels in refusals)
+    assert delta(before, after, "crossbar_requests_total", **PLACE, status="200", code="") == 1
+
+
+def test_the_code_label_stays_bounded_whatever_codes_arrive(monkeypatch):
+    from routing.ops import metrics
+
+    monkeypatch.setattr(metrics, "_codes", set())
+
+    kept = [metrics.code_label(f"code_{i}") for i in range(metrics.MAX_CODES)]
+    past_the_bound = metrics.code_label("one_too_many")
+    odd = metrics.code_label("Not A Code; DROP")
+
+    assert kept == [f"code_{i}" for i in range(metrics.MAX_CODES)]
+    assert metrics.code_label("code_3") == "code_3"  # a known code stays itself
+    assert past_the_bound == "other" and odd == "other"
+    assert metrics.code_label("") == ""

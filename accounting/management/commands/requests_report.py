@@ -22,9 +22,9 @@ from django.utils import timezone
 
 from accounting.durations import before
 from accounting.models import Request
-from accounting.report import COLUMNS, GROUPINGS, ROW_FIELDS, summarize
+from accounting.report import COLD_TURN_SHARE, COLUMNS, GROUPINGS, ROW_FIELDS, summarize
 
-HELP = """\
+HELP = f"""\
 Summarize the requests that started in a time window, one line per group.
 
 Columns:
@@ -34,6 +34,9 @@ Columns:
                                    of the sorted values; ttfb leaves out rows with no
                                    response head
   prompt/cached/completion_tokens  sums over the rows that report them (unknown is not 0)
+  cold_turns                       requests that came back to their conversation's host
+                                   (lease reused) and found less than {COLD_TURN_SHARE:.0%} of their
+                                   prompt cached: the host needs more slots or more --cache-ram
   cache_hit                        cached / prompt tokens, over rows where both are known
   tok_per_s                        streaming rate: completion tokens / (total - ttfb) seconds,
                                    over streamed rows with both known (a non-streamed answer

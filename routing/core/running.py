@@ -1,0 +1,118 @@
+"""The requests running right now, for the dashboard's live table. Pure: standard library only.
+
+The proxy adds a request once its route is known, notes where it was placed once it holds a
+slot, counts the SSE `data:` events it passes on (one per generated token for llama-server) and
+finishes it when its record is written. Every call runs on the runtime's event loop; adding,
+finishing and reading also take a short lock, so a reader on another thread may take a
+snapshot. Counting events does not: only the relay on the loop writes `tokens`, and a reader
+that sees an event less is harmless.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_DATA_LINE = b"\ndata:"
+_DONE = b"data: [DONE]"
+
+
+class RunningRequest:
+    """One request in the table; the proxy holds it and hands it back to the table's methods."""
+
+    __slots__ = (
+        "number", "route", "model", "client", "host", "queued_ms", "tokens", "t0", "table",
+    )  # fmt: skip
+
+    def __init__(
+        self, number: int, route: str, model: str, client: str, t0: float, table: RunningTable
+    ) -> None:
+        self.table = table  # the table it runs in, for `finish`
+        self.number = number
+        self.route = route
+        self.model = model
+        self.client = client
+        self.host = ""  # empty while the request waits for a slot
+        self.queued_ms: int | None = None  # None while it waits
+        self.tokens = 0
+        self.t0 = t0
+
+
+@dataclass(slots=True, frozen=True)
+class RunningRow:
+    """A running request as a reader sees it at one instant."""
+
+    number: int
+    route: str
+    model: str
+    client: str
+    host: str
+    elapsed_ms: int
+    queued_ms: int | None  # None: still waiting for a slot
+    tokens: int
+
+
+class RunningTable:
+    """The requests in flight in one runtime, oldest first in `snapshot()`."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._numbers = itertools.count(1)
+        self._entries: dict[int, RunningRequest] = {}
+        self._lock = threading.Lock()
+
+    def add(self, route: str, model: str, client: str) -> RunningRequest:
+        """A request starts (its route is known); the entry to pass to the other methods."""
+        with self._lock:
+            entry = RunningRequest(next(self._numbers), route, model, client, self._clock(), self)
+            self._entries[entry.number] = entry
+        return entry
+
+    def placed(self, entry: RunningRequest, host: str, queued_ms: int) -> None:
+        """The request holds a slot on `host`, after waiting `queued_ms` for it."""
+        entry.host = host
+        entry.queued_ms = queued_ms
+
+    def token(self, entry: RunningRequest, count: int = 1) -> None:
+        """`count` more completion tokens (SSE events) went to the client."""
+        entry.tokens += count
+
+    def finish(self, entry: RunningRequest) -> None:
+        """The request ended, however; calling it again does nothing."""
+        with self._lock:
+            self._entries.pop(entry.number, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def snapshot(self) -> list[RunningRow]:
+        """Every running request, oldest first, with its elapsed time now."""
+        with self._lock:
+            entries = list(self._entries.values())
+        now = self._clock()
+        return [
+            RunningRow(
+                number=entry.number,
+                route=entry.route,
+                model=entry.model,
+                client=entry.client,
+                host=entry.host,
+                elapsed_ms=max(0, int((now - entry.t0) * 1000)),
+                queued_ms=entry.queued_ms,
+                tokens=entry.tokens,
+            )
+            for entry in entries
+        ]
+
+
+def data_events(chunk: bytes) -> int:
+    """The SSE `data:` events that start in `chunk`, leaving out the final `[DONE]`.
+
+    A `data:` line starts a chunk or follows a newline; JSON cannot hold a raw newline, so a
+    model writing the text "data:" is not counted. An event whose `data:` is split across two
+    chunks is missed: the count is what the dashboard shows as tokens so far, not the bill.
+    """
+    return chunk.count(_DATA_LINE) + chunk.startswith(b"data:") - chunk.count(_DONE)

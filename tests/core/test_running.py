@@ -1,0 +1,104 @@
+"""The table of requests running now: added, placed, counted, finished, read."""
+
+from __future__ import annotations
+
+import threading
+
+from routing.core.running import RunningTable, data_events
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_request_shows_from_its_start_until_it_finishes() -> None:
+    table = RunningTable()
+
+    entry = table.add("chat", "llama3", "team-a")
+    during = table.snapshot()
+    table.finish(entry)
+
+    assert [(row.route, row.model, row.client) for row in during] == [("chat", "llama3", "team-a")]
+    assert table.snapshot() == []
+
+
+def test_a_waiting_request_has_no_host_and_no_queue_time_until_it_is_placed() -> None:
+    clock = Clock()
+    table = RunningTable(clock)
+    entry = table.add("chat", "llama3", "")
+
+    clock.now += 1.5
+    [waiting] = table.snapshot()
+    table.placed(entry, "gpu1", 1500)
+    clock.now += 2.0
+    [running] = table.snapshot()
+
+    assert (waiting.host, waiting.queued_ms, waiting.elapsed_ms) == ("", None, 1500)
+    assert (running.host, running.queued_ms, running.elapsed_ms) == ("gpu1", 1500, 3500)
+
+
+def test_tokens_add_up_per_event_seen() -> None:
+    table = RunningTable()
+    entry = table.add("chat", "llama3", "")
+
+    table.token(entry)
+    table.token(entry, 3)
+
+    assert table.snapshot()[0].tokens == 4
+
+
+def test_finishing_twice_does_nothing_the_second_time() -> None:
+    table = RunningTable()
+    first = table.add("chat", "m", "")
+    second = table.add("chat", "m", "")
+
+    table.finish(first)
+    table.finish(first)
+
+    assert [row.number for row in table.snapshot()] == [second.number]
+    assert len(table) == 1
+
+
+def test_the_snapshot_lists_the_oldest_first() -> None:
+    table = RunningTable()
+    entries = [table.add("chat", f"m{i}", "") for i in range(5)]
+    table.finish(entries[2])
+
+    assert [row.model for row in table.snapshot()] == ["m0", "m1", "m3", "m4"]
+
+
+def test_requests_finished_from_other_threads_all_leave_the_table() -> None:
+    table = RunningTable()
+    entries = [table.add("chat", "m", "") for _ in range(2000)]
+
+    def finish(part: list) -> None:  # type: ignore[type-arg]
+        for entry in part:
+            table.finish(entry)
+            table.snapshot()
+
+    threads = [threading.Thread(target=finish, args=(entries[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert table.snapshot() == [] and len(table) == 0
+
+
+def test_data_events_counts_each_sse_event_once_and_not_the_end_marker() -> None:
+    stream = (
+        b'data: {"choices":[{"delta":{"content":"data: hi"}}]}\n\n'
+        b'data: {"choices":[{"delta":{"content":"!"}}]}\n\n'
+        b": crossbar-status: running\n\n"
+        b"data: [DONE]\n\n"
+    )
+
+    assert data_events(stream) == 2
+    assert data_events(b"") == 0
+    assert data_events(b"data: [DONE]\n\n") == 0
+    # An event per chunk, as llama-server sends them.
+    assert sum(data_events(part + b"\n\n") for part in stream.split(b"\n\n") if part) == 2

@@ -1,0 +1,272 @@
+"""The dashboard's history: per-step rings of finished requests and samples, and the 24-hour
+view read from the Request table."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from accounting.models import Request
+from accounting.recorder import RequestRecord
+from hosts.health import HostState
+from hosts.live import HostLive, ModelLive
+from routing.ops.history import DatabaseHistory, History, read_minutes
+
+T0 = 1_764_590_400.0  # 2025-12-01 12:00:00 UTC, on a minute (and so on every step)
+
+RECORD = RequestRecord(
+    route="chat", fingerprint="f" * 64, model="llama3", host="gpu1",
+    started=datetime.fromtimestamp(T0, UTC), queued_ms=0, ttfb_ms=40, total_ms=900,
+    status=200, streamed=True, lease="new", prompt_tokens=100, cached_tokens=0,
+    completion_tokens=20,
+)  # fmt: skip
+
+
+def record(**changes: object) -> RequestRecord:
+    return replace(RECORD, **changes)  # type: ignore[arg-type]
+
+
+def host(name: str, in_flight: int, queued: int) -> HostLive:
+    model = ModelLive("llama3", in_flight=in_flight, parallel=4, queued=queued, queue_max=8)
+    return HostLive(name, True, False, HostState.UP, "", T0, 0, (model,))
+
+
+def point_at(points: list[dict], t: float) -> dict:  # type: ignore[type-arg]
+    return next(p for p in points if p["t"] == int(t))
+
+
+def test_requests_count_by_outcome_in_the_step_they_finish() -> None:
+    history = History()
+    for status in (200, 200, 404, 429, 499, 502, 503):
+        history.observe(record(status=status), now=T0 + 1)
+    history.observe(record(), now=T0 + 7)  # the next 5-second step
+
+    points = history.points("5m", now=T0 + 8)
+
+    assert point_at(points, T0)["requests"] == {"2xx": 2, "4xx": 2, "5xx": 2, "499": 1}
+    assert point_at(points, T0 + 5)["requests"] == {"2xx": 1, "4xx": 0, "5xx": 0, "499": 0}
+    assert [p["t"] for p in points][-1] == T0 + 5  # the step in progress is the last point
+    assert len(points) == 60 and points[0]["t"] == T0 + 5 - 295
+
+
+def test_errors_count_by_their_code_or_by_status_when_they_have_none() -> None:
+    history = History()
+    history.observe(record(status=503, code="queue_full"), now=T0)
+    history.observe(record(status=503, code="queue_full"), now=T0)
+    history.observe(record(status=502), now=T0)  # a host's own error: no gateway code
+    history.observe(record(status=200), now=T0)
+
+    [point] = history.points("5m", since=int(T0), now=T0)
+
+    assert point["codes"] == {"http_502": 1, "queue_full": 2}
+
+
+def test_ttfb_percentiles_come_from_the_buckets_within_a_bucket_of_the_truth() -> None:
+    history = History()
+    for ms in range(1, 101):
+        history.observe(record(ttfb_ms=ms), now=T0)
+    history.observe(record(ttfb_ms=None, status=503), now=T0)  # no response head: left out
+
+    [point] = history.points("5m", since=int(T0), now=T0)
+
+    assert point["ttfb_p50"] == 50.0
+    assert point["ttfb_p95"] == 95.0
+
+
+def test_tokens_cache_hits_and_cold_turns_add_up_per_host() -> None:
+    history = History()
+    history.observe(record(lease="new", prompt_tokens=100, cached_tokens=0), now=T0)
+    history.observe(record(lease="reused", prompt_tokens=100, cached_tokens=90), now=T0)
+    history.observe(record(lease="reused", prompt_tokens=100, cached_tokens=10), now=T0)  # cold
+    history.observe(record(lease="reused", prompt_tokens=100, cached_tokens=None), now=T0)
+    history.observe(record(host="gpu2", lease="reused", prompt_tokens=50, cached_tokens=49), now=T0)
+
+    [point] = history.points("5m", since=int(T0), now=T0)
+
+    assert point["tokens"] == 5 * 20
+    assert point["cache_hit"] == round((0 + 90 + 10 + 49) / (300 + 50), 4)
+    assert point["hosts"]["gpu1"]["cache_hit"] == round(100 / 300, 4)
+    assert point["hosts"]["gpu1"]["cold"] == 1
+    assert point["hosts"]["gpu2"]["cold"] == 0
+
+
+def test_a_request_that_reached_no_host_counts_for_the_fleet_only() -> None:
+    history = History()
+    history.observe(record(host="", status=404, code="model_not_found"), now=T0)
+
+    [point] = history.points("5m", since=int(T0), now=T0)
+
+    assert point["requests"]["4xx"] == 1
+    assert point["hosts"] == {}
+
+
+def test_samples_give_each_hosts_mean_in_flight_and_queue_per_step() -> None:
+    history = History()
+    for second, (busy, waiting) in enumerate([(4, 2), (4, 0), (2, 0), (2, 0), (3, 3)]):
+        history.sample([host("gpu1", busy, waiting), host("gpu2", 0, 0)], now=T0 + second)
+
+    [point] = history.points("5m", since=int(T0), now=T0 + 4)
+    cards = history.cards(now=T0 + 4)
+
+    assert point["hosts"]["gpu1"]["in_flight"] == 3.0
+    assert point["hosts"]["gpu1"]["queued"] == 1.0
+    assert point["hosts"]["gpu2"] == {
+        "requests": 0, "in_flight": 0.0, "queued": 0.0, "cache_hit": None, "cold": 0
+    }  # fmt: skip
+    assert cards["gpu1"]["queued_peak"] == 3
+
+
+def test_a_step_without_samples_has_no_queue_figure_rather_than_zero() -> None:
+    history = History()
+    history.observe(record(), now=T0)
+
+    [point] = history.points("5m", since=int(T0), now=T0)
+
+    assert point["hosts"]["gpu1"]["in_flight"] is None
+    assert point["hosts"]["gpu1"]["queued"] is None
+
+
+def test_old_steps_leave_the_5_minute_window_but_stay_in_the_hour() -> None:
+    history = History()
+    history.observe(record(), now=T0)
+
+    five = history.points("5m", now=T0 + 600)
+    hour = history.points("1h", now=T0 + 600)
+
+    assert sum(p["requests"]["2xx"] for p in five) == 0
+    assert point_at(hour, T0)["requests"]["2xx"] == 1
+    assert hour[1]["t"] - hour[0]["t"] == 30 and len(hour) == 120
+
+
+def test_a_slot_reused_after_a_lap_of_the_ring_starts_empty() -> None:
+    history = History()
+    history.observe(record(), now=T0)
+    history.observe(record(status=500), now=T0 + 305)  # the same slot, one lap later
+
+    [point] = history.points("5m", since=int(T0 + 305), now=T0 + 305)
+
+    assert point["requests"] == {"2xx": 0, "4xx": 0, "5xx": 1, "499": 0}
+
+
+def test_increments_start_at_the_step_asked_for() -> None:
+    history = History()
+    history.observe(record(), now=T0)
+    history.observe(record(), now=T0 + 12)
+
+    later = history.points("5m", since=int(T0 + 5), now=T0 + 12)
+
+    assert [p["t"] for p in later] == [T0 + 5, T0 + 10]
+    assert [p["requests"]["2xx"] for p in later] == [0, 1]
+
+
+def test_cards_cover_the_last_five_minutes_per_host() -> None:
+    history = History()
+    history.observe(record(status=200, ttfb_ms=100), now=T0 - 400)  # too old for a card
+    for i in range(30):
+        history.observe(record(status=200 if i else 503, ttfb_ms=100), now=T0 + i)
+    cold = record(host="gpu2", lease="reused", prompt_tokens=10, cached_tokens=1)
+    history.observe(cold, now=T0)
+
+    cards = history.cards(now=T0 + 300 - 5)
+
+    assert cards["gpu1"]["requests"] == 30
+    assert cards["gpu1"]["outcomes"] == {"2xx": 29, "4xx": 0, "5xx": 1, "499": 0}
+    assert cards["gpu1"]["codes"] == {"http_503": 1}
+    assert cards["gpu1"]["rps"] == round(30 / 295, 3)
+    assert cards["gpu1"]["tokens_per_s"] == round(30 * 20 / 295, 2)
+    # Thirty TTFBs of 100 ms: the percentile is read inside their bucket, (80, 100] ms.
+    assert 80 < cards["gpu1"]["ttfb_p50"] <= 100
+    assert cards["gpu2"]["cold"] == 1 and cards["gpu2"]["cache_hit"] == 0.1
+
+
+# -- the Request table, for 24 hours ----------------------------------------------------------
+
+
+def add_row(minute: int, **values: object) -> None:
+    row: dict[str, object] = {
+        "route": "chat", "model": "llama3", "host": "gpu1",
+        "started": datetime.fromtimestamp(T0 + minute * 60 + 5, UTC),
+        "queued_ms": 0, "ttfb_ms": 50, "total_ms": 6000, "status": 200, "lease": "new",
+        "prompt_tokens": 100, "cached_tokens": 0, "completion_tokens": 30,
+    }  # fmt: skip
+    row.update(values)
+    Request.objects.create(**row)
+
+
+@pytest.mark.django_db
+def test_the_table_is_read_per_minute_with_the_rings_figures() -> None:
+    add_row(0, status=200, queued_ms=3000, total_ms=9000)
+    add_row(0, status=503, code="queue_full", ttfb_ms=None, completion_tokens=None)
+    add_row(0, status=499, lease="reused", prompt_tokens=100, cached_tokens=20)  # cold
+    add_row(0, host="gpu2", lease="reused", prompt_tokens=100, cached_tokens=80)
+    add_row(1, status=502, ttfb_ms=400)
+    add_row(-2000)  # older than the window asked for
+
+    minutes = read_minutes(int(T0), int(T0) + 120)
+
+    assert sorted(minutes) == [int(T0), int(T0) + 60]
+    first = minutes[int(T0)]
+    assert first["gpu1"].outcomes == [1, 0, 1, 1]
+    assert first["gpu1"].cold == 1 and first["gpu2"].cold == 0
+    assert first["gpu1"].tokens == 60
+    assert first[""].codes == {"queue_full": 1, "http_499": 1}
+    # Little's law: 6 s + 6 s + 6 s of running (9 - 3, 6, 6) over the minute.
+    assert first["gpu1"].in_flight_mean == round(18 / 60, 2)
+    assert first["gpu1"].queued_mean == round(3 / 60, 2)
+    # TTFB is the fleet's: three of 50 ms (one row had no head), in the (40, 50] bucket.
+    assert sum(first[""].ttfb.values()) == 3
+    assert 40 < first[""].ttfb_percentile(50) <= 50  # type: ignore[operator]
+    assert minutes[int(T0) + 60][""].codes == {"http_502": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_24_hour_view_is_read_once_and_kept() -> None:
+    from asgiref.sync import sync_to_async
+
+    clock = [T0 + 90]
+    db = DatabaseHistory(clock=lambda: clock[0])
+    await sync_to_async(add_row)(0)
+
+    await db.refresh()
+    first = db.points()
+    await sync_to_async(add_row)(1)
+    await db.refresh()  # too soon: the kept read stands
+    kept = db.points()
+    clock[0] += 61
+    await db.refresh()
+    fresh = db.points(since=db.changed_from)
+
+    assert len(first) == 24 * 60
+    assert first[-1]["t"] == int(T0) + 60
+    assert point_at(first, T0)["requests"]["2xx"] == 1
+    assert point_at(kept, T0 + 60)["requests"]["2xx"] == 0
+    assert point_at(fresh, T0 + 60)["requests"]["2xx"] == 1
+    assert db.version == 2
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_minute_without_rows_of_a_host_shows_it_idle_in_the_24_hour_view() -> None:
+    from asgiref.sync import sync_to_async
+
+    db = DatabaseHistory(clock=lambda: T0 + 150)
+    await sync_to_async(add_row)(0, total_ms=30_000)
+
+    await db.refresh()
+    busy, idle = point_at(db.points(), T0), point_at(db.points(), T0 + 60)
+
+    assert busy["hosts"]["gpu1"]["in_flight"] == 0.5  # 30 s of running over the minute
+    assert idle["hosts"]["gpu1"] == {
+        "requests": 0, "in_flight": 0.0, "queued": 0.0, "cache_hit": None, "cold": 0
+    }  # fmt: skip
+
+
+def test_a_request_older_than_its_slot_does_not_wipe_the_newer_step() -> None:
+    history = History()
+    history.observe(record(), now=T0 + 305)
+    history.observe(record(status=500), now=T0)  # the clock stepped back a lap of the ring
+
+    [point] = history.points("5m", since=int(T0 + 305), now=T0 + 305)
+
+    assert point["requests"] == {"2xx": 1, "4xx": 0, "5xx": 0, "499": 0}
