@@ -1,9 +1,10 @@
 """Host health: a table of what each host last said, and the poller that keeps it current.
 
 The poller is a task on the serving event loop. Every interval it asks each enabled host for
-`/health` (200 up, 503 loading, anything else down) and `/v1/models` (what is loaded, which
-feeds the chooser's preference for hosts that need no model load). The proxy marks a host down
-at once when a connection to it fails; the next good poll brings it back.
+`/health` (200 up, 503 loading, anything else down), then `/props` and `/v1/models` (its slots,
+its models and which are loaded, which feeds the chooser's preference for hosts that need no
+model load: `hosts.describe`). The proxy marks a host down at once when a connection to it
+fails; the next good poll brings it back.
 
 Everything here runs on one event loop and imports nothing from `routing`.
 """
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
+
+from hosts.describe import Described, describe
 
 log = logging.getLogger("crossbar.health")
 
@@ -35,6 +38,7 @@ class HostHealth:
     reason: str = ""
     since: float = field(default_factory=time.time)  # wall clock, for people
     loaded: frozenset[str] | None = None  # None: the host did not say
+    described: Described | None = None  # what its /props and /v1/models said last
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,6 +90,7 @@ class HealthTable:
         reason: str = "",
         loaded: frozenset[str] | None = None,
         url: str | None = None,
+        described: Described | None = None,
     ) -> None:
         """Record what a host said; an answer from an address it no longer has is ignored."""
         if url is not None and self._urls.get(host) != url:
@@ -101,6 +106,8 @@ class HealthTable:
         current.reason = reason
         if loaded is not None or state != HostState.UP:
             current.loaded = loaded
+        if described is not None:
+            current.described = described
         if not was_eligible and self.eligible(host):
             self._became_eligible(host)
 
@@ -117,27 +124,6 @@ class HealthTable:
 
 def _auth(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def _loaded_models(payload: object) -> frozenset[str] | None:
-    """Model ids a host reports as loaded, from OpenAI's `/v1/models` shape.
-
-    llama-server in router mode adds `status.value` per model; only "loaded" ones count.
-    """
-    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
-        return None
-    loaded = set()
-    for entry in payload["data"]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            continue
-        status = entry.get("status")
-        if isinstance(status, dict) and status.get("value") not in (None, "loaded"):
-            continue
-        loaded.add(entry["id"])
-        for alias in entry.get("aliases") or ():
-            if isinstance(alias, str):
-                loaded.add(alias)
-    return frozenset(loaded)
 
 
 async def poll_once(
@@ -158,14 +144,26 @@ async def poll_once(
         reason = f"/health answered {response.status_code}"
         table.set(probe.name, HostState.DOWN, reason, url=probe.url)
         return
-    loaded = None
+    props, models = await asyncio.gather(
+        _json(client, f"{probe.url}/props", headers, poll_timeout),
+        _json(client, f"{probe.url}/v1/models", headers, poll_timeout),
+    )
+    described = describe(props, models)
+    # A host without /v1/models just loses the "loaded" preference.
+    loaded = described.loaded if described.models else None
+    table.set(probe.name, HostState.UP, "", loaded, url=probe.url, described=described)
+
+
+async def _json(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], wait: float
+) -> object:
+    """A GET's JSON answer within `wait` seconds; None for any failure (health said up: this
+    is extra)."""
     try:
-        models = await client.get(f"{probe.url}/v1/models", headers=headers, timeout=poll_timeout)
-        if models.status_code == 200:
-            loaded = _loaded_models(models.json())
+        response = await client.get(url, headers=headers, timeout=wait)
+        return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
-        pass  # health said up; a host without /v1/models just loses the "loaded" preference
-    table.set(probe.name, HostState.UP, "", loaded, url=probe.url)
+        return None
 
 
 async def poll_forever(

@@ -20,10 +20,11 @@ import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from hosts.health import HealthTable, Probe, poll_forever, poll_once
+from hosts.describe import ModelState
+from hosts.health import HealthTable, HostHealth, Probe, poll_forever, poll_once
 from routing import signals
 from routing.config.reader import current_revision, load_fleet
-from routing.config.shape import Fleet, RouteConfig
+from routing.config.shape import Fleet, HostConfig, RouteConfig
 from routing.core.choose import Candidate
 from routing.core.clients import ClientGate
 from routing.core.leases import LeaseTable
@@ -212,6 +213,7 @@ class Runtime:
             host = self.fleet.hosts.get(name)
             if host is None or not host.enabled:
                 continue
+            evicts_busy = False
             if model is None:
                 can_serve = loaded = True
                 free = self.limiter.free_slots(name)
@@ -219,12 +221,14 @@ class Runtime:
             else:
                 spec = host.models.get(model)
                 can_serve = spec is not None
-                known = self.health.get(name).loaded
+                health = self.health.get(name)
+                known = health.loaded
                 loaded = spec is not None and (
                     known is None or (spec.upstream_name or spec.name) in known
                 )
                 free = self.limiter.free_for(name, model) if can_serve else 0
                 queued = self.limiter.queued(name, model)
+                evicts_busy = can_serve and not loaded and self._evicts_busy(host, health)
             out.append(
                 Candidate(
                     host=name,
@@ -236,9 +240,34 @@ class Runtime:
                     queued=queued,
                     weight=host.weight,
                     leases=self.leases.held(name),
+                    evicts_busy=evicts_busy,
                 )
             )
         return out
+
+    def _evicts_busy(self, host: HostConfig, health: HostHealth) -> bool:
+        """Whether loading one more model on this router-mode host would unload a busy one:
+        it holds its most models already, and each has requests or leased conversations."""
+        described = health.described
+        if described is None or not described.router or not described.max_models:
+            return False
+        running = [
+            upstream
+            for upstream, state in described.models.items()
+            if state in (ModelState.LOADED, ModelState.LOADING)
+        ]
+        if len(running) < described.max_models:
+            return False
+        by_upstream = {(m.upstream_name or m.name): m.name for m in host.models.values()}
+        return all(
+            (name := by_upstream.get(upstream)) is not None
+            and (
+                self.limiter.in_flight(host.name, name)
+                or self.limiter.queued(host.name, name)
+                or self.leases.held(host.name, name)
+            )
+            for upstream in running
+        )
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

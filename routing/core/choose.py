@@ -14,7 +14,9 @@ class Candidate:
 
     ``loaded``: the model is resident on the host. ``can_serve``: the host's configuration lists
     the model. ``free`` and ``queued`` are the limiter's counts for this (host, model);
-    ``leases`` the conversations the host holds.
+    ``leases`` the conversations the host holds. ``evicts_busy``: the host loads models on
+    demand (router mode), this one is not loaded, and loading it would unload a model with
+    requests in flight or conversations leased.
     """
 
     host: str
@@ -26,6 +28,7 @@ class Candidate:
     queued: int
     weight: float
     leases: int = 0
+    evicts_busy: bool = False
 
     @property
     def eligible(self) -> bool:
@@ -36,7 +39,9 @@ def ranked(candidates: Sequence[Candidate]) -> list[str]:
     """The eligible hosts, best first. Pure; never raises.
 
     Eligible: healthy, not draining, and the model loaded or listed. Hosts with the model loaded
-    come before hosts that merely list it; then the highest ``free * weight``; ties go to the
+    come before hosts that merely list it, and among those, hosts with room to load it before
+    hosts where loading it would unload a busy model; then the highest ``free * weight``; ties
+    go to the
     host holding fewer leases (so conversations arriving one at a time spread), then to the
     shorter queue, then to route order. A full host (``free == 0``) is still ranked: its
     request may queue there.
@@ -45,6 +50,7 @@ def ranked(candidates: Sequence[Candidate]) -> list[str]:
     eligible.sort(
         key=lambda entry: (
             not entry[1].loaded,
+            entry[1].evicts_busy,
             -entry[1].free * entry[1].weight,
             entry[1].leases,
             entry[1].queued,

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 __all__ = ["LeaseKey", "LeaseOutcome", "LeaseTable"]
 
@@ -42,7 +43,7 @@ class LeaseTable:
     Loop safety: call every method from one event loop; nothing here suspends.
     """
 
-    __slots__ = ("_clock", "_leases", "_max_entries", "_held")
+    __slots__ = ("_clock", "_leases", "_max_entries", "_held", "_held_models")
 
     def __init__(
         self, max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic
@@ -51,6 +52,7 @@ class LeaseTable:
         self._clock = clock
         self._leases: OrderedDict[LeaseKey, _Lease] = OrderedDict()
         self._held: dict[str, int] = {}  # stored leases per host
+        self._held_models: dict[tuple[str, str], int] = {}  # ... per (host, model)
 
     def find(self, key: LeaseKey) -> str | None:
         """The host holding an unexpired lease for ``key``, without refreshing it."""
@@ -70,11 +72,11 @@ class LeaseTable:
         current = self._leases.get(key)
         if current is None:
             self._leases[key] = _Lease(host, now + ttl)
-            self._count(host, 1)
+            self._count(host, key.model, 1)
         else:
             if current.host != host:
-                self._count(current.host, -1)
-                self._count(host, 1)
+                self._count(current.host, key.model, -1)
+                self._count(host, key.model, 1)
                 current.host = host
             current.expires = now + ttl
             self._leases.move_to_end(key)
@@ -87,8 +89,13 @@ class LeaseTable:
             self._delete(key, lease)
         return len(doomed)
 
-    def held(self, host: str) -> int:
-        """Leases the host holds (expired ones not found out yet included); cheap."""
+    def held(self, host: str, model: str | None = None) -> int:
+        """Leases the host holds (of one model, if given); cheap. Expired leases are trimmed
+        from the least recently used end first; one behind a live lease of a longer TTL may
+        still count until it is looked up or reaches that end."""
+        self._trim(self._clock())
+        if model is not None:
+            return self._held_models.get((host, model), 0)
         return self._held.get(host, 0)
 
     def held_by_host(self) -> dict[str, int]:
@@ -114,11 +121,16 @@ class LeaseTable:
 
     def _delete(self, key: LeaseKey, lease: _Lease) -> None:
         del self._leases[key]
-        self._count(lease.host, -1)
+        self._count(lease.host, key.model, -1)
 
-    def _count(self, host: str, change: int) -> None:
-        count = self._held.get(host, 0) + change
-        if count > 0:
-            self._held[host] = count
-        else:
-            self._held.pop(host, None)
+    def _count(self, host: str, model: str, change: int) -> None:
+        _add(self._held, host, change)
+        _add(self._held_models, (host, model), change)
+
+
+def _add(counts: dict[Any, int], key: object, change: int) -> None:
+    count = counts.get(key, 0) + change
+    if count > 0:
+        counts[key] = count
+    else:
+        counts.pop(key, None)

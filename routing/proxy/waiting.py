@@ -3,9 +3,10 @@
 With wait status on, a streaming request that must queue gets its `200` head at once. Its body
 then says, as SSE comments (which every SSE client ignores), where it waits
 (`: crossbar-status: waiting 2`) whenever its place changes and at least every
-`CROSSBAR_KEEPALIVE` seconds, `fallback <route>` and `running` once it holds a slot, and then
-carries the host's stream. A failure after the head went out becomes one `data:` error event;
-the row records the real outcome.
+`CROSSBAR_KEEPALIVE` seconds, `loading` when its model is being loaded on a router-mode host,
+`fallback <route>` and `running` once it holds a slot, and then carries the host's stream. A
+failure after the head went out becomes one `data:` error event; the row records the real
+outcome.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from hosts.describe import ModelState
 from routing.core import sse
 from routing.core.errors import Answer, answer_for
 from routing.proxy.passage import Answered, Passage
@@ -65,7 +67,7 @@ class StatusStream:
         task = self._task = loop.create_task(passage.through())
         said: int | None = None
         said_at = loop.time()
-        announced = False
+        announced = said_loading = False
         while not task.done():
             waiting = passage.waiting
             if waiting is None:
@@ -73,7 +75,11 @@ class StatusStream:
                     announced = True
                     for frame in self._placed_frames():
                         yield frame
-                await asyncio.wait((task,))  # asking the host: bounded by the headers timeout
+                if not said_loading and self._loading(passage.trail.host):
+                    said_loading = True
+                    yield sse.comment("loading")
+                # Asking the host (bounded by the headers timeout); a router may be loading.
+                await asyncio.wait((task,), timeout=keepalive)
                 continue
             announced = False
             if waiting.waiter.granted.done():
@@ -83,6 +89,9 @@ class StatusStream:
             if position != said or loop.time() - said_at >= keepalive:
                 said, said_at = position, loop.time()
                 yield sse.comment(f"waiting {position}")
+                if not said_loading and self._loading(waiting.host):
+                    said_loading = True
+                    yield sse.comment("loading")
             changes = waiting.waiter.changes()
             changes.clear()
             try:
@@ -113,6 +122,17 @@ class StatusStream:
             return
         async for chunk in relay:
             yield chunk
+
+    def _loading(self, host: str) -> bool:
+        """Whether the request's model is being loaded on `host` (a router-mode host), as its
+        last health poll said."""
+        config = self._runtime.fleet.hosts.get(host)
+        spec = config.models.get(self._passage.trail.model) if config is not None else None
+        described = self._runtime.health.get(host).described
+        if spec is None or described is None or not described.router:
+            return False
+        state = described.models.get(spec.upstream_name or spec.name)
+        return state in (ModelState.LOADING, ModelState.UNLOADED)
 
     def _placed_frames(self) -> list[bytes]:
         fallback = self._passage.trail.fallback

@@ -24,7 +24,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
-from routing.core.leases import LeaseKey, LeaseOutcome, NoHealthyHost, PinnedHostDown
+from routing.core.errors import NoHealthyHost, PinnedHostDown
+from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.shared.state import Shared
 
 __all__ = ["RedisLeases"]

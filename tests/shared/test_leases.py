@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from routing.core.leases import LeaseKey, LeaseOutcome, NoHealthyHost, PinnedHostDown
+from routing.core.errors import NoHealthyHost, PinnedHostDown
+from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.shared.leases import RedisLeases, lease_id
 from routing.shared.state import Shared, StateUnavailable
 from tests.shared.conftest import RedisServer, eventually

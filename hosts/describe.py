@@ -1,0 +1,87 @@
+"""What a llama-server says of itself: its slots, its models, its context, router mode.
+
+`/props` gives `total_slots` (its `-np`), `model_alias` / `model_path` and
+`default_generation_settings.n_ctx`; a router (`--models-dir`, `--models-preset`) says
+`role: router` and `max_instances`. `/v1/models` lists the models (a router adds each one's
+`status`: loaded, loading, unloaded, with `failed` when its load failed). Used by the health
+poller, the host admin's "Read from host" and `crossbar_config discover`. Pure parsing here;
+the callers do the I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["Described", "ModelState", "describe"]
+
+
+class ModelState(enum.StrEnum):
+    LOADED = "loaded"
+    LOADING = "loading"
+    UNLOADED = "unloaded"
+    FAILED = "failed"
+
+
+@dataclass(slots=True, frozen=True)
+class Described:
+    """A host as it describes itself. None where it did not say."""
+
+    slots: int | None = None
+    n_ctx: int | None = None
+    model_path: str = ""
+    alias: str = ""
+    router: bool = False
+    max_models: int | None = None  # a router: models loaded at once (`--models-max`)
+    models: dict[str, ModelState] = field(default_factory=dict)  # id -> state, in its order
+
+    @property
+    def loaded(self) -> frozenset[str]:
+        return frozenset(name for name, state in self.models.items() if state is ModelState.LOADED)
+
+
+def describe(props: object, models: object) -> Described:
+    """Read `/props` and `/v1/models` answers (parsed JSON; anything else counts as silence)."""
+    props = props if isinstance(props, dict) else {}
+    settings = props.get("default_generation_settings")
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    router = props.get("role") == "router"
+    return Described(
+        slots=_count(props.get("total_slots")) if not router else None,
+        n_ctx=_count(n_ctx) or None,
+        model_path=_text(props.get("model_path")),
+        alias=_text(props.get("model_alias")),
+        router=router,
+        max_models=_count(props.get("max_instances")) if router else None,
+        models=_model_states(models),
+    )
+
+
+def _model_states(payload: object) -> dict[str, ModelState]:
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        return {}
+    states: dict[str, ModelState] = {}
+    for entry in payload["data"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            continue
+        status = entry.get("status")
+        state = ModelState.LOADED
+        if isinstance(status, dict):
+            value = status.get("value")
+            if status.get("failed") is True:
+                state = ModelState.FAILED
+            elif value in ("loading", "unloaded"):
+                state = ModelState(value)
+        states[entry["id"]] = state
+        for alias in entry.get("aliases") or ():
+            if isinstance(alias, str):
+                states.setdefault(alias, state)
+    return states
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) and value != "none" else ""

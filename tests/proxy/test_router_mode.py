@@ -1,0 +1,80 @@
+"""Router-mode hosts (llama-server loading models on demand): placement never unloads a busy
+model when another host could take the load, and a waiting stream hears that its model loads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import wait_until
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.fleet import add_host, add_route
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MODELS = {"small": (1, 4), "large": (1, 4), "other": (1, 4)}
+
+
+def ask(url: str, model: str, **extra: object) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": f"hi {model}"}], **extra}
+    return httpx.post(f"{url}/chat/v1/chat/completions", json=body, timeout=60)
+
+
+def test_a_model_to_load_goes_where_loading_it_unloads_nothing_busy(gateway):
+    busy = FakeLlamaServer(router_models=tuple(MODELS), models_max=1)
+    idle = FakeLlamaServer(router_models=tuple(MODELS), models_max=1)
+    with busy, idle:
+        hosts = [
+            # gpu1 is the bigger box: only a busy model keeps new loads away from it.
+            add_host("gpu1", busy.url, models=MODELS, weight=3),
+            add_host("gpu2", idle.url, models=MODELS),
+        ]
+        add_route("chat", hosts, lease_ttl=1)  # conversations soon forgotten: only work is busy
+        gateway.sync()
+        assert ask(gateway.url, "other").headers["x-crossbar-host"] == "gpu1"
+        # "other" has a live conversation on gpu1: loading "small" there would unload it.
+        assert ask(gateway.url, "small").headers["x-crossbar-host"] == "gpu2"
+        # Now "other" is loaded on gpu1 and "small" on gpu2. Keep "other" busy on gpu1:
+        busy.token_delay = 0.3
+        holding = threading.Thread(
+            target=ask, args=(gateway.url, "other"), kwargs={"max_tokens": 30, "stream": True}
+        )
+        holding.start()
+        wait_until(lambda: busy.in_flight == 1, what="a request running on gpu1")
+        time.sleep(1.2)  # the leases expire; health polls tell the gateway what is loaded where
+
+        placed = ask(gateway.url, "large")
+        holding.join()
+
+    # gpu1 weighs more, but loading there would unload "other", which is busy; on gpu2 it
+    # unloads "small", which nothing uses any more.
+    assert placed.status_code == 200
+    assert placed.headers["x-crossbar-host"] == "gpu2"
+    assert busy.model_status("other") == "loaded"
+
+
+def test_a_waiting_stream_hears_that_its_model_is_loading(gateway):
+    with FakeLlamaServer(router_models=("large",), models_max=1, load_delay=3) as router:
+        add_route("chat", [add_host("gpu1", router.url, models={"large": (1, 4)})],
+                  wait_status=True)  # fmt: skip
+        gateway.sync()
+        first = threading.Thread(target=ask, args=(gateway.url, "large"))
+        first.start()  # it holds the only slot while the router loads the model
+        wait_until(lambda: router.model_status("large") == "loading", what="the load to start")
+        time.sleep(0.6)  # a few health polls: the gateway sees the model loading
+
+        lines: list[str] = []
+        body = {"model": "large", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with httpx.stream(
+            "POST", f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=60
+        ) as response:
+            lines = [line for line in response.iter_lines() if line]
+        first.join()
+
+    assert lines[0] == ": crossbar-status: waiting 1"
+    assert ": crossbar-status: loading" in lines
+    assert lines.index(": crossbar-status: loading") < lines.index(": crossbar-status: running")
+    assert lines[-1] == "data: [DONE]"
