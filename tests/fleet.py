@@ -6,6 +6,8 @@ from hosts.models import Host, HostModel
 from routing.models import Route, RouteHost
 
 MODEL = "test-model"
+# What the gateway's health poller asks every host, every interval: not a client's request.
+POLLS = frozenset({"/health", "/props", "/v1/models"})
 
 
 def add_host(

@@ -33,7 +33,7 @@ def connect(url: str, *, rcvbuf: int | None = None, timeout: float = 30.0) -> so
 def request_bytes(
     method: bytes, target: bytes, body: bytes = b"", headers: dict[bytes, bytes] | None = None
 ) -> bytes:
-    head = [method + b" " + target + b" HTTP/1.1", b"Host: gateway", b"Connection: close"]
+    head = [method + b" " + target + b" HTTP/1.1", b"Host: localhost", b"Connection: close"]
     head += [name + b": " + value for name, value in (headers or {}).items()]
     if body and not any(name.lower() == b"transfer-encoding" for name in headers or {}):
         head.append(b"Content-Length: %d" % len(body))

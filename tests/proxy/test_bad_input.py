@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.fleet import MODEL, add_host, add_route, chat
+from tests.fleet import MODEL, POLLS, add_host, add_route, chat
 from tests.invariants import rss_mib
 from tests.wire import Answer, exchange
 
@@ -37,7 +37,7 @@ def new_log(gateway):  # type: ignore[no-untyped-def]
 
 
 def completions(fake) -> list:  # type: ignore[no-untyped-def]
-    return [seen for seen in fake.seen if seen.path not in ("/health", "/v1/models")]
+    return [seen for seen in fake.seen if seen.path not in POLLS]
 
 
 def check_refusals(answers: dict[str, Answer], expected: dict[str, tuple]) -> None:

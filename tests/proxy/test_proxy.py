@@ -12,14 +12,14 @@ import openai
 import pytest
 
 from tests.conftest import running_gateway, wait_until
-from tests.fleet import MODEL, add_host, add_route, chat
+from tests.fleet import MODEL, POLLS, add_host, add_route, chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def completions(fake) -> list:
     """What the fake saw besides the gateway's health polls."""
-    return [seen for seen in fake.seen if seen.path not in ("/health", "/v1/models")]
+    return [seen for seen in fake.seen if seen.path not in POLLS]
 
 
 def stream_lines(response: httpx.Response) -> list[bytes]:
