@@ -102,9 +102,7 @@ async def test_waiters_are_granted_in_arrival_order() -> None:
         await asyncio.sleep(0)
         slot.release()
 
-    tasks = [
-        asyncio.create_task(wait_then_note(number, line_up(limiter))) for number in range(5)
-    ]
+    tasks = [asyncio.create_task(wait_then_note(number, line_up(limiter))) for number in range(5)]
     await settle()
     held.release()
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
