@@ -299,6 +299,29 @@ async def test_home_queue_full_queues_on_another_host_with_room() -> None:
     assert_nothing_held(fleet)
 
 
+async def test_a_request_queued_elsewhere_that_is_handed_its_home_slot_is_served_at_home() -> None:
+    route = Route(lease_patience=SHORT)
+    fleet = MemoryFleet({"gpu1": host(queue_max=0), "gpu2": host(queue_max=1)}, route)
+    first_turn = placed(fleet, route)
+    other = fleet.occupy("gpu2")
+    waiting = (second := placer(fleet, route)).now()
+    assert isinstance(waiting, Waiting) and waiting.host == "gpu2"  # home's queue is full
+    task = asyncio.create_task(second.wait(waiting))
+    # Past the patience, the request also watches home: let that timer run first.
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(second.started + SHORT + SHORT / 5 - loop.time())
+    await settle()
+
+    first_turn.slot.release()
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert (got.host, got.reason, got.lease) == ("gpu1", Reason.HOME, LeaseOutcome.REUSED)
+    assert fleet.limiter.queued("gpu2", MODEL) == 0
+    got.slot.release()
+    other.release()
+    assert_nothing_held(fleet)
+
+
 async def test_every_host_full_refuses_with_queue_full() -> None:
     route = Route()
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=0)}, route)
