@@ -667,3 +667,103 @@ def test_a_burst_of_new_conversations_fills_slots_then_queues_refuses_the_rest_a
     limits: list[tuple[int, int]], arrivals: int, patience: float, rng: random.Random
 ) -> None:
     asyncio.run(_burst(limits, arrivals, patience, rng))
+
+
+# -- stress: traffic while hosts go down, drain and come back ---------------------------
+
+
+async def _random_traffic(rng: random.Random) -> list[str]:
+    """Four hundred random steps; returns what went wrong (nothing, when placement holds)."""
+    limits = {name: (rng.randint(1, 3), rng.randint(0, 2)) for name in ("gpu1", "gpu2", "gpu3")}
+    fallback = Route(name="cpu", hosts=("cpu1",))
+    route = Route(
+        hosts=tuple(limits),
+        strict=rng.random() < 0.3,
+        lease_patience=rng.choice([0.0, 0.002, 0.01]),
+        fallback=rng.choice(["", "cpu"]),
+        fallback_after=rng.choice([0.0, 0.003, 0.02]),
+        fallback_model="small",
+        queue_timeout=rng.choice([0.01, 0.05]),
+    )
+    hosts = {name: host(*limit) for name, limit in limits.items()}
+    hosts["cpu1"] = host(1, 0, model="small")
+    fleet = MemoryFleet(hosts, route, fallback)
+    pairs = {(name, MODEL): limit[0] for name, limit in limits.items()} | {("cpu1", "small"): 1}
+    wrong: list[str] = []
+    held: list[tuple[Slot, str]] = []
+    busy: set[str] = set()  # conversations with a request under way: one at a time each
+    tasks: list[asyncio.Task[None]] = []
+
+    def judge(got: Placement, fingerprint: str) -> None:
+        lease = lease_of(fleet, route, fingerprint) if fingerprint else None
+        if got.reason == Reason.FALLBACK:
+            if (got.host, got.route, got.model) != ("cpu1", "cpu", "small"):
+                wrong.append(f"fallback placed as {got}")
+        elif got.host == "cpu1" or got.route != "chat":
+            wrong.append(f"the fallback's host served as the route's own: {got}")
+        if got.reason == Reason.HOME and lease != got.host:
+            wrong.append(f"home on {got.host}, lease on {lease}")
+        if got.reason == Reason.SPILLED and lease == got.host:
+            wrong.append(f"spilled onto its own lease host {got.host}")
+        if got.reason in (Reason.NEW, Reason.MOVED) and lease != got.host:
+            wrong.append(f"{got.reason} on {got.host}, lease on {lease}")
+        held.append((got.slot, fingerprint))
+
+    async def wait(request: Placer, waiting: Waiting, fingerprint: str) -> None:
+        try:
+            got = await request.wait(waiting)
+        except QueueTimeout:
+            busy.discard(fingerprint)
+            return
+        except asyncio.CancelledError:
+            busy.discard(fingerprint)
+            raise
+        judge(got, fingerprint)
+
+    for _ in range(400):
+        roll = rng.random()
+        if roll < 0.4:
+            fingerprint = rng.choice(["", *sorted({"a", "b", "c", "d", "e"} - busy)])
+            busy.add(fingerprint)
+            request = placer(fleet, route, fingerprint)
+            try:
+                got = request.now()
+            except (QueueFull, NoHealthyHost, PinnedHostDown):
+                busy.discard(fingerprint)
+            else:
+                if isinstance(got, Placement):
+                    judge(got, fingerprint)
+                else:
+                    tasks.append(asyncio.create_task(wait(request, got, fingerprint)))
+                    await asyncio.sleep(0)  # the wait begins before anyone may cancel it
+        elif roll < 0.65 and held:
+            slot, fingerprint = held.pop(rng.randrange(len(held)))
+            slot.release()
+            busy.discard(fingerprint)
+        elif roll < 0.72 and tasks:
+            rng.choice(tasks).cancel()
+        elif roll < 0.8:
+            name = rng.choice([*limits, "cpu1"])
+            fleet.set_host(name, healthy=rng.random() < 0.7, draining=rng.random() < 0.15)
+        for (name, model), parallel in pairs.items():
+            if fleet.limiter.in_flight(name, model) > parallel:
+                wrong.append(f"{name} over its {parallel} slots")
+        tasks = [task for task in tasks if not task.done()]
+        await asyncio.sleep(0.001 if rng.random() < 0.3 else 0)
+
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for slot, _ in held:
+        slot.release()
+    for name in [*limits, "cpu1"]:
+        fleet.set_host(name, healthy=True, draining=False)
+    assert_nothing_held(fleet)
+    return wrong
+
+
+async def test_random_traffic_while_hosts_fail_and_return_never_oversubscribes_nor_leaks() -> None:
+    seed = random.SystemRandom().randrange(2**32)
+    for number in range(4):
+        rng = random.Random(seed + number)
+        assert await _random_traffic(rng) == [], f"seed {seed + number}"
