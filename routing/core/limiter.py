@@ -143,6 +143,8 @@ class Waiter:
             self._changed = asyncio.Event()
             if self._home is not None and self._attached:
                 self._home.listeners += 1
+            elif not self._attached:
+                self._changed.set()  # the wait is over already: nothing would ever set it
         return self._changed
 
     def cancel(self) -> Slot | None:

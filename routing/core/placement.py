@@ -128,6 +128,7 @@ class Placer:
         self.model = model
         self.key = LeaseKey(route.name, fingerprint, model) if fingerprint else None
         self.started = started  # loop time of the request's arrival
+        self._home: str | None = None  # the usable lease host the last `now()` found
         self._fallback: RouteRules | None = None  # set once `fallback_after` has passed
         self._fallback_pairs: set[Pair] = set()
 
@@ -138,8 +139,10 @@ class Placer:
         route has no fallback to wait for).
         """
         home = self.fleet.leases.find(self.key) if self.key is not None else None
+        self._home = None
         if home is not None:
             if self.fleet.usable(self.route, self.model, home):
+                self._home = home
                 return self._at_home(home)
             if self.route.strict:
                 refusal = PinnedHostDown(home)
@@ -191,6 +194,10 @@ class Placer:
                 slot, Reason.FALLBACK, LeaseOutcome.NONE, fallback.name, slot.model, waited,
                 fallback.name,
             )  # fmt: skip
+        if waiting.host and slot.host != waiting.host and slot.host == self._home:
+            # Queued elsewhere because home's queue was full, then handed home's slot.
+            return Placement(slot, Reason.HOME, LeaseOutcome.REUSED, self.route.name,
+                             self.model, waited)  # fmt: skip
         if waiting.host and slot.host != waiting.host:
             return Placement(slot, Reason.SPILLED, LeaseOutcome.SPILLED, self.route.name,
                              self.model, waited)  # fmt: skip

@@ -1,3 +1,9 @@
+"""The limiter: slots per (host, model), a bounded FIFO line, and waits watching other pairs.
+
+Every test drives one event loop step by step: `place` is synchronous, and a waiter's grant is
+visible on its `granted` future at once, so nothing here depends on timing.
+"""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,37 +12,67 @@ from collections import Counter
 
 import pytest
 
-from routing.core.limiter import Limiter, PairSnapshot, QueueFull, Slot, Ticket
+from routing.core.errors import QueueTimeout
+from routing.core.limiter import Limiter, PairSnapshot, Slot, Waiter
 
 
 async def settle(rounds: int = 5) -> None:
-    """Let every ready task on the loop run a few steps."""
+    """Let every ready task and callback on the loop run a few steps."""
     for _ in range(rounds):
         await asyncio.sleep(0)
 
 
-def start(limiter: Limiter, host: str = "h1", model: str = "m") -> asyncio.Task[Slot]:
-    return asyncio.create_task(limiter.acquire(host, model))
+def take(limiter: Limiter, host: str = "h1", model: str = "m") -> Slot:
+    """A slot of the pair, which must be free right now."""
+    got = limiter.place([(host, model)])
+    assert isinstance(got, Slot), f"expected a free slot on {host}/{model}, got {got!r}"
+    return got
 
 
-async def hold(limiter: Limiter, count: int, host: str = "h1", model: str = "m") -> list[Slot]:
-    return [await limiter.acquire(host, model) for _ in range(count)]
+def hold(limiter: Limiter, count: int, host: str = "h1", model: str = "m") -> list[Slot]:
+    return [take(limiter, host, model) for _ in range(count)]
+
+
+def line_up(limiter: Limiter, host: str = "h1", model: str = "m") -> Waiter:
+    """A place in the pair's line, which must have room right now."""
+    got = limiter.place([(host, model)])
+    assert isinstance(got, Waiter), f"expected a place in line on {host}/{model}, got {got!r}"
+    return got
+
+
+async def wait_for_slot(waiter: Waiter) -> Slot:
+    """Await the grant as `Waiter`'s docstring tells a caller to: on cancellation, leave and
+    release the slot that may have been handed over in the same loop turn."""
+    try:
+        return await waiter.granted
+    except asyncio.CancelledError:
+        slot = waiter.cancel()
+        if slot is not None:
+            slot.release()
+        raise
+
+
+def granted_slot(waiter: Waiter) -> Slot:
+    assert waiter.granted.done(), "the waiter was not handed a slot"
+    return waiter.granted.result()
+
+
+# -- slots and the line -------------------------------------------------------------------
 
 
 async def test_fifth_request_waits_when_four_slots_are_held() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=4, queue_max=4)
-    slots = await hold(limiter, 4)
+    slots = hold(limiter, 4)
 
-    fifth = start(limiter)
-    await settle()
+    fifth = line_up(limiter)
 
-    assert not fifth.done()
+    assert not fifth.granted.done()
     assert limiter.in_flight("h1", "m") == 4
     assert limiter.queued("h1", "m") == 1
     slots[0].release()
-    await settle()
-    assert fifth.done()
+    slot = granted_slot(fifth)
+    assert (slot.host, slot.model) == ("h1", "m")
     assert limiter.in_flight("h1", "m") == 4
     assert limiter.queued("h1", "m") == 0
 
@@ -44,93 +80,98 @@ async def test_fifth_request_waits_when_four_slots_are_held() -> None:
 async def test_ninth_request_is_refused_when_queue_is_full() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=4, queue_max=4)
-    await hold(limiter, 4)
-    waiters = [start(limiter) for _ in range(4)]
-    await settle()
+    hold(limiter, 4)
+    waiters = [line_up(limiter) for _ in range(4)]
 
-    with pytest.raises(QueueFull) as refused:
-        await limiter.acquire("h1", "m")
+    assert limiter.place([("h1", "m")]) is None
 
-    assert (refused.value.host, refused.value.model) == ("h1", "m")
+    assert limiter.in_flight("h1", "m") == 4
     assert limiter.queued("h1", "m") == 4
-    assert not any(waiter.done() for waiter in waiters)
-    for waiter in waiters:
-        waiter.cancel()
-    await settle()
+    assert not any(waiter.granted.done() for waiter in waiters)
 
 
 async def test_waiters_are_granted_in_arrival_order() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=5)
-    (held,) = await hold(limiter, 1)
+    (held,) = hold(limiter, 1)
     granted: list[int] = []
 
-    async def wait_then_note(number: int) -> None:
-        slot = await limiter.acquire("h1", "m")
+    async def wait_then_note(number: int, waiter: Waiter) -> None:
+        slot = await wait_for_slot(waiter)
         granted.append(number)
         await asyncio.sleep(0)
         slot.release()
 
-    tasks = []
-    for number in range(5):
-        tasks.append(asyncio.create_task(wait_then_note(number)))
-        await asyncio.sleep(0)
+    tasks = [asyncio.create_task(wait_then_note(number, line_up(limiter))) for number in range(5)]
+    await settle()
     held.release()
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=5)
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
 
     assert granted == [0, 1, 2, 3, 4]
+    assert limiter.in_flight("h1", "m") == 0
 
 
 async def test_release_hands_the_slot_to_the_head_waiter_not_a_newcomer() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=1)
-    (held,) = await hold(limiter, 1)
-    waiter = start(limiter)
-    await settle()
+    (held,) = hold(limiter, 1)
+    waiter = line_up(limiter)
 
     held.release()
-    # The newcomer arrives before the waiter has had a chance to run again.
-    newcomer = start(limiter)
-    await settle()
+    # The newcomer arrives before the waiter's task has had a chance to run again.
+    newcomer = limiter.place([("h1", "m")])
 
-    assert waiter.done()
-    assert not newcomer.done()
+    assert isinstance(newcomer, Waiter)
+    assert granted_slot(waiter).host == "h1"
+    assert not newcomer.granted.done()
     assert limiter.in_flight("h1", "m") == 1
     assert limiter.queued("h1", "m") == 1
-    newcomer.cancel()
-    await settle()
 
 
 async def test_cancelled_waiter_gives_back_its_place() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=1)
-    (held,) = await hold(limiter, 1)
-    leaver = start(limiter)
-    await settle()
+    (held,) = hold(limiter, 1)
+    leaver = line_up(limiter)
 
-    leaver.cancel()
-    await settle()
-    stayer = start(limiter)
-    await settle()
+    assert leaver.cancel() is None
+    stayer = line_up(limiter)
 
-    assert leaver.cancelled()
+    assert leaver.granted.cancelled()
     assert limiter.queued("h1", "m") == 1
     held.release()
-    await settle()
-    assert stayer.done()
+    assert granted_slot(stayer).host == "h1"
     assert limiter.in_flight("h1", "m") == 1
+    assert limiter.queued("h1", "m") == 0
 
 
-async def test_waiter_cancelled_at_the_instant_of_hand_over_passes_the_slot_on() -> None:
+async def test_waiter_whose_task_is_cancelled_gives_back_its_place() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    (held,) = hold(limiter, 1)
+    task = asyncio.create_task(wait_for_slot(line_up(limiter)))
+    await settle()
+
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert limiter.queued("h1", "m") == 0
+    stayer = line_up(limiter)
+    held.release()
+    assert granted_slot(stayer).host == "h1"
+
+
+async def test_waiter_cancelled_in_the_turn_of_its_hand_over_passes_the_slot_on() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=2)
-    (held,) = await hold(limiter, 1)
-    first = start(limiter)
-    second = start(limiter)
+    (held,) = hold(limiter, 1)
+    first = asyncio.create_task(wait_for_slot(line_up(limiter)))
+    second = asyncio.create_task(wait_for_slot(line_up(limiter)))
     await settle()
 
-    held.release()  # hands the slot to `first`, which has not run yet
-    first.cancel()
+    held.release()  # hands the slot to `first`, whose task has not run since
+    first.cancel()  # the client leaves in that very turn
     await settle()
 
     assert first.cancelled()
@@ -141,58 +182,82 @@ async def test_waiter_cancelled_at_the_instant_of_hand_over_passes_the_slot_on()
     assert limiter.in_flight("h1", "m") == 0
 
 
-async def test_waiter_cancelled_at_the_instant_of_hand_over_frees_the_slot_when_alone() -> None:
+async def test_waiter_cancelled_in_the_turn_of_its_hand_over_frees_the_slot_when_alone() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=1)
-    (held,) = await hold(limiter, 1)
-    waiter = start(limiter)
+    (held,) = hold(limiter, 1)
+    task = asyncio.create_task(wait_for_slot(line_up(limiter)))
     await settle()
 
     held.release()
-    waiter.cancel()
+    task.cancel()
     await settle()
 
-    assert waiter.cancelled()
+    assert task.cancelled()
     assert limiter.in_flight("h1", "m") == 0
     assert limiter.free_for("h1", "m") == 1
 
 
-async def test_waiter_timing_out_leaves_no_trace() -> None:
+async def test_cancel_after_the_hand_over_returns_the_slot_to_release() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=1)
-    (held,) = await hold(limiter, 1)
-
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(limiter.acquire("h1", "m"), timeout=0.01)
-
-    assert limiter.queued("h1", "m") == 0
+    (held,) = hold(limiter, 1)
+    waiter = line_up(limiter)
     held.release()
+
+    slot = waiter.cancel()
+
+    assert isinstance(slot, Slot)
+    assert limiter.in_flight("h1", "m") == 1
+    slot.release()
+    assert limiter.in_flight("h1", "m") == 0
+
+
+async def test_fail_ends_the_wait_with_the_error_and_frees_its_place() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    (held,) = hold(limiter, 1)
+    waiter = line_up(limiter)
+    changes = waiter.changes()
+
+    waiter.fail(QueueTimeout("queue timeout"))
+
+    with pytest.raises(QueueTimeout):
+        await waiter.granted
+    assert changes.is_set()
+    assert waiter.position == 0
+    assert waiter.cancel() is None
+    assert limiter.queued("h1", "m") == 0
+    newcomer = line_up(limiter)
+    held.release()
+    assert granted_slot(newcomer).host == "h1"
+
+
+async def test_fail_after_the_hand_over_leaves_the_slot_with_the_waiter() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    (held,) = hold(limiter, 1)
+    waiter = line_up(limiter)
+    held.release()
+
+    waiter.fail(QueueTimeout("too late"))
+
+    slot = granted_slot(waiter)
+    assert limiter.in_flight("h1", "m") == 1
+    slot.release()
     assert limiter.in_flight("h1", "m") == 0
 
 
 async def test_second_release_is_a_no_op() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=2, queue_max=0)
-    first, second = await hold(limiter, 2)
+    first, second = hold(limiter, 2)
 
     first.release()
     first.release()
 
     assert limiter.in_flight("h1", "m") == 1
     second.release()
-    assert limiter.in_flight("h1", "m") == 0
-
-
-async def test_slot_used_as_context_manager_is_released_on_exit() -> None:
-    limiter = Limiter()
-    limiter.configure("h1", "m", parallel=1, queue_max=0)
-
-    with pytest.raises(RuntimeError):
-        async with await limiter.acquire("h1", "m") as slot:
-            assert slot.host == "h1" and slot.model == "m"
-            assert limiter.in_flight("h1", "m") == 1
-            raise RuntimeError("upstream failed")
-
     assert limiter.in_flight("h1", "m") == 0
 
 
@@ -200,52 +265,317 @@ async def test_unconfigured_pair_has_one_slot_and_no_queue() -> None:
     limiter = Limiter()
 
     assert limiter.free_for("h1", "m") == 1
-    assert limiter.has_room("h1", "m")
-    slot = await limiter.acquire("h1", "m")
-    with pytest.raises(QueueFull):
-        await limiter.acquire("h1", "m")
+    slot = take(limiter)
+    assert limiter.place([("h1", "m")]) is None
 
     assert limiter.in_flight("h1", "m") == 1
-    assert not limiter.has_room("h1", "m")
+    assert limiter.free_for("h1", "m") == 0
     slot.release()
+    assert limiter.in_flight("h1", "m") == 0
+    assert limiter.snapshot() == []  # nothing kept for a pair nobody configured or uses
+
+
+# -- placing over several pairs -----------------------------------------------------------
+
+
+async def test_place_falls_through_to_the_next_pair_with_a_free_slot() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=2)
+    limiter.configure("h2", "m", parallel=1, queue_max=2)
+    take(limiter, "h1")
+
+    got = limiter.place([("h1", "m"), ("h2", "m")])
+
+    assert isinstance(got, Slot)
+    assert got.host == "h2"
+    assert limiter.queued("h1", "m") == 0
+
+
+async def test_place_takes_a_queue_place_on_the_first_pair_with_room_when_no_slot_is_free() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=0)
+    limiter.configure("h2", "m", parallel=1, queue_max=1)
+    limiter.configure("h3", "m", parallel=1, queue_max=1)
+    for host in ("h1", "h2", "h3"):
+        take(limiter, host)
+
+    got = limiter.place([("h1", "m"), ("h2", "m"), ("h3", "m")])
+
+    assert isinstance(got, Waiter)
+    assert got.host == "h2"
+    assert got.position == 1
+    assert [limiter.queued(host, "m") for host in ("h1", "h2", "h3")] == [0, 1, 0]
+
+
+async def test_place_refuses_when_every_pair_is_full_and_changes_nothing() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    take(limiter, "h1")
+    line_up(limiter, "h1")
+    take(limiter, "h2")  # unconfigured: one slot, no queue
+    before = limiter.snapshot()
+
+    assert limiter.place([("h1", "m"), ("h2", "m")]) is None
+
+    assert limiter.snapshot() == before
+    assert before == [PairSnapshot("h1", "m", 1, 1, 1, 1), PairSnapshot("h2", "m", 1, 0, 1, 0)]
+
+
+# -- watching other pairs -----------------------------------------------------------------
+
+
+async def test_watch_hands_a_free_slot_of_a_watched_pair_at_once() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    limiter.configure("h2", "m", parallel=1, queue_max=1)
+    take(limiter, "h1")
+    waiter = line_up(limiter, "h1")
+
+    limiter.watch(waiter, [("h1", "m"), ("h2", "m")])
+
+    assert granted_slot(waiter).host == "h2"
+    assert limiter.queued("h1", "m") == 0
+    assert limiter.in_flight("h2", "m") == 1
+
+
+async def test_watch_hands_the_next_slot_released_on_a_watched_pair() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    limiter.configure("h2", "m", parallel=1, queue_max=1)
+    take(limiter, "h1")
+    (busy,) = hold(limiter, 1, "h2")
+    waiter = line_up(limiter, "h1")
+
+    limiter.watch(waiter, [("h2", "m")])
+    assert not waiter.granted.done()
+    busy.release()
+
+    assert granted_slot(waiter).host == "h2"
+    assert limiter.queued("h1", "m") == 0
+    assert limiter.in_flight("h2", "m") == 1
+
+
+async def test_a_watched_pair_serves_its_own_line_before_a_watcher() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    limiter.configure("h2", "m", parallel=1, queue_max=1)
+    take(limiter, "h1")
+    (busy,) = hold(limiter, 1, "h2")
+    watcher = line_up(limiter, "h1")
+    own = line_up(limiter, "h2")
+    limiter.watch(watcher, [("h2", "m")])
+
+    busy.release()
+
+    assert granted_slot(own).host == "h2"
+    assert not watcher.granted.done()
+    assert watcher.position == 1
+    granted_slot(own).release()  # h2's line is empty now: the watcher is next there
+    assert granted_slot(watcher).host == "h2"
+
+
+async def test_a_watcher_is_handed_nothing_while_accept_refuses_the_pair() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    limiter.configure("h2", "m", parallel=1, queue_max=1)
+    take(limiter, "h1")
+    (busy,) = hold(limiter, 1, "h2")
+    waiter = line_up(limiter, "h1")
+    usable = {"h2": False}
+
+    limiter.watch(waiter, [("h2", "m")], accept=lambda pair: usable[pair[0]])
+    busy.release()
+
+    assert not waiter.granted.done()
+    assert limiter.in_flight("h2", "m") == 0
+    assert limiter.free_for("h2", "m") == 1
+
+
+async def test_wake_offers_free_slots_again_once_accept_agrees() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    limiter.configure("h2", "m", parallel=2, queue_max=0)
+    take(limiter, "h1")
+    waiter = line_up(limiter, "h1")
+    usable = {"h2": False}
+    limiter.watch(waiter, [("h2", "m")], accept=lambda pair: usable[pair[0]])
+    assert not waiter.granted.done()  # h2 is free, but refused
+
+    limiter.wake("h2")
+    assert not waiter.granted.done()
+    usable["h2"] = True
+    limiter.wake("h2")
+
+    assert granted_slot(waiter).host == "h2"
+    assert limiter.in_flight("h2", "m") == 1
+    assert limiter.queued("h1", "m") == 0
+
+
+async def test_watch_prefers_pairs_in_the_order_given() -> None:
+    limiter = Limiter()
+    for host in ("h1", "h2", "h3"):
+        limiter.configure(host, "m", parallel=1, queue_max=1)
+    take(limiter, "h1")
+    waiter = line_up(limiter, "h1")
+
+    limiter.watch(waiter, [("h3", "m"), ("h2", "m")])
+
+    assert granted_slot(waiter).host == "h3"
+    assert limiter.free_for("h2", "m") == 1
+
+
+async def test_watchers_are_served_in_the_order_they_began_to_watch() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=2)
+    limiter.configure("h2", "m", parallel=1, queue_max=0)
+    take(limiter, "h1")
+    (busy,) = hold(limiter, 1, "h2")
+    first, second = line_up(limiter, "h1"), line_up(limiter, "h1")
+    limiter.watch(second, [("h2", "m")])
+    limiter.watch(first, [("h2", "m")])
+
+    busy.release()
+
+    assert granted_slot(second).host == "h2"
+    assert not first.granted.done()
+    assert first.position == 1
+
+
+async def test_a_waiter_granted_at_home_stops_watching_other_pairs() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    limiter.configure("h2", "m", parallel=1, queue_max=0)
+    (home,) = hold(limiter, 1, "h1")
+    (busy,) = hold(limiter, 1, "h2")
+    waiter = line_up(limiter, "h1")
+    limiter.watch(waiter, [("h2", "m")])
+
+    home.release()
+    busy.release()
+
+    assert granted_slot(waiter).host == "h1"
+    assert limiter.in_flight("h1", "m") == 1
+    assert limiter.in_flight("h2", "m") == 0
+
+
+async def test_a_waiter_with_no_line_is_handed_a_slot_only_through_its_watch() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=0)
+    (busy,) = hold(limiter, 1, "h1")
+    waiter = limiter.waiter()
+
+    limiter.watch(waiter, [("h1", "m")])
+    assert (waiter.host, waiter.position) == ("", 0)
+    assert not waiter.granted.done()
+    busy.release()
+
+    assert granted_slot(waiter).host == "h1"
+    granted_slot(waiter).release()
+    assert limiter.snapshot() == [PairSnapshot("h1", "m", 1, 0, 0, 0)]
+
+
+async def test_watch_does_nothing_for_a_waiter_whose_wait_has_ended() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    limiter.configure("h2", "m", parallel=1, queue_max=0)
+    take(limiter, "h1")
+    waiter = line_up(limiter, "h1")
+    waiter.cancel()
+
+    limiter.watch(waiter, [("h2", "m")])
+
+    assert limiter.in_flight("h2", "m") == 0
+    assert limiter.free_for("h2", "m") == 1
+
+
+async def test_a_cancelled_watcher_leaves_no_trace_on_the_watched_pair() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    take(limiter, "h1")
+    (busy,) = hold(limiter, 1, "h9")  # unconfigured: kept only while in use
+    waiter = line_up(limiter, "h1")
+    limiter.watch(waiter, [("h9", "m")])
+
+    waiter.cancel()
+    busy.release()
+
+    assert limiter.in_flight("h9", "m") == 0
+    assert [snap.host for snap in limiter.snapshot()] == ["h1"]
+
+
+# -- the place in line --------------------------------------------------------------------
+
+
+async def test_a_waiter_shows_its_place_in_line_as_the_line_moves() -> None:
+    limiter = Limiter()
+    limiter.configure("gpu1", "m", parallel=1, queue_max=3)
+    (held,) = hold(limiter, 1, "gpu1")
+    waiters = [line_up(limiter, "gpu1") for _ in range(3)]
+    assert [w.position for w in waiters] == [1, 2, 3]
+
+    waiters[0].cancel()
+    assert [w.position for w in waiters] == [0, 1, 2]
+    held.release()
+    assert [w.position for w in waiters] == [0, 0, 1]
+
+    granted_slot(waiters[1]).release()
+    assert [w.position for w in waiters] == [0, 0, 0]
+    granted_slot(waiters[2]).release()
+    assert limiter.in_flight("gpu1", "m") == 0
+
+
+async def test_changes_is_set_when_someone_ahead_leaves_and_when_the_wait_ends() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=3)
+    (held,) = hold(limiter, 1)
+    ahead, waiter = line_up(limiter), line_up(limiter)
+    changes = waiter.changes()
+    assert not changes.is_set()
+
+    ahead.cancel()
+    assert changes.is_set()
+    assert waiter.position == 1
+
+    changes.clear()
+    held.release()
+    assert changes.is_set()
+    assert granted_slot(waiter).host == "h1"
+
+
+async def test_changes_asked_for_after_the_wait_ended_is_already_set() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    (held,) = hold(limiter, 1)
+    waiter = line_up(limiter)
+    held.release()
+
+    changes = waiter.changes()
+
+    # A caller awaiting it must not wait forever for a wait that is already over.
+    assert changes.is_set()
+    granted_slot(waiter).release()
     assert limiter.in_flight("h1", "m") == 0
 
 
-async def test_slot_taken_at_once_has_waited_zero_and_queued_slot_reports_its_wait() -> None:
-    limiter = Limiter()
-    limiter.configure("h1", "m", parallel=1, queue_max=1)
-    (held,) = await hold(limiter, 1)
-    waiter = start(limiter)
-    await settle()
-
-    await asyncio.sleep(0.05)
-    held.release()
-    slot = await asyncio.wait_for(waiter, timeout=5)
-
-    assert held.waited == 0.0
-    # Generous margin: only that the queue time is counted, never how fast the loop is.
-    assert slot.waited >= 0.03
+# -- configuration ------------------------------------------------------------------------
 
 
 async def test_lowering_parallel_grants_nothing_until_in_flight_drops_below_it() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=4, queue_max=4)
-    slots = await hold(limiter, 4)
-    waiter = start(limiter)
-    await settle()
+    slots = hold(limiter, 4)
+    waiter = line_up(limiter)
 
     limiter.configure("h1", "m", parallel=2, queue_max=4)
     assert limiter.in_flight("h1", "m") == 4
     assert limiter.queued("h1", "m") == 1
     slots[0].release()
     slots[1].release()
-    await settle()
-    assert not waiter.done()
+    assert not waiter.granted.done()
     assert limiter.in_flight("h1", "m") == 2
 
     slots[2].release()
-    await settle()
-    assert waiter.done()
+    assert granted_slot(waiter).host == "h1"
     assert limiter.in_flight("h1", "m") == 2
     assert limiter.queued("h1", "m") == 0
 
@@ -253,38 +583,30 @@ async def test_lowering_parallel_grants_nothing_until_in_flight_drops_below_it()
 async def test_raising_parallel_grants_waiters_at_once() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=4)
-    await hold(limiter, 1)
-    waiters = [start(limiter) for _ in range(3)]
-    await settle()
+    hold(limiter, 1)
+    waiters = [line_up(limiter) for _ in range(3)]
 
     limiter.configure("h1", "m", parallel=3, queue_max=4)
-    await settle()
 
-    assert [waiter.done() for waiter in waiters] == [True, True, False]
+    assert [waiter.granted.done() for waiter in waiters] == [True, True, False]
     assert limiter.in_flight("h1", "m") == 3
     assert limiter.queued("h1", "m") == 1
-    waiters[2].cancel()
-    await settle()
 
 
 async def test_lowering_queue_max_keeps_waiters_and_refuses_newcomers() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=3)
-    (held,) = await hold(limiter, 1)
-    waiters = [start(limiter) for _ in range(3)]
-    await settle()
+    (held,) = hold(limiter, 1)
+    waiters = [line_up(limiter) for _ in range(3)]
 
     limiter.configure("h1", "m", parallel=1, queue_max=1)
-    with pytest.raises(QueueFull):
-        await limiter.acquire("h1", "m")
+    assert limiter.place([("h1", "m")]) is None
 
     assert limiter.queued("h1", "m") == 3
+    assert [w.position for w in waiters] == [1, 2, 3]
     held.release()
-    await settle()
-    assert waiters[0].done()
-    for waiter in waiters[1:]:
-        waiter.cancel()
-    await settle()
+    assert granted_slot(waiters[0]).host == "h1"
+    assert limiter.queued("h1", "m") == 2
 
 
 async def test_misconfiguration_is_clamped_not_raised() -> None:
@@ -292,30 +614,26 @@ async def test_misconfiguration_is_clamped_not_raised() -> None:
     limiter.configure("h1", "m", parallel=0, queue_max=-3)
 
     assert limiter.snapshot() == [PairSnapshot("h1", "m", 1, 0, 0, 0)]
-    slot = await limiter.acquire("h1", "m")
-    with pytest.raises(QueueFull):
-        await limiter.acquire("h1", "m")
+    slot = take(limiter)
+    assert limiter.place([("h1", "m")]) is None
     slot.release()
 
 
 async def test_removed_pair_releases_held_slots_and_keeps_its_waiters() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=2, queue_max=2)
-    first, second = await hold(limiter, 2)
-    waiter = start(limiter)
-    await settle()
+    first, second = hold(limiter, 2)
+    waiter = line_up(limiter)
 
     limiter.remove("h1", "m")
     assert limiter.queued("h1", "m") == 1
     first.release()
-    await settle()
-    # Unconfigured now: one slot, and `second` still holds more than that.
-    assert not waiter.done()
+    # Unconfigured now: one slot, and `second` still holds it.
+    assert not waiter.granted.done()
     second.release()
-    await settle()
-    assert waiter.done()
+    slot = granted_slot(waiter)
 
-    waiter.result().release()
+    slot.release()
     first.release()
     assert limiter.in_flight("h1", "m") == 0
     assert limiter.snapshot() == []
@@ -334,18 +652,15 @@ async def test_removing_an_unknown_pair_does_nothing() -> None:
 async def test_removed_pair_configured_again_keeps_its_slots_and_queue() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=1)
-    (held,) = await hold(limiter, 1)
-    waiter = start(limiter)
-    await settle()
+    (held,) = hold(limiter, 1)
+    waiter = line_up(limiter)
 
     limiter.remove("h1", "m")
     limiter.configure("h1", "m", parallel=2, queue_max=1)
-    await settle()
 
-    assert waiter.done()
     assert limiter.in_flight("h1", "m") == 2
     held.release()
-    waiter.result().release()
+    granted_slot(waiter).release()
     assert limiter.snapshot() == [PairSnapshot("h1", "m", 2, 1, 0, 0)]
 
 
@@ -354,10 +669,9 @@ async def test_snapshot_lists_configured_and_busy_pairs_sorted() -> None:
     limiter.configure("h2", "m", parallel=2, queue_max=1)
     limiter.configure("h1", "z", parallel=4, queue_max=4)
     limiter.configure("h1", "a", parallel=1, queue_max=2)
-    await hold(limiter, 1, "h1", "a")
-    waiter = start(limiter, "h1", "a")
-    busy_unconfigured = await limiter.acquire("h3", "x")
-    await settle()
+    hold(limiter, 1, "h1", "a")
+    waiter = line_up(limiter, "h1", "a")
+    busy_unconfigured = take(limiter, "h3", "x")
 
     assert limiter.snapshot() == [
         PairSnapshot("h1", "a", parallel=1, queue_max=2, in_flight=1, queued=1),
@@ -368,7 +682,7 @@ async def test_snapshot_lists_configured_and_busy_pairs_sorted() -> None:
     busy_unconfigured.release()
     assert [(snap.host, snap.model) for snap in limiter.snapshot()][-1] == ("h2", "m")
     waiter.cancel()
-    await settle()
+    assert limiter.snapshot()[0] == PairSnapshot("h1", "a", 1, 2, 1, 0)
 
 
 async def test_free_slots_sums_the_hosts_configured_models() -> None:
@@ -376,8 +690,8 @@ async def test_free_slots_sums_the_hosts_configured_models() -> None:
     limiter.configure("h1", "a", parallel=4, queue_max=0)
     limiter.configure("h1", "b", parallel=2, queue_max=0)
     limiter.configure("h2", "a", parallel=3, queue_max=0)
-    await hold(limiter, 2, "h1", "a")
-    await hold(limiter, 1, "h1", "unlisted")
+    hold(limiter, 2, "h1", "a")
+    hold(limiter, 1, "h1", "unlisted")
 
     assert limiter.free_slots("h1") == 2 + 2
     assert limiter.free_slots("h2") == 3
@@ -388,7 +702,7 @@ async def test_free_slots_never_counts_below_zero_after_parallel_is_lowered() ->
     limiter = Limiter()
     limiter.configure("h1", "a", parallel=4, queue_max=0)
     limiter.configure("h1", "b", parallel=2, queue_max=0)
-    await hold(limiter, 4, "h1", "a")
+    hold(limiter, 4, "h1", "a")
 
     limiter.configure("h1", "a", parallel=1, queue_max=0)
 
@@ -396,23 +710,40 @@ async def test_free_slots_never_counts_below_zero_after_parallel_is_lowered() ->
     assert limiter.free_slots("h1") == 2
 
 
-async def test_free_for_and_has_room_follow_slots_then_queue() -> None:
+async def test_free_for_follows_slots_and_the_line_follows_queue_max() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=2, queue_max=1)
 
     assert limiter.free_for("h1", "m") == 2
-    await hold(limiter, 2)
+    hold(limiter, 2)
     assert limiter.free_for("h1", "m") == 0
-    assert limiter.has_room("h1", "m")
-    waiter = start(limiter)
-    await settle()
-    assert not limiter.has_room("h1", "m")
+    waiter = line_up(limiter)
+    assert limiter.place([("h1", "m")]) is None
     waiter.cancel()
-    await settle()
-    assert limiter.has_room("h1", "m")
+    assert isinstance(limiter.place([("h1", "m")]), Waiter)
 
 
-async def test_stress_random_acquire_cancel_release_never_exceeds_parallel_nor_leaks() -> None:
+async def test_a_long_line_of_leavers_keeps_counting_only_live_waiters() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=3)
+    (held,) = hold(limiter, 1)
+    stayer = line_up(limiter)
+    # Many waiters join and leave: the line is compacted now and then, never miscounted.
+    for _ in range(100):
+        line_up(limiter).cancel()
+    last = line_up(limiter)
+
+    assert limiter.queued("h1", "m") == 2
+    assert (stayer.position, last.position) == (1, 2)
+    held.release()
+    assert granted_slot(stayer).host == "h1"
+    assert last.position == 1
+
+
+# -- stress -------------------------------------------------------------------------------
+
+
+async def test_stress_random_place_watch_cancel_release_never_exceeds_parallel_nor_leaks() -> None:
     seed = random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     limiter = Limiter()
@@ -438,35 +769,52 @@ async def test_stress_random_acquire_cancel_release_never_exceeds_parallel_nor_l
         if live:
             rng.choice(sorted(live, key=id)).cancel()
 
-    async def worker(host: str, model: str) -> None:
-        try:
-            slot = await limiter.acquire(host, model)
-        except QueueFull:
+    async def worker(choice: list[tuple[str, str]], watched: list[tuple[str, str]]) -> None:
+        got = limiter.place(choice)
+        if got is None:
             outcomes["refused"] += 1
             check()
             return
-        except asyncio.CancelledError:
-            outcomes["cancelled while waiting"] += 1
-            check()
-            raise
-        outcomes["granted"] += 1
-        holding[(host, model)] += 1
+        if isinstance(got, Waiter):
+            if watched:
+                limiter.watch(got, watched, accept=lambda pair: rng.random() < 0.7)
+            if rng.random() < 0.2:
+                got.fail(QueueTimeout("stress"))
+            try:
+                slot = await wait_for_slot(got)
+            except asyncio.CancelledError:
+                outcomes["cancelled while waiting"] += 1
+                check()
+                raise
+            except QueueTimeout:
+                outcomes["failed"] += 1
+                check()
+                return
+        else:
+            slot = got
+        pair = (slot.host, slot.model)
+        outcomes["granted" if pair in choice else "granted through a watch"] += 1
+        holding[pair] += 1
         check()
         try:
-            for _ in range(rng.randrange(4)):
+            for _ in range(rng.randrange(8)):
                 await asyncio.sleep(0)
         finally:
-            holding[(host, model)] -= 1
+            holding[pair] -= 1
             slot.release()
             # Cancelling right after a release often hits a waiter the slot was just handed to.
             if rng.random() < 0.3:
                 cancel_someone()
             if rng.random() < 0.1:
                 slot.release()
+            if rng.random() < 0.1:
+                limiter.wake(rng.choice(pairs)[0])
             check()
 
     for _ in range(5_000):
-        task = asyncio.create_task(worker(*rng.choice(pairs)))
+        choice = rng.sample(pairs, rng.randint(1, 3))
+        watched = rng.sample(pairs, rng.randint(0, 2))
+        task = asyncio.create_task(worker(choice, watched))
         live.add(task)
         task.add_done_callback(live.discard)
         roll = rng.random()
@@ -477,38 +825,22 @@ async def test_stress_random_acquire_cancel_release_never_exceeds_parallel_nor_l
         check()
     async with asyncio.timeout(60):
         while live:
-            await asyncio.gather(*live, return_exceptions=True)
+            # Accept refuses at random: a watcher left with no slot coming is woken here.
+            for host in {host for host, _ in pairs}:
+                limiter.wake(host)
+            await asyncio.wait(live, timeout=0.01)
+            if live and all(limiter.in_flight(*pair) == 0 for pair in pairs):
+                cancel_someone()  # waiting only on watches no free slot will ever satisfy
 
     assert violations == [], f"seed {seed}"
     for host, model in pairs:
         assert limiter.in_flight(host, model) == 0, f"seed {seed}"
         assert limiter.queued(host, model) == 0, f"seed {seed}"
     assert [(snap.host, snap.model) for snap in limiter.snapshot()] == sorted(pairs[:-1])
-    assert all(count > 0 for count in outcomes.values()) and len(outcomes) == 3, (seed, outcomes)
+    assert len(outcomes) == 5, (seed, outcomes)
     # Still fully usable: every configured slot is free again.
     for (host, model), (parallel, _) in limits.items():
-        slots = await hold(limiter, parallel, host, model)
+        slots = hold(limiter, parallel, host, model)
         assert limiter.in_flight(host, model) == parallel
         for slot in slots:
             slot.release()
-
-
-async def test_a_ticket_shows_the_place_in_line_as_the_queue_moves() -> None:
-    limiter = Limiter()
-    limiter.configure("gpu1", "m", 1, 3)
-    held = await limiter.acquire("gpu1", "m")
-    tickets = [Ticket() for _ in range(3)]
-    waiters = [asyncio.create_task(limiter.acquire("gpu1", "m", t)) for t in tickets]
-    await asyncio.sleep(0)
-    assert [t.position for t in tickets] == [1, 2, 3]
-
-    waiters[0].cancel()
-    await asyncio.sleep(0)
-    assert [t.position for t in tickets] == [0, 1, 2]
-    held.release()
-    second = await waiters[1]
-
-    assert [t.position for t in tickets] == [0, 0, 1]
-    second.release()
-    (await waiters[2]).release()
-    assert limiter.in_flight("gpu1", "m") == 0
