@@ -120,7 +120,8 @@ class Runtime:
             for model in host.models:
                 if current is None or model not in current.models:
                     self.limiter.remove(host.name, model)
-            if current is None:
+            if current is None or current.url != host.url:
+                # Gone, or another machine under the same name: its caches hold nothing of ours.
                 self.leases.drop_host(host.name)
         self.health.track({host.name: host.url for host in fleet.hosts.values()})
         self.clients.configure(fleet.clients)

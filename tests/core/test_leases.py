@@ -216,7 +216,7 @@ def test_held_by_host_counts_only_unexpired_leases() -> None:
     clock.now += 10
 
     assert table.held_by_host() == {"h1": 1, "h2": 1}
-    # `held` is the cheap count: an expired lease not found out yet is still in it.
-    assert table.held("h1") == 2
-    assert table.find(conversation(1)) is None
+    # `held` is the cheap count: it trims expired leases from the least recently used end.
     assert table.held("h1") == 1
+    assert table.held("h1", "qwen") == 1
+    assert table.find(conversation(1)) is None
