@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import re
 import shutil
 import socket
@@ -112,7 +113,8 @@ def _render(capture: Capture) -> str:
     lines.append("## request headers")
     lines += [f"{k}: {v}" for k, v in capture.request_headers.items()] or ["(none but Host)"]
     if capture.body is not None:
-        lines += ["## request body", json.dumps(capture.body)[:HEAD_BYTES]]
+        shown = capture.body if isinstance(capture.body, bytes) else json.dumps(capture.body)
+        lines += ["## request body", str(shown)[:HEAD_BYTES]]
     result = capture.result
     if result is None:
         lines += ["## no response", capture.error]
@@ -510,13 +512,44 @@ def measure_connections(rec: Recorder, srv: LlamaServer) -> None:
     )
 
 
-def measure_head_timing(rec: Recorder, srv: LlamaServer) -> None:
-    """Whether a stream's head waits for the first token: queue one behind a long generation.
+def _random_words(n: int, seed: int) -> str:
+    """A prompt no slot has cached: about one token per word."""
+    rng = random.Random(seed)
+    words = ("apple", "river", "stone", "cloud", "music", "green", "fast", "slow")
+    return " ".join(rng.choice(words) for _ in range(n))
 
-    `srv` has one slot. A long generation holds it; a second streamed request then waits in
-    llama-server's own queue. If its head came at once, it would arrive long before its first
-    token; it arrives with it instead.
+
+def measure_head_timing(rec: Recorder, srv: LlamaServer) -> None:
+    """When a stream's head is sent: with its slot free, and queued behind a busy slot.
+
+    `srv` has one slot. First a 3000-token prompt on the free slot: the head comes when the slot
+    takes the task, the first event only after the prompt is evaluated. Then a long generation
+    holds the slot and a second stream waits in llama-server's own queue: no head until the
+    slot frees.
     """
+    for path, body in (
+        ("/completion", {"prompt": _random_words(3000, 1), "n_predict": 4, "stream": True}),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": _random_words(3000, 2)}],
+                "max_tokens": 4,
+                "stream": True,
+            },
+        ),
+    ):
+        free = rec.send(srv, "one-slot", "POST", path, body, variant="stream, 3000-token prompt")
+        if free is not None:
+            rec.note(
+                f"- free slot, {path} stream with a 3000-token prompt: head after "
+                f"{free.head_at * 1000:.0f} ms, first event after "
+                f"{(free.first_body_at or 0) * 1000:.0f} ms, end after "
+                f"{free.end_at * 1000:.0f} ms -> the head goes out when a slot takes the task, "
+                "before the prompt is evaluated; the first event (even the chat role delta) "
+                "comes with the first token"
+            )
+
     blocker_body = {
         "prompt": "Once upon a time",
         "n_predict": 3000,
@@ -553,30 +586,17 @@ def measure_head_timing(rec: Recorder, srv: LlamaServer) -> None:
         return
     blocker_end = done.end_at - sent
     rec.note(
-        f"- head timing (one slot busy with a 3000-token generation for {done.end_at:.2f} s): "
-        f"the queued stream's head came {probe.head_at:.2f} s after its request, its first "
-        f"event {probe.first_body_at or 0:.2f} s after, the blocker ended {blocker_end:.2f} s "
-        "after it was sent -> "
+        f"- busy slot (a 3000-token generation, {done.end_at:.2f} s): a stream sent while it ran "
+        f"got its head {probe.head_at:.2f} s after its request and its first event "
+        f"{probe.first_body_at or 0:.2f} s after; the blocker ended {blocker_end:.2f} s after "
+        "it was sent -> "
         + (
-            "the head waits for the first token (llama-server sends no head while queued)"
+            "a request queued inside llama-server gets no head (and no SSE ping) until a slot "
+            "takes it"
             if probe.head_at > 0.5 * blocker_end
-            else "the head is sent before the first token"
+            else "the head is sent at once even while queued"
         )
     )
-    plain = rec.send(
-        srv,
-        "one-slot",
-        "POST",
-        "/completion",
-        {"prompt": "Once upon a time " * 100, "n_predict": 64, "stream": True},
-        variant="stream, idle server: head vs first token",
-    )
-    if plain is not None:
-        rec.note(
-            f"- on an idle slot, a 400-token prompt: head after {plain.head_at * 1000:.1f} ms, "
-            f"first chunk after {(plain.first_body_at or 0) * 1000:.1f} ms, "
-            f"end after {plain.end_at * 1000:.1f} ms ({plain.chunks} chunks)"
-        )
 
 
 def note_streams(rec: Recorder) -> None:
@@ -599,9 +619,45 @@ def note_streams(rec: Recorder) -> None:
     )
 
 
+def note_headers(rec: Recorder) -> None:
+    """Which response headers come back, and which responses say `Connection: close`."""
+    answered = [c for c in rec.captures if c.result is not None]
+    names: dict[str, int] = {}
+    for capture in answered:
+        for key, _ in capture.result.headers:  # type: ignore[union-attr]
+            names[key] = names.get(key, 0) + 1
+    rec.note(
+        f"- response header names over {len(answered)} responses: "
+        + ", ".join(f"{k} ({n})" for k, n in sorted(names.items()))
+    )
+    closing = sorted(
+        {c.result.status for c in answered if (c.result.header("Connection") or "") == "close"}  # type: ignore[union-attr]
+    )
+    rec.note(f"- statuses sent with `Connection: close`: {closing}")
+    empty = sum(
+        1
+        for c in answered
+        if "Origin" not in c.request_headers
+        and c.result.header("Access-Control-Allow-Origin") == ""  # type: ignore[union-attr]
+    )
+    rec.note(f"- responses to requests without Origin carrying an empty ACAO header: {empty}")
+
+
+def note_metrics(rec: Recorder) -> None:
+    for capture in rec.captures:
+        wanted = (capture.instance, capture.variant) in (("plain", ""), ("one-slot", "while busy"))
+        if capture.path == "/metrics" and capture.result and wanted:
+            text = capture.result.body.decode("utf-8", errors="replace")
+            samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+            where = f"{capture.instance}, {capture.variant or 'idle'}"
+            rec.note(f"- /metrics ({where}): " + "; ".join(samples))
+
+
 def note_props(rec: Recorder) -> None:
     for capture in rec.captures:
-        if capture.method == "GET" and capture.path in ("/props", "/v1/models") and capture.result:
+        if capture.instance == "api-key" or capture.result is None:
+            continue
+        if capture.method == "GET" and capture.path in ("/props", "/v1/models"):
             try:
                 document = capture.result.json()
             except ValueError:
@@ -684,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
             "embeddings": (BASE_ARGS, ("--embeddings", "--pooling", "mean"), MODEL),
             "rerank": (BASE_ARGS, ("--reranking",), MODEL),
             "api-key": (BASE_ARGS, ("--api-key", KEY, "--metrics"), MODEL),
-            "one-slot": (("-np", "1", "-t", "1", "-c", "4096", "--no-ui"), ("--metrics",), MODEL),
+            "one-slot": (("-np", "1", "-t", "1", "-c", "8192", "--no-ui"), ("--metrics",), MODEL),
         }
         shown = {
             name: [*base, *extra, *(["--alias", a] if a else [])]
@@ -713,6 +769,8 @@ def main(argv: list[str] | None = None) -> int:
         with start("one-slot") as srv:
             measure_head_timing(rec, srv)
         note_streams(rec)
+        note_headers(rec)
+        note_metrics(rec)
         note_props(rec)
         summary = write_summary(rec, version_line, shown, keys)
     print(f"{len(rec.captures)} captures and {summary} in {args.out}")
