@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import openai
 import pytest
 from django.utils import timezone
@@ -177,15 +176,17 @@ def test_embeddings_come_from_an_embeddings_instance(gateway, llama_embeddings, 
     assert result.usage.prompt_tokens > 0
 
 
-def test_models_lists_the_routes_model(route):
-    listed = openai.OpenAI(base_url=route, api_key="unused").models.list()
+def test_models_lists_the_routes_model(route, ledger):
+    client = openai.OpenAI(base_url=route, api_key="unused", http_client=ledger.client)
+
+    listed = client.models.list()
 
     assert [m.id for m in listed.data] == [ALIAS]
 
 
-def test_health_and_props_come_from_llama_server(gateway, route):
-    health = httpx.get(f"{gateway.url}/tiny/health", timeout=10)
-    props = httpx.get(f"{gateway.url}/tiny/props", timeout=10)
+def test_health_and_props_come_from_llama_server(gateway, route, ledger):
+    health = ledger.client.get("/tiny/health")
+    props = ledger.client.get("/tiny/props")
 
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
     assert health.headers["x-crossbar-host"] == "llama1"
