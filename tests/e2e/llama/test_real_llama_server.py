@@ -1,0 +1,195 @@
+"""The gateway in front of a real llama-server (built by `make llama-server`), not the fake.
+
+What the fake imitates is checked here against the real thing: the OpenAI client streams and
+reads whole answers through the gateway, llama-server's token counts (and its KV cache on a
+conversation's second turn) reach the Request row, and /health, /props, /v1/models and
+/v1/embeddings pass through. Skips when no llama-server binary is found (conftest.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+from django.utils import timezone
+
+from accounting.models import Request
+from tests.conftest import wait_until
+from tests.e2e.llama.locate import NOT_BUILT, binary_expected
+from tests.e2e.llama.server import ALIAS
+from tests.fleet import add_host, add_route
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    # Skipped before any fixture starts a gateway for nothing.
+    pytest.mark.skipif(not binary_expected(), reason=NOT_BUILT),
+]
+
+FIRST_TURN = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "Say hello."},
+]
+
+
+def rows_since(started, count: int) -> list[Request]:  # type: ignore[no-untyped-def]
+    """This test's `count` rows, oldest first, once the gateway's recorder has written them."""
+    mine = Request.objects.filter(started__gte=started)
+    wait_until(lambda: mine.count() >= count, timeout=20, what=f"{count} accounting rows")
+    time.sleep(0.7)  # longer than the recorder's flush interval: an extra row would show
+    found = list(mine.order_by("started"))
+    assert len(found) == count
+    return found
+
+
+@pytest.fixture
+def route(gateway, llama) -> str:  # type: ignore[no-untyped-def]
+    """Route `tiny` to the real llama-server; returns the route's OpenAI base URL."""
+    add_route("tiny", [add_host("llama1", llama.url, models={ALIAS: (2, 4)})])
+    gateway.sync()
+    return f"{gateway.url}/tiny/v1"
+
+
+def test_the_openai_client_streams_a_chat_from_llama_server_through_the_gateway(route, ledger):
+    started = timezone.now()
+    client = openai.OpenAI(base_url=route, api_key="unused", http_client=ledger.client)
+
+    raw = client.chat.completions.with_raw_response.create(
+        model=ALIAS,
+        messages=FIRST_TURN,
+        stream=True,
+        max_tokens=8,
+        temperature=0,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(raw.parse())
+
+    assert raw.http_response.headers["content-type"].startswith("text/event-stream")
+    assert raw.http_response.headers["x-crossbar-host"] == "llama1"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] in ("length", "stop") and all(f is None for f in finishes[:-1])
+    usage = chunks[-1].usage
+    assert usage is not None and 0 < usage.completion_tokens <= 8
+    (row,) = rows_since(started, 1)
+    assert (row.route, row.host, row.model, row.status, row.streamed) == (
+        "tiny", "llama1", ALIAS, 200, True
+    )  # fmt: skip
+    assert (row.prompt_tokens, row.completion_tokens) == (
+        usage.prompt_tokens, usage.completion_tokens
+    )  # fmt: skip
+
+
+def test_the_openai_client_reads_a_whole_chat_answer_and_its_row_has_the_tokens(route, ledger):
+    started = timezone.now()
+    client = openai.OpenAI(base_url=route, api_key="unused", http_client=ledger.client)
+
+    answer = client.chat.completions.create(
+        model=ALIAS, messages=FIRST_TURN, max_tokens=6, temperature=0
+    )
+
+    assert answer.object == "chat.completion"
+    assert answer.choices[0].message.role == "assistant"
+    assert isinstance(answer.choices[0].message.content, str)
+    assert answer.usage is not None and 0 < answer.usage.completion_tokens <= 6
+    (row,) = rows_since(started, 1)
+    assert (row.status, row.streamed) == (200, False)
+    assert (row.prompt_tokens, row.completion_tokens) == (
+        answer.usage.prompt_tokens, answer.usage.completion_tokens
+    )  # fmt: skip
+
+
+def test_a_conversations_second_turn_reads_its_prefix_from_llama_servers_kv_cache(route, ledger):
+    started = timezone.now()
+    client = openai.OpenAI(base_url=route, api_key="unused", http_client=ledger.client)
+    # Unlike every other test's prompt, so that no slot holds any of it yet.
+    first_turn = [
+        {"role": "system", "content": "Answer in French, whatever the question. " * 8},
+        {"role": "user", "content": "Bonjour ?"},
+    ]
+    first = client.chat.completions.create(
+        model=ALIAS, messages=first_turn, max_tokens=4, temperature=0
+    )
+    second_turn = [
+        *first_turn,
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "Au revoir."},
+    ]
+
+    raw = client.chat.completions.with_raw_response.create(
+        model=ALIAS, messages=second_turn, max_tokens=4, temperature=0
+    )
+    second = raw.parse()
+
+    assert raw.http_response.headers["x-crossbar-lease"] == "reused"
+    one, two = rows_since(started, 2)
+    assert one.fingerprint == two.fingerprint and two.lease == "reused"
+    assert one.prompt_tokens > 60 and one.cached_tokens is not None
+    assert one.cached_tokens < 10  # at most the template's opening tokens
+    # The whole first prompt comes from the slot's cache; only the new turn is evaluated.
+    assert two.cached_tokens is not None and two.cached_tokens >= one.prompt_tokens
+    assert two.prompt_tokens > two.cached_tokens
+    assert second.usage is not None
+    assert two.prompt_tokens == second.usage.prompt_tokens
+    assert second.usage.prompt_tokens_details is not None
+    assert two.cached_tokens == second.usage.prompt_tokens_details.cached_tokens
+
+
+def test_text_completions_pass_through_with_their_token_counts(route, ledger):
+    started = timezone.now()
+
+    response = ledger.client.post(
+        f"{route}/completions",
+        json={"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 5, "temperature": 0},
+    )
+
+    body = response.json()
+    assert response.status_code == 200 and body["object"] == "text_completion"
+    assert isinstance(body["choices"][0]["text"], str)
+    (row,) = rows_since(started, 1)
+    assert (row.status, row.prompt_tokens, row.completion_tokens) == (
+        200, body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"]
+    )  # fmt: skip
+
+
+def test_a_streamed_text_completion_ends_with_done(route, ledger):
+    body = {"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 5, "stream": True}
+
+    with ledger.client.stream("POST", f"{route}/completions", json=body) as response:
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+
+    assert response.status_code == 200
+    assert events[-1] == "data: [DONE]" and len(events) >= 2
+
+
+def test_embeddings_come_from_an_embeddings_instance(gateway, llama_embeddings, ledger):
+    add_route("embed", [add_host("llama-embed", llama_embeddings.url, models={ALIAS: (2, 4)})])
+    gateway.sync()
+    client = openai.OpenAI(
+        base_url=f"{gateway.url}/embed/v1", api_key="unused", http_client=ledger.client
+    )
+
+    result = client.embeddings.create(model=ALIAS, input=["hello world", "goodbye"])
+
+    assert [item.index for item in result.data] == [0, 1]
+    assert all(len(item.embedding) == 64 for item in result.data)  # the tiny model's width
+    assert result.usage.prompt_tokens > 0
+
+
+def test_models_lists_the_routes_model(route, ledger):
+    client = openai.OpenAI(base_url=route, api_key="unused", http_client=ledger.client)
+
+    listed = client.models.list()
+
+    assert [m.id for m in listed.data] == [ALIAS]
+
+
+def test_health_and_props_come_from_llama_server(gateway, route, ledger):
+    health = ledger.client.get("/tiny/health")
+    props = ledger.client.get("/tiny/props")
+
+    assert (health.status_code, health.json()) == (200, {"status": "ok"})
+    assert health.headers["x-crossbar-host"] == "llama1"
+    assert props.status_code == 200
+    assert props.json()["total_slots"] == 2
+    assert props.json()["default_generation_settings"]["n_ctx"] > 0
