@@ -45,6 +45,8 @@ _OPENAI = {
 _V1_ONLY = {
     "messages": Kind.GENERATE,
     "messages/count_tokens": Kind.INSPECT,
+    "chat/completions/input_tokens": Kind.INSPECT,
+    "responses/input_tokens": Kind.INSPECT,
 }
 _NATIVE = {
     "completion": Kind.GENERATE,

@@ -131,9 +131,15 @@ class Tee:
 
     def _remember(self, document: dict[str, Any]) -> None:
         # OpenAI clients send "usage": null on every chunk but the last; null must not erase.
+        # Anthropic's stream says its input in message_start's message and its output in
+        # message_delta, and the Responses API in response.completed's response: merged.
         usage = document.get("usage")
+        for inner in ("message", "response"):
+            nested = document.get(inner)
+            if isinstance(nested, dict) and isinstance(nested.get("usage"), dict):
+                usage = nested["usage"]
         if isinstance(usage, dict):
-            self._usage = usage
+            self._usage = {**self._usage, **usage} if self._usage else usage
         timings = document.get("timings")
         if isinstance(timings, dict):
             self._timings = timings
@@ -159,18 +165,35 @@ def _count_tokens(usage: dict[str, Any] | None, timings: dict[str, Any] | None) 
     cache_n = _count(timings.get("cache_n"))
 
     prompt = _count(usage.get("prompt_tokens"))
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    if prompt is None and "input_tokens" in usage:
+        prompt, cached = _input_tokens(usage)
     if prompt is None:
         # prompt_n counts only the tokens the host evaluated; the cached prefix is in cache_n.
         prompt_n = _count(timings.get("prompt_n"))
         if prompt_n is not None and cache_n is not None:
             prompt = prompt_n + cache_n
 
-    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
     if cached is None:
         cached = cache_n
 
     completion = _count(usage.get("completion_tokens"))
     if completion is None:
+        completion = _count(usage.get("output_tokens"))
+    if completion is None:
         completion = _count(timings.get("predicted_n"))
 
     return Usage(prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion)
+
+
+def _input_tokens(usage: dict[str, Any]) -> tuple[int | None, int | None]:
+    """Prompt and cached tokens of Anthropic's usage (`input_tokens` leaves out the cached
+    `cache_read_input_tokens`) or the Responses API's (`input_tokens` is the whole prompt)."""
+    given = _count(usage.get("input_tokens"))
+    if "cache_read_input_tokens" in usage:
+        cache_read = _count(usage.get("cache_read_input_tokens"))
+        whole = given + cache_read if given is not None and cache_read is not None else given
+        return whole, cache_read
+    details = usage.get("input_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return given, cached

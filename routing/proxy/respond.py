@@ -16,7 +16,7 @@ METHODS = ("GET", "HEAD", "POST", "OPTIONS")  # what llama-server takes; the res
 # can use a route; the origin is echoed.
 _PREFLIGHT = (
     ("Access-Control-Allow-Credentials", "true"),
-    ("Access-Control-Allow-Methods", "GET, POST"),
+    ("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"),
     ("Access-Control-Allow-Headers", "*"),
 )
 

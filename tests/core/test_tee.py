@@ -263,3 +263,43 @@ def test_any_split_into_chunks_passes_the_same_bytes_and_counts_the_same(
 
     assert b"".join(sent) == stream
     assert tee.usage() == _usage_of([stream])
+
+
+def _named(event: str, document: object) -> bytes:
+    return f"event: {event}\n".encode() + _event(document)
+
+
+def test_an_anthropic_stream_counts_its_cached_input_as_part_of_the_prompt():
+    stream = (
+        _named("message_start", {"type": "message_start", "message": {
+            "usage": {"input_tokens": 4, "cache_read_input_tokens": 60, "output_tokens": 0}
+        }})
+        + _named("content_block_delta", {"type": "content_block_delta", "delta": {"text": "hi"}})
+        + _named("message_delta", {"type": "message_delta", "usage": {"output_tokens": 9}})
+        + _named("message_stop", {"type": "message_stop"})
+    )  # fmt: skip
+
+    assert _usage_of([stream]) == Usage(prompt_tokens=64, cached_tokens=60, completion_tokens=9)
+
+
+def test_an_anthropic_answer_counts_its_usage():
+    body = json.dumps(
+        {"type": "message", "usage": {
+            "input_tokens": 3, "cache_read_input_tokens": 7, "output_tokens": 5
+        }}
+    ).encode()  # fmt: skip
+
+    assert _usage_of([body], "application/json") == Usage(10, 7, 5)
+
+
+def test_a_responses_stream_counts_the_usage_of_its_completed_response():
+    completed = {"type": "response.completed", "response": {"usage": {
+        "input_tokens": 70, "input_tokens_details": {"cached_tokens": 64}, "output_tokens": 6
+    }}}  # fmt: skip
+    stream = (
+        _named("response.created", {"type": "response.created", "response": {"usage": None}})
+        + _named("response.output_text.delta", {"type": "response.output_text.delta"})
+        + _named("response.completed", completed)
+    )
+
+    assert _usage_of([stream]) == Usage(prompt_tokens=70, cached_tokens=64, completion_tokens=6)

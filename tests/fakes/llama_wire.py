@@ -29,7 +29,7 @@ JSON_TYPE = "application/json; charset=utf-8"
 # What llama-server answers to every OPTIONS request, before any other check.
 PREFLIGHT_HEADERS = (
     ("Access-Control-Allow-Credentials", "true"),
-    ("Access-Control-Allow-Methods", "GET, POST"),
+    ("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"),
     ("Access-Control-Allow-Headers", "*"),
 )
 

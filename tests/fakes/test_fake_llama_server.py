@@ -819,7 +819,7 @@ def test_a_preflight_is_answered_before_the_api_key_is_checked():
     assert preflight.content == b""
     assert preflight.headers["access-control-allow-origin"] == "http://app.test"
     assert preflight.headers["access-control-allow-credentials"] == "true"
-    assert preflight.headers["access-control-allow-methods"] == "GET, POST"
+    assert preflight.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
     assert preflight.headers["access-control-allow-headers"] == "*"
 
 
