@@ -159,17 +159,22 @@ def serving(
                 process.kill()
 
 
-def fake_upstream(work: Path) -> contextlib.AbstractContextManager[Server]:
+def fake_upstream(
+    work: Path, token_delay: float = TOKEN_DELAY
+) -> contextlib.AbstractContextManager[Server]:
     port = free_port()
     command = [PYTHON, str(BENCH / "fake_upstream.py"), "--port", str(port)]
-    command += ["--token-delay", str(TOKEN_DELAY)]
+    command += ["--token-delay", str(token_delay)]
     return serving(command, port, "/health", work / "upstream.log")
 
 
 @contextlib.contextmanager
-def crossbar(work: Path, upstream: Server, source: Path, server: str) -> Iterator[Server]:
+def crossbar(
+    work: Path, upstream: Server, source: Path, server: str, fleet_toml: str = FLEET_TOML
+) -> Iterator[Server]:
     """crossbar from `source` behind `server` (a key of SERVERS), on a new SQLite database
-    with one host (the fake), one route. The pid watched is the process that serves."""
+    with `fleet_toml` (by default one host, the fake, and one route `bench`). The pid watched
+    is the process that serves."""
     env = {
         **os.environ,
         "DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}",
@@ -179,7 +184,7 @@ def crossbar(work: Path, upstream: Server, source: Path, server: str) -> Iterato
         "PYTHONUNBUFFERED": "1",
     }
     fleet = work / "fleet.toml"
-    fleet.write_text(FLEET_TOML.format(upstream=upstream.url))
+    fleet.write_text(fleet_toml.format(upstream=upstream.url))
     manage = [PYTHON, str(source / "manage.py")]
     for step in (["migrate", "--noinput"], ["crossbar_config", "load", str(fleet)]):
         done = subprocess.run(manage + step, cwd=source, env=env, capture_output=True, text=True)
