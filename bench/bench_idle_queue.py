@@ -38,8 +38,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 # This directory is on sys.path when the script runs.
-from bench_gateway import RESULTS, ROOT, crossbar, fake_upstream, machine, source_tree
 from loadgen import read_cpu_seconds, thread_count
+from processes import RESULTS, ROOT, crossbar, fake_upstream, machine, source_tree
 
 HOLD_SECONDS = 120.0  # the fake's delay before the holder's first token: past any measurement
 MODEL = "test-model"

@@ -26,9 +26,11 @@ WAITS = {
 TOP_FUNCTIONS = 30
 TOP_SELF = 25
 # The steps of one proxied request, each with the frames that mark it (function, path
-# prefix); a sample counts for a step when any of its frames matches (steps overlap).
+# prefix); a sample counts for a step when any of its frames matches (steps overlap). Paths are
+# matched by prefix, so a module may move within its package without the step going blank.
 STEPS = (
-    ("Django's ASGI handler around the request task", (("ASGIHandler.__call__", "django/"),)),
+    ("Django's ASGI handler around the request task",
+     (("ASGIHandler.__call__", "django/"), ("GatewayHandler.handle", "crossbar_site/"))),
     ("  per-request executor: ThreadSensitiveContext", (("ThreadSensitiveContext.", "asgiref/"),)),
     ("  threads started from the event loop", (("Thread.start", "threading"),)),
     ("  sync_to_async calls made on the loop", (("SyncToAsync.__call__", "asgiref/"),)),
@@ -36,23 +38,44 @@ STEPS = (
     ("  read_body and create_request", (("ASGIHandler.read_body", "django/"),
                                          ("ASGIHandler.create_request", "django/"))),
     ("the request task: view, then streaming", (("ASGIHandler.handle.<locals>.process_request",
-                                                "django/"),)),
-    ("  the proxy view up to the response head", (("proxy", "routing/proxy.py"),)),
-    ("    upstream request to response head (httpx)", (("_send", "routing/upstream.py"),)),
+                                                "django/"),
+                                               ("GatewayHandler.handle.<locals>.process_request",
+                                                "crossbar_site/"))),
+    ("  the proxy view up to the response head", (("proxy", "routing/"),)),
+    ("    placement: lease, slot (Placer)", (("Placer.", "routing/"),)),
+    ("    upstream request to response head (httpx)", (("_send", "routing/"),)),
     ("  streaming the body (send_response)", (("ASGIHandler.send_response", "django/"),)),
-    ("    upstream reads: Relay.__anext__", (("Relay.__anext__", "routing/relay.py"),)),
+    ("    upstream reads: Relay.__anext__", (("Relay.__anext__", "routing/"),)),
     ("      httpx/httpcore/h11/anyio under it", (("Response.aiter_raw", "httpx/"),)),
     ("      asyncio.timeout per chunk", (("timeout", "asyncio/timeouts.py"),
                                         ("Timeout.", "asyncio/timeouts.py"))),
-    ("      the tee", (("Tee.", "routing/tee.py"),)),
-    ("      Exchange.finish (row + log line)", (("Exchange.finish", "routing/exchange.py"),)),
-    ("    daphne writing each chunk (handle_reply)", (("Server.handle_reply", "daphne/"),)),
+    ("      the tee", (("Tee.", "routing/"),)),
+    ("      Exchange.finish (row, metrics, log line)", (("Exchange.finish", "routing/"),)),
+    ("    daphne writing each chunk (handle_reply)", (("Server.handle_reply", "daphne/"),
+                                                     ("GatewayServer.handle_reply",
+                                                      "crossbar_site/"))),
     ("      daphne's access log", (("AccessLogGenerator.", "daphne/"),)),
     ("Twisted socket callbacks (reads, writes)",
      (("AsyncioSelectorReactor._readOrWrite", "twisted/"),)),
     ("logging, anywhere", (("", "logging/"),)),
     ("the recorder thread (bulk_create)", (("Recorder._run", "accounting/"),)),
 )  # fmt: skip
+# Owners (see `owner`) grouped into the layers a request crosses, so that crossbar's profile and
+# its floor's compare layer by layer.
+LAYERS = {
+    "the ASGI server (Twisted, daphne; uvicorn, uvloop, httptools; granian)": (
+        "twisted", "daphne", "zope", "uvicorn", "httptools", "uvloop", "granian",
+    ),
+    "the upstream client (httpx, httpcore, h11, anyio, sniffio; aiohttp)": (
+        "httpx", "httpcore", "h11", "anyio", "sniffio", "aiohttp", "httpx_aiohttp", "yarl",
+        "multidict", "aiohappyeyeballs", "propcache", "frozenlist", "aiosignal",
+    ),
+    "Django and asgiref": ("django", "asgiref"),
+    "crossbar's own code (and prometheus_client)": (
+        "routing", "accounting", "hosts", "crossbar_site", "prometheus_client",
+    ),
+    "the floor's own code (bench/floor_app.py)": ("floor_app",),
+}  # fmt: skip
 
 Frame = tuple[str, str, str]  # function, path, line
 
@@ -134,6 +157,11 @@ def report(text: str) -> str:
     ]
     lines.append("\nby thread")
     lines += [f"  {share(n)}  {name}" for name, n in threads.most_common()]
+    layers: Counter[str] = Counter({layer: 0 for layer in LAYERS})
+    for name, n in owners.items():
+        layers[next((layer for layer, names in LAYERS.items() if name in names), "other")] += n
+    lines.append("\nby layer: the owners below, grouped")
+    lines += [f"  {share(n)}  {name}" for name, n in layers.items() if n or name in LAYERS]
     lines.append("\nby owner: the innermost frame outside the standard library")
     lines += [f"  {share(n)}  {name}" for name, n in owners.most_common(15)]
     lines.append("\nthe steps of a request (inclusive; a sample counts in every step it is under)")
