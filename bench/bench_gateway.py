@@ -298,10 +298,15 @@ def main(argv: list[str] | None = None) -> None:
         )
         with contextlib.ExitStack() as stack:
             upstream = stack.enter_context(fake_upstream(work))
-            running = [
-                (target, stack.enter_context(start(target, work, upstream, source, index)))
-                for index, target in enumerate(targets)
-            ]
+            running = []
+            for index, target in enumerate(targets):
+                code = source
+                if target.rev is not None:
+                    code, exported = source_tree(work, target.rev)
+                    results.setdefault("revs", {})[target.label] = exported
+                running.append(
+                    (target, stack.enter_context(start(target, work, upstream, code, index)))
+                )
             try:
                 if args.profile is not None:
                     target, server = running[0]

@@ -61,8 +61,14 @@ def aiohttp_client(**kwargs: Any) -> httpx.AsyncClient:
     """An httpx.AsyncClient on httpx-aiohttp's transport, with crossbar's limits.
 
     The transport's own pool would cap connections at aiohttp's default of 100 (it passes no
-    limit when httpx's is None) and keep idle ones 15 s: its session is built here instead,
-    unlimited, with httpx's keep-alive expiry.
+    limit when httpx's is None): its session is built here instead, unlimited. And without
+    keep-alive (`force_close`): aiohttp hands a pooled connection to the next request without
+    checking that the host has not closed it, and llama-server (like the fake) closes every
+    connection right after a stream's last byte, so with keep-alive some requests write to a
+    dead socket (`Can not write request body`, `Connection reset by peer`: 34 of 1,400 in one
+    floor run, LiteLLM's HTTP 500s in bench/README.md). httpx-aiohttp maps those to
+    `httpx.ConnectTimeout`, which crossbar's upstream.py takes for a host that is down. A
+    stream's connection is closed by the host anyway, so this costs only the health polls'.
     """
     try:
         import aiohttp
@@ -74,7 +80,7 @@ def aiohttp_client(**kwargs: Any) -> httpx.AsyncClient:
         ) from None
 
     def session() -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=LIMITS.keepalive_expiry)
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
         return aiohttp.ClientSession(connector=connector)
 
     kwargs.pop("limits", None)  # a given transport ignores them anyway

@@ -1,7 +1,9 @@
-"""What a benchmark run measures: targets, named `KIND[@SERVER][+LEVER...]`.
+"""What a benchmark run measures: targets, named `KIND[#REV][@SERVER][+LEVER...]`.
 
 Kinds:
-- `crossbar`: the gateway from the source tree (or `--rev`), as `make run` serves it.
+- `crossbar`: the gateway from the source tree (or `--rev`), as `make run` serves it;
+  `crossbar#REV` is commit REV's (exported with `git archive`), in the same run: e.g.
+  `crossbar crossbar#59c3c43` compares a change with the code before it, side by side.
 - `floor`: bench/floor_app.py, a bare pass-through with crossbar's client settings.
 - `floor-django`: the same pass-through as a Django view behind crossbar's proxy handler.
 - `litellm`: LiteLLM's proxy (`make bench-compare` installs it); no server or lever applies.
@@ -13,7 +15,8 @@ Kinds:
 - `log-info` (crossbar only): `CROSSBAR_LOG_LEVEL=INFO`, the default of `make run` (one line per
   request), instead of the benchmark's WARNING.
 
-Examples: `crossbar`, `floor@uvicorn`, `floor+aiohttp`, `crossbar@uvicorn+aiohttp+notee`.
+Examples: `crossbar`, `floor@uvicorn`, `floor+aiohttp`, `crossbar@uvicorn+aiohttp+notee`,
+`crossbar#HEAD~1`.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Target:
     server: str  # a key of SERVERS; "" for litellm
     levers: tuple[str, ...]
     label: str  # how tables name it: the spec, with the server only when not the run's
+    rev: str | None = None  # crossbar#REV: that commit instead of the run's source
 
     @property
     def is_gateway(self) -> bool:
@@ -49,9 +53,12 @@ class Target:
 
 
 def parse(spec: str, default_server: str) -> Target:
-    """A target from `KIND[@SERVER][+LEVER...]`. Raises ValueError saying what is wrong."""
+    """A target from `KIND[#REV][@SERVER][+LEVER...]`. Raises ValueError saying what is wrong."""
     head, *levers = spec.strip().split("+")
     kind, _, server = head.partition("@")
+    kind, _, rev = kind.partition("#")
+    if rev and kind != "crossbar":
+        raise ValueError(f"target {spec!r}: only crossbar takes a #REV")
     if kind not in KINDS:
         raise ValueError(f"target {spec!r}: the kind is one of {', '.join(KINDS)}, not {kind!r}")
     if kind == "litellm":
@@ -67,9 +74,9 @@ def parse(spec: str, default_server: str) -> Target:
     if len(set(levers)) != len(levers):
         raise ValueError(f"target {spec!r}: a lever named twice")
     server = server or default_server
-    label = kind + (f"@{server}" if server != default_server else "")
+    label = kind + (f"#{rev}" if rev else "") + (f"@{server}" if server != default_server else "")
     label += "".join(f"+{lever}" for lever in levers)
-    return Target(kind, server, tuple(levers), label)
+    return Target(kind, server, tuple(levers), label, rev or None)
 
 
 def parse_all(specs: list[str], default_server: str) -> list[Target]:
@@ -103,8 +110,10 @@ def start(
 
 
 def reference_floor(target: Target, targets: list[Target]) -> Target | None:
-    """The floor a target is judged against: the bare floor on the same server, else none."""
+    """The floor a target is judged against: the bare floor on the same server with the same
+    client (`+aiohttp` or not), else none."""
+    client = tuple(lever for lever in target.levers if lever in LEVERS["floor"])
     for other in targets:
-        if other.kind == "floor" and other.server == target.server and not other.levers:
+        if other.kind == "floor" and other.server == target.server and other.levers == client:
             return other
     return None
