@@ -206,7 +206,7 @@ def print_targets(targets: list[Target], reports: dict[str, dict]) -> None:
         if baseline is not None:  # "today's", measured in this very run
             before, name = saturated(reports[baseline.label])[0], baseline.label
         else:
-            before, name = TODAY_SATURATED_CHUNKS, f"{TODAY_COMMIT} (bench/README.md)"
+            before, name = TODAY_SATURATED_CHUNKS, TODAY_COMMIT  # bench/README.md
         _verdict(f"saturated chunks/s ≥ 2.5x {name}'s", chunks / before, "≥", 2.5,
                  f"{chunks:,.0f} at {at} against {before:,.0f}")  # fmt: skip
         if floor:
