@@ -52,14 +52,15 @@ $(BENCH_INSTALLED): bench/requirements.txt $(VENV)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
 	mkdir -p $(dir $@) && touch $@
 
+# BENCH_ARGS: more options, e.g. BENCH_ARGS="--targets crossbar crossbar#59c3c43 floor".
 bench: $(BENCH_INSTALLED)
-	$(PY) bench/bench_gateway.py
+	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
 
 bench-compare: $(BENCH_INSTALLED) $(LITELLM_VENV)/.installed
-	$(PY) bench/bench_gateway.py --compare
+	$(PY) bench/bench_gateway.py --compare $(BENCH_ARGS)
 
 bench-idle-queue: $(BENCH_INSTALLED)
-	$(PY) bench/bench_idle_queue.py
+	$(PY) bench/bench_idle_queue.py $(BENCH_ARGS)
 
 $(LITELLM_VENV)/.installed:
 	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)

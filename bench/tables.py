@@ -9,10 +9,10 @@ from targets import Target, reference_floor
 
 LOADGEN_BUSY = 0.8  # of one core: above this, the load generator may be what limits
 SATURATED = (128, 512)  # concurrencies at which one process is saturated (bench/README.md)
-# Saturated chunks/s of one crossbar process before the request path's rewrite: the median of
-# `make bench` at 59c3c43 (crossbar_serve, bench/README.md "Today's figures"). The issue asks
-# for 2.5x this; a run with a `crossbar#REV` target measures "today's" itself instead.
-TODAY_SATURATED_CHUNKS = 16_500
+# The code before the request path's rewrite: the issue's "today". Its saturated chunks/s swing
+# by 2x with the load of this shared machine (4,000-11,000 on 1 Dec 2026, bench/README.md), so
+# a fixed figure would judge the machine: the target is judged only against a `crossbar#REV`
+# target measured in the same run.
 TODAY_COMMIT = "59c3c43"
 
 
@@ -203,15 +203,17 @@ def print_targets(targets: list[Target], reports: dict[str, dict]) -> None:
                      "≤", 2.0, f"{mine:.1f} ms against {base:.1f}")  # fmt: skip
         chunks, at = saturated(report)
         baseline = _baseline(target, targets)
-        if baseline is not None:  # "today's", measured in this very run
-            before, name = saturated(reports[baseline.label])[0], baseline.label
+        if baseline is None:
+            label = "saturated chunks/s ≥ 2.5x today's"
+            print(f"  {label:<46} {chunks:,.0f} at {at};"
+                  f" add crossbar#{TODAY_COMMIT} to --targets to judge it")  # fmt: skip
         else:
-            before, name = TODAY_SATURATED_CHUNKS, TODAY_COMMIT  # bench/README.md
-        _verdict(f"saturated chunks/s ≥ 2.5x {name}'s", chunks / before, "≥", 2.5,
-                 f"{chunks:,.0f} at {at} against {before:,.0f}")  # fmt: skip
-        if floor:
-            ceiling, _ = saturated(floor)
-            print(f"  {'':<46} (the floor's: {ceiling:,.0f}, {ceiling / before:.2f}x {name}'s)")
+            before = saturated(reports[baseline.label])[0]
+            _verdict(f"saturated chunks/s ≥ 2.5x {baseline.label}'s", chunks / before, "≥", 2.5,
+                     f"{chunks:,.0f} at {at} against {before:,.0f}")  # fmt: skip
+            if floor:
+                ceiling, _ = saturated(floor)
+                print(f"  {'':<46} (the floor's: {ceiling:,.0f}, {ceiling / before:.2f}x)")
         errors = phase(report, 512)["errors"]
         _verdict("errors at 512 = 0", errors, "≤", 0, str(errors))
         rss = phase(report, 512)["rss_peak_mb"]
