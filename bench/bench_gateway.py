@@ -11,8 +11,9 @@ Starts a lean fake llama-server (`bench/fake_upstream.py`), then every target (b
 crossbar as users run it, on its own SQLite database, DEBUG off, log level WARNING; the floor,
 bench/floor_app.py, a bare pass-through on the same server and client library; LiteLLM...),
 and drives them with `bench/loadgen.py` in a process of its own. At each concurrency the same
-workload goes direct to the upstream, then through each target in turn, so "added" figures are
-each target's share alone and the noise of the machine falls on all of them alike. A target's
+workload goes direct to the upstream, then through each target in turn (the order turning from
+one concurrency to the next), so "added" figures are each target's share alone and the noise
+of the machine falls on all of them alike. A target's
 CPU comes from /proc/<pid>/stat (all its threads), its RSS from /proc/<pid>/status.
 
 Prints a table per target, then the targets side by side with their ratios to the floor and
@@ -154,7 +155,7 @@ def run_plan(running: list[tuple[Target, Server]], upstream: Server) -> dict[str
         idle = (read_cpu_seconds(server.pid) - before[target.label]) * 1000 / IDLE_SECONDS
         reports[target.label]["idle_cpu_ms_per_s"] = idle
     print("; concurrency", end="", flush=True)
-    for concurrency, requests in PLAN:
+    for step, (concurrency, requests) in enumerate(PLAN):
         print(f" {concurrency}", end="", flush=True)
         # llama-server closes the connection after every stream: so does the fake, and the
         # direct clients connect anew each time, the connect counting in their time.
@@ -162,7 +163,10 @@ def run_plan(running: list[tuple[Target, Server]], upstream: Server) -> dict[str
             upstream.url + "/v1/chat/completions", upstream.pid, concurrency, requests,
             reconnect=True,
         )  # fmt: skip
-        for target, server in running:
+        # The order turns at each concurrency: whoever runs right after direct (the fake still
+        # closing its connections) or last (after the others) is not always the same target.
+        turn = step % len(running)
+        for target, server in running[turn:] + running[:turn]:
             phase = load(completions_url(target, server), server.pid, concurrency, requests)
             reports[target.label]["phases"].append(added(phase, direct))
     print("; per-request cost", end="", flush=True)
@@ -215,7 +219,7 @@ def profile(target: Target, server: Server, out: Path, concurrency: int) -> None
         f"{target.label}: profiled {phase['requests']} requests at concurrency {concurrency}:"
         f" {phase['cpu_ms_per_request']:.2f} ms CPU per request,"
         f" {phase['cpu_us_per_chunk']:.1f} µs per chunk, {phase['errors']} errors\n\n"
-        + report(raw.read_text(errors="replace"))
+        + report(raw.read_text(errors="replace"), phase["cpu_ms_per_request"])
     )
     out.with_suffix(".report.txt").write_text(text + "\n")
     print(text)

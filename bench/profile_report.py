@@ -113,6 +113,21 @@ def owner(frames: list[Frame]) -> str:
     return "standard library only (event loop, threads)"
 
 
+SERVER_MODULES = ("crossbar_site/serve.py",)  # crossbar_serve's server: daphne's, extended
+
+
+def layer(frames: list[Frame]) -> str:
+    """The layer (LAYERS) of the innermost frame outside the standard library."""
+    for _, path, _ in reversed(frames):
+        name = package(path)
+        if name in sys.stdlib_module_names or name == "?":
+            continue
+        if path.startswith(SERVER_MODULES):
+            return next(iter(LAYERS))
+        return next((layer for layer, names in LAYERS.items() if name in names), "other")
+    return "the event loop and threads alone (standard library only)"
+
+
 def waiting(frames: list[Frame]) -> str | None:
     if not frames:
         return None
@@ -120,7 +135,8 @@ def waiting(frames: list[Frame]) -> str | None:
     return WAITS.get((function, path, line)) or WAITS.get((function, path, None))
 
 
-def report(text: str) -> str:
+def report(text: str, cpu_ms_per_request: float | None = None) -> str:
+    """The tables; with `cpu_ms_per_request` (measured while profiling) layers also in ms."""
     stacks = parse(text)
     total = sum(count for _, _, count in stacks)
     if not total:
@@ -128,6 +144,7 @@ def report(text: str) -> str:
     waits: Counter[str] = Counter()
     threads: Counter[str] = Counter()
     owners: Counter[str] = Counter()
+    layers: Counter[str] = Counter({name: 0 for name in LAYERS})
     leaves: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     steps: Counter[str] = Counter({label: 0 for label, _ in STEPS})
@@ -139,6 +156,7 @@ def report(text: str) -> str:
             continue
         threads[_NUMBERED.sub("-*", thread, count=1)] += count
         owners[owner(frames)] += count
+        layers[layer(frames)] += count
         leaves[_name(frames[-1]) if frames else "(no Python frame: C code or the GIL)"] += count
         for key in {_name(frame) for frame in frames}:
             inclusive[key] += count
@@ -157,11 +175,13 @@ def report(text: str) -> str:
     ]
     lines.append("\nby thread")
     lines += [f"  {share(n)}  {name}" for name, n in threads.most_common()]
-    layers: Counter[str] = Counter({layer: 0 for layer in LAYERS})
-    for name, n in owners.items():
-        layers[next((layer for layer, names in LAYERS.items() if name in names), "other")] += n
-    lines.append("\nby layer: the owners below, grouped")
-    lines += [f"  {share(n)}  {name}" for name, n in layers.items() if n or name in LAYERS]
+    lines.append(
+        "\nby layer: the owners below, grouped (crossbar_site/serve.py counts as the server)"
+        + (", and as ms of CPU per request" if cpu_ms_per_request else "")
+    )
+    for name, n in layers.items():
+        ms = f"  {cpu_ms_per_request * n / running:5.2f} ms" if cpu_ms_per_request else ""
+        lines.append(f"  {share(n)}{ms}  {name}")
     lines.append("\nby owner: the innermost frame outside the standard library")
     lines += [f"  {share(n)}  {name}" for name, n in owners.most_common(15)]
     lines.append("\nthe steps of a request (inclusive; a sample counts in every step it is under)")
@@ -191,4 +211,4 @@ def _name(frame: Frame) -> str:
 
 
 if __name__ == "__main__":
-    print(report(Path(sys.argv[1]).read_text(errors="replace")))
+    print(report(Path(sys.argv[1]).read_text(errors="replace")))  # shares only: no CPU figure

@@ -112,6 +112,8 @@ ROWS: tuple[Row, ...] = (
      True),
     ("saturated chunks/s (best of 128, 512)", "", lambda r: saturated(r)[0],
      lambda r: max(phase(r, c)["direct"]["chunks_per_s"] for c in SATURATED), True),
+    ("chunks per CPU-second at 512", "", lambda r: 1e6 / phase(r, 512)["cpu_us_per_chunk"],
+     None, True),
     ("RSS at 512", "MB", _phase_value(512, "rss_peak_mb"), None, False),
     ("idle CPU", "ms/s", lambda r: r["idle_cpu_ms_per_s"], None, False),
     ("errors, all phases", "", lambda r: sum(p["errors"] for p in r["phases"]), None, False),
@@ -211,6 +213,11 @@ def print_targets(targets: list[Target], reports: dict[str, dict]) -> None:
             before = saturated(reports[baseline.label])[0]
             _verdict(f"saturated chunks/s ≥ 2.5x {baseline.label}'s", chunks / before, "≥", 2.5,
                      f"{chunks:,.0f} at {at} against {before:,.0f}")  # fmt: skip
+            # The same, as the machine's load does not move it: chunks per second of CPU.
+            mine = 1e6 / phase(report, 512)["cpu_us_per_chunk"]
+            theirs = 1e6 / phase(reports[baseline.label], 512)["cpu_us_per_chunk"]
+            _verdict("  ... per CPU-second at 512", mine / theirs, "≥", 2.5,
+                     f"{mine:,.0f} against {theirs:,.0f}")  # fmt: skip
             if floor:
                 ceiling, _ = saturated(floor)
                 print(f"  {'':<46} (the floor's: {ceiling:,.0f}, {ceiling / before:.2f}x)")
