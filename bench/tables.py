@@ -160,7 +160,7 @@ def print_side_by_side(targets: list[Target], reports: dict[str, dict]) -> None:
             continue
         report = reports[target.label]
         print(
-            f"\n{target.label}: ratios" + (f" to {floor.label}" if floor else "") + " and to direct"
+            f"\n{target.label}: ratios to " + (f"{floor.label} and to " if floor else "") + "direct"
         )
         for label, _, value, direct, to_floor in ROWS:
             parts = []
