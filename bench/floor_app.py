@@ -65,7 +65,7 @@ def aiohttp_client(**kwargs: Any) -> httpx.AsyncClient:
     keep-alive (`force_close`): aiohttp hands a pooled connection to the next request without
     checking that the host has not closed it, and llama-server (like the fake) closes every
     connection right after a stream's last byte, so with keep-alive some requests write to a
-    dead socket (`Can not write request body`, `Connection reset by peer`: 34 of 1,400 in one
+    dead socket (`Can not write request body`, `Connection reset by peer`: 34 requests in one
     floor run, LiteLLM's HTTP 500s in bench/README.md). httpx-aiohttp maps those to
     `httpx.ConnectTimeout`, which crossbar's upstream.py takes for a host that is down. A
     stream's connection is closed by the host anyway, so this costs only the health polls'.

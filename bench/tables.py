@@ -156,8 +156,8 @@ def print_side_by_side(targets: list[Target], reports: dict[str, dict]) -> None:
         print(f"{name:<40}" + "".join(f"{cell:>{width}}" for cell in cells))
     for target in targets:
         floor = reference_floor(target, targets)
-        if target.kind == "floor" and not target.levers:
-            continue
+        if floor is target or (target.kind == "floor" and floor is None):
+            continue  # a floor is its own reference; ratios to direct alone say little of it
         report = reports[target.label]
         print(
             f"\n{target.label}: ratios to " + (f"{floor.label} and to " if floor else "") + "direct"
@@ -205,19 +205,22 @@ def print_targets(targets: list[Target], reports: dict[str, dict]) -> None:
                      "≤", 2.0, f"{mine:.1f} ms against {base:.1f}")  # fmt: skip
         chunks, at = saturated(report)
         baseline = _baseline(target, targets)
-        if baseline is None:
+        if target.rev:
+            pass  # the baseline itself
+        elif baseline is None:
             label = "saturated chunks/s ≥ 2.5x today's"
             print(f"  {label:<46} {chunks:,.0f} at {at};"
                   f" add crossbar#{TODAY_COMMIT} to --targets to judge it")  # fmt: skip
         else:
             before = saturated(reports[baseline.label])[0]
+            shown = f"{chunks:,.0f} at {at} against {before:,.0f}: {chunks / before:.2f}x"
             _verdict(f"saturated chunks/s ≥ 2.5x {baseline.label}'s", chunks / before, "≥", 2.5,
-                     f"{chunks:,.0f} at {at} against {before:,.0f}")  # fmt: skip
+                     shown)  # fmt: skip
             # The same, as the machine's load does not move it: chunks per second of CPU.
             mine = 1e6 / phase(report, 512)["cpu_us_per_chunk"]
             theirs = 1e6 / phase(reports[baseline.label], 512)["cpu_us_per_chunk"]
             _verdict("  ... per CPU-second at 512", mine / theirs, "≥", 2.5,
-                     f"{mine:,.0f} against {theirs:,.0f}")  # fmt: skip
+                     f"{mine:,.0f} against {theirs:,.0f}: {mine / theirs:.2f}x")  # fmt: skip
             if floor:
                 ceiling, _ = saturated(floor)
                 print(f"  {'':<46} (the floor's: {ceiling:,.0f}, {ceiling / before:.2f}x)")
@@ -228,12 +231,11 @@ def print_targets(targets: list[Target], reports: dict[str, dict]) -> None:
 
 
 def _baseline(target: Target, targets: list[Target]) -> Target | None:
-    """The run's `crossbar#REV` on the same server without levers, when the run has one."""
-    for other in targets:
-        if other.kind == "crossbar" and other.rev and other.server == target.server:
-            if not other.levers and other is not target:
-                return other
-    return None
+    """The run's `crossbar#REV` without levers, on the same server if there is one: "today"
+    as it runs today, so that a lever of another server is judged against it too."""
+    candidates = [t for t in targets if t.kind == "crossbar" and t.rev and not t.levers]
+    same = [t for t in candidates if t.server == target.server]
+    return (same or candidates or [None])[0]
 
 
 def _verdict(label: str, value: float, sense: str, limit: float, shown: str) -> None:
