@@ -209,7 +209,7 @@ def print_targets(targets: list[Target], reports: dict[str, dict]) -> None:
             pass  # the baseline itself
         elif baseline is None:
             label = "saturated chunks/s ≥ 2.5x today's"
-            print(f"  {label:<46} {chunks:,.0f} at {at};"
+            print(f"  {label:<50} {chunks:,.0f} at {at};"
                   f" add crossbar#{TODAY_COMMIT} to --targets to judge it")  # fmt: skip
         else:
             before = saturated(reports[baseline.label])[0]
@@ -223,7 +223,7 @@ def print_targets(targets: list[Target], reports: dict[str, dict]) -> None:
                      f"{mine:,.0f} against {theirs:,.0f}: {mine / theirs:.2f}x")  # fmt: skip
             if floor:
                 ceiling, _ = saturated(floor)
-                print(f"  {'':<46} (the floor's: {ceiling:,.0f}, {ceiling / before:.2f}x)")
+                print(f"  {'':<50} (the floor's: {ceiling:,.0f}, {ceiling / before:.2f}x)")
         errors = phase(report, 512)["errors"]
         _verdict("errors at 512 = 0", errors, "≤", 0, str(errors))
         rss = phase(report, 512)["rss_peak_mb"]
@@ -246,4 +246,4 @@ def _verdict(label: str, value: float, sense: str, limit: float, shown: str) -> 
     else:
         met = value >= limit
         how = "met" if met else f"{limit / value:.1f}x short" if value > 0 else "missed"
-    print(f"  {label:<46} {shown:<40} {how}")
+    print(f"  {label:<50} {shown:<40} {how}")
