@@ -42,18 +42,29 @@ test: lint
 clean:
 	rm -rf $(VENV) var/static
 
-# Benchmarks (bench/README.md): the gateway against a fake upstream; bench-compare adds LiteLLM,
-# installed on first use into its own venv (bench/.venv-litellm, gitignored).
+# Benchmarks (bench/README.md): crossbar and its floor against a fake upstream; bench-compare
+# adds LiteLLM, installed on first use into its own venv (bench/.venv-litellm, gitignored).
+# bench/requirements.txt (the aiohttp lever, py-spy) goes into .venv; its stamp lives in the
+# gitignored bench/results/.
 LITELLM_VENV := bench/.venv-litellm
 LITELLM_PIN := litellm[proxy]==1.108.7
+BENCH_INSTALLED := bench/results/.requirements-installed
 
-.PHONY: bench bench-compare
+.PHONY: bench bench-compare bench-idle-queue
 
-bench: $(VENV)/.installed
-	$(PY) bench/bench_gateway.py
+$(BENCH_INSTALLED): bench/requirements.txt $(VENV)/.installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
+	mkdir -p $(dir $@) && touch $@
 
-bench-compare: $(VENV)/.installed $(LITELLM_VENV)/.installed
-	$(PY) bench/bench_gateway.py --compare
+# BENCH_ARGS: more options, e.g. BENCH_ARGS="--targets crossbar crossbar#59c3c43 floor".
+bench: $(BENCH_INSTALLED)
+	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
+
+bench-compare: $(BENCH_INSTALLED) $(LITELLM_VENV)/.installed
+	$(PY) bench/bench_gateway.py --compare $(BENCH_ARGS)
+
+bench-idle-queue: $(BENCH_INSTALLED)
+	$(PY) bench/bench_idle_queue.py $(BENCH_ARGS)
 
 $(LITELLM_VENV)/.installed:
 	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)

@@ -26,9 +26,11 @@ WAITS = {
 TOP_FUNCTIONS = 30
 TOP_SELF = 25
 # The steps of one proxied request, each with the frames that mark it (function, path
-# prefix); a sample counts for a step when any of its frames matches (steps overlap).
+# prefix); a sample counts for a step when any of its frames matches (steps overlap). Paths are
+# matched by prefix, so a module may move within its package without the step going blank.
 STEPS = (
-    ("Django's ASGI handler around the request task", (("ASGIHandler.__call__", "django/"),)),
+    ("Django's ASGI handler around the request task",
+     (("ASGIHandler.__call__", "django/"), ("GatewayHandler.handle", "crossbar_site/"))),
     ("  per-request executor: ThreadSensitiveContext", (("ThreadSensitiveContext.", "asgiref/"),)),
     ("  threads started from the event loop", (("Thread.start", "threading"),)),
     ("  sync_to_async calls made on the loop", (("SyncToAsync.__call__", "asgiref/"),)),
@@ -36,23 +38,44 @@ STEPS = (
     ("  read_body and create_request", (("ASGIHandler.read_body", "django/"),
                                          ("ASGIHandler.create_request", "django/"))),
     ("the request task: view, then streaming", (("ASGIHandler.handle.<locals>.process_request",
-                                                "django/"),)),
-    ("  the proxy view up to the response head", (("proxy", "routing/proxy.py"),)),
-    ("    upstream request to response head (httpx)", (("_send", "routing/upstream.py"),)),
+                                                "django/"),
+                                               ("GatewayHandler.handle.<locals>.process_request",
+                                                "crossbar_site/"))),
+    ("  the proxy view up to the response head", (("proxy", "routing/"),)),
+    ("    placement: lease, slot (Placer)", (("Placer.", "routing/"),)),
+    ("    upstream request to response head (httpx)", (("_send", "routing/"),)),
     ("  streaming the body (send_response)", (("ASGIHandler.send_response", "django/"),)),
-    ("    upstream reads: Relay.__anext__", (("Relay.__anext__", "routing/relay.py"),)),
+    ("    upstream reads: Relay.__anext__", (("Relay.__anext__", "routing/"),)),
     ("      httpx/httpcore/h11/anyio under it", (("Response.aiter_raw", "httpx/"),)),
     ("      asyncio.timeout per chunk", (("timeout", "asyncio/timeouts.py"),
                                         ("Timeout.", "asyncio/timeouts.py"))),
-    ("      the tee", (("Tee.", "routing/tee.py"),)),
-    ("      Exchange.finish (row + log line)", (("Exchange.finish", "routing/exchange.py"),)),
-    ("    daphne writing each chunk (handle_reply)", (("Server.handle_reply", "daphne/"),)),
+    ("      the tee", (("Tee.", "routing/"),)),
+    ("      Exchange.finish (row, metrics, log line)", (("Exchange.finish", "routing/"),)),
+    ("    daphne writing each chunk (handle_reply)", (("Server.handle_reply", "daphne/"),
+                                                     ("GatewayServer.handle_reply",
+                                                      "crossbar_site/"))),
     ("      daphne's access log", (("AccessLogGenerator.", "daphne/"),)),
     ("Twisted socket callbacks (reads, writes)",
      (("AsyncioSelectorReactor._readOrWrite", "twisted/"),)),
     ("logging, anywhere", (("", "logging/"),)),
     ("the recorder thread (bulk_create)", (("Recorder._run", "accounting/"),)),
 )  # fmt: skip
+# Owners (see `owner`) grouped into the layers a request crosses, so that crossbar's profile and
+# its floor's compare layer by layer.
+LAYERS = {
+    "the ASGI server (Twisted, daphne; uvicorn, uvloop, httptools; granian)": (
+        "twisted", "daphne", "zope", "uvicorn", "httptools", "uvloop", "granian",
+    ),
+    "the upstream client (httpx, httpcore, h11, anyio, sniffio; aiohttp)": (
+        "httpx", "httpcore", "h11", "anyio", "sniffio", "aiohttp", "httpx_aiohttp", "yarl",
+        "multidict", "aiohappyeyeballs", "propcache", "frozenlist", "aiosignal",
+    ),
+    "Django and asgiref": ("django", "asgiref"),
+    "crossbar's own code (and prometheus_client)": (
+        "routing", "accounting", "hosts", "crossbar_site", "prometheus_client",
+    ),
+    "the floor's own code (bench/floor_app.py)": ("floor_app",),
+}  # fmt: skip
 
 Frame = tuple[str, str, str]  # function, path, line
 
@@ -90,6 +113,21 @@ def owner(frames: list[Frame]) -> str:
     return "standard library only (event loop, threads)"
 
 
+SERVER_MODULES = ("crossbar_site/serve.py",)  # crossbar_serve's server: daphne's, extended
+
+
+def layer(frames: list[Frame]) -> str:
+    """The layer (LAYERS) of the innermost frame outside the standard library."""
+    for _, path, _ in reversed(frames):
+        name = package(path)
+        if name in sys.stdlib_module_names or name == "?":
+            continue
+        if path.startswith(SERVER_MODULES):
+            return next(iter(LAYERS))
+        return next((layer for layer, names in LAYERS.items() if name in names), "other")
+    return "the event loop and threads alone (standard library only)"
+
+
 def waiting(frames: list[Frame]) -> str | None:
     if not frames:
         return None
@@ -97,7 +135,8 @@ def waiting(frames: list[Frame]) -> str | None:
     return WAITS.get((function, path, line)) or WAITS.get((function, path, None))
 
 
-def report(text: str) -> str:
+def report(text: str, cpu_ms_per_request: float | None = None) -> str:
+    """The tables; with `cpu_ms_per_request` (measured while profiling) layers also in ms."""
     stacks = parse(text)
     total = sum(count for _, _, count in stacks)
     if not total:
@@ -105,6 +144,7 @@ def report(text: str) -> str:
     waits: Counter[str] = Counter()
     threads: Counter[str] = Counter()
     owners: Counter[str] = Counter()
+    layers: Counter[str] = Counter({name: 0 for name in LAYERS})
     leaves: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     steps: Counter[str] = Counter({label: 0 for label, _ in STEPS})
@@ -116,6 +156,7 @@ def report(text: str) -> str:
             continue
         threads[_NUMBERED.sub("-*", thread, count=1)] += count
         owners[owner(frames)] += count
+        layers[layer(frames)] += count
         leaves[_name(frames[-1]) if frames else "(no Python frame: C code or the GIL)"] += count
         for key in {_name(frame) for frame in frames}:
             inclusive[key] += count
@@ -134,6 +175,13 @@ def report(text: str) -> str:
     ]
     lines.append("\nby thread")
     lines += [f"  {share(n)}  {name}" for name, n in threads.most_common()]
+    lines.append(
+        "\nby layer: the owners below, grouped (crossbar_site/serve.py counts as the server)"
+        + (", and as ms of CPU per request" if cpu_ms_per_request else "")
+    )
+    for name, n in layers.items():
+        ms = f"  {cpu_ms_per_request * n / running:5.2f} ms" if cpu_ms_per_request else ""
+        lines.append(f"  {share(n)}{ms}  {name}")
     lines.append("\nby owner: the innermost frame outside the standard library")
     lines += [f"  {share(n)}  {name}" for name, n in owners.most_common(15)]
     lines.append("\nthe steps of a request (inclusive; a sample counts in every step it is under)")
@@ -163,4 +211,4 @@ def _name(frame: Frame) -> str:
 
 
 if __name__ == "__main__":
-    print(report(Path(sys.argv[1]).read_text(errors="replace")))
+    print(report(Path(sys.argv[1]).read_text(errors="replace")))  # shares only: no CPU figure

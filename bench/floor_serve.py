@@ -1,0 +1,55 @@
+"""Serve an ASGI application with crossbar_serve's server: `--server crossbar_serve` for floors.
+
+    python bench/floor_serve.py --port PORT floor_app:application
+
+`manage.py crossbar_serve` runs `crossbar_site.serve.GatewayServer` (daphne's server with
+backpressure, capped bodies and a graceful stop) around crossbar's application; this runs the
+same server around another one, so a floor and crossbar differ by the application alone. Django
+is set up with crossbar's settings because the server module reads them (and daphne's Twisted
+reactor is installed by that set-up, as in crossbar_serve); the bare floor itself never uses
+Django. The crossbar source whose server this is must be on sys.path (bench_gateway.py puts
+it in PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("app", help="module:attribute of the ASGI application")
+    parser.add_argument("--bind", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--grace", type=float, default=5.0, help="seconds at SIGTERM")
+    args = parser.parse_args(argv)
+    module, _, attribute = args.app.partition(":")
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crossbar_site.settings")
+    import django
+
+    django.setup()
+    from daphne.endpoints import build_endpoint_description_strings
+    from django.conf import settings
+
+    try:
+        from crossbar_site.serve import GatewayServer, _finish_tasks
+    except ImportError:
+        sys.exit("this crossbar source has no crossbar_site/serve.py: use --server daphne")
+    application = getattr(importlib.import_module(module), attribute or "application")
+    server = GatewayServer(
+        application,
+        build_endpoint_description_strings(host=args.bind, port=args.port),
+        grace=args.grace,
+        stall_timeout=settings.CROSSBAR["STREAM_IDLE_TIMEOUT"],
+    )
+    server.run()
+    _finish_tasks(asyncio.get_event_loop())
+
+
+if __name__ == "__main__":
+    main()

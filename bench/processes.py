@@ -1,0 +1,310 @@
+"""The processes a benchmark runs: the fake upstream, crossbar, the floors, LiteLLM.
+
+Each is a context manager that starts one server on a free port of 127.0.0.1, yields once it
+answers its readiness path, and stops it (SIGTERM, then SIGKILL after 15 s) when the block ends,
+its output kept in a log file of the work directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "results"
+LITELLM = BENCH / ".venv-litellm" / "bin" / "litellm"
+PYTHON = sys.executable
+TOKEN_DELAY = 0.002  # 500 tokens/s per stream: faster than any GPU, so the gateway dominates
+APP_DIRS = ("crossbar_site", "routing", "hosts", "accounting")
+APP = "crossbar_site.asgi:application"
+# The ASGI servers `--server` can put an application behind: how each is started on
+# 127.0.0.1:PORT (APP: the application), and the package whose version the results record.
+# None writes an access log (`make run` has none); crossbar's own line per request is off at
+# log level WARNING.
+SERVERS: dict[str, tuple[list[str], str]] = {
+    # What `make run` serves: daphne with backpressure, capped bodies, a graceful stop.
+    # Floors get the same server from bench/floor_serve.py.
+    "crossbar_serve": ([PYTHON, "manage.py", "crossbar_serve", "--port", "PORT"], "daphne"),
+    "daphne": (["daphne", "-v", "0", "-b", "127.0.0.1", "-p", "PORT", APP], "daphne"),
+    # daphne's loop made by uvloop: the policy set before daphne builds its loop at import.
+    "daphne-uvloop": ([PYTHON, str(BENCH / "daphne_uvloop.py"), "-v", "0",
+                       "-b", "127.0.0.1", "-p", "PORT", APP], "daphne"),
+    # uvicorn[standard] picks uvloop and httptools by itself; no lifespan: no rows at exit here.
+    "uvicorn": (["uvicorn", APP, "--host", "127.0.0.1", "--port", "PORT", "--no-access-log",
+                 "--lifespan", "off"], "uvicorn"),
+    # One worker process (a child of granian's main process); it picks uvloop by itself.
+    "granian": (["granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", "PORT",
+                 "--workers", "1", "--no-access-log", APP], "granian"),
+}  # fmt: skip
+FLOOR_SERVE = [PYTHON, str(BENCH / "floor_serve.py"), "--port", "PORT", APP]
+
+FLEET_TOML = """\
+[[hosts]]
+name = "fake"
+url = "{upstream}"
+notes = "bench/fake_upstream.py"
+
+  [[hosts.models]]
+  name = "test-model"
+  parallel = 1024
+  queue_max = 1024
+
+[[routes]]
+name = "bench"
+default_model = "test-model"
+hosts = ["fake"]
+"""
+
+LITELLM_YAML = """\
+model_list:
+  - model_name: test-model
+    litellm_params:
+      model: openai/test-model
+      api_base: {upstream}/v1
+      api_key: x
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"{process.args[0]} exited at start; its log ({log}):\n{log.read_text()}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        time.sleep(0.1)
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+    sys.exit(f"{url} did not answer within {timeout:g} s; the end of its log:\n{tail}")
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str  # the base URL, without a path
+    pid: int  # the process that serves (whose CPU is measured)
+    log: Path
+
+
+@contextlib.contextmanager
+def serving(
+    command: list[str],
+    port: int,
+    ready_path: str,
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 60.0,
+) -> Iterator[Server]:
+    """Run a server until the block ends; ready once `ready_path` answers 200."""
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            command, cwd=cwd or log.parent, env=env, stdout=output, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_for(url + ready_path, process, log, timeout)
+            yield Server(url, process.pid, log)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def fake_upstream(
+    work: Path, token_delay: float = TOKEN_DELAY
+) -> contextlib.AbstractContextManager[Server]:
+    port = free_port()
+    command = [PYTHON, str(BENCH / "fake_upstream.py"), "--port", str(port)]
+    command += ["--token-delay", str(token_delay)]
+    return serving(command, port, "/health", work / "upstream.log")
+
+
+def _server_command(template: list[str], port: int, app: str) -> list[str]:
+    command = [str(port) if arg == "PORT" else app if arg == APP else arg for arg in template]
+    if not command[0].startswith("/"):
+        command[0] = str(Path(PYTHON).parent / command[0])
+    if not Path(command[0]).exists():
+        sys.exit(f"{command[0]} is not installed (bench/README.md says which versions)")
+    return command
+
+
+def _site_env(work: Path) -> dict[str, str]:
+    """crossbar's settings as the benchmark runs it: its own database, DEBUG off, few logs."""
+    return {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}",
+        "CROSSBAR_VAR_DIR": str(work),
+        "DEBUG": "false",
+        "CROSSBAR_LOG_LEVEL": "WARNING",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+@contextlib.contextmanager
+def crossbar(
+    work: Path,
+    upstream: Server,
+    source: Path,
+    server: str,
+    fleet_toml: str = FLEET_TOML,
+    *,
+    name: str = "crossbar",
+    env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    """crossbar from `source` behind `server` (a key of SERVERS), on a new SQLite database
+    (`work/NAME.sqlite3`) with `fleet_toml` (by default one host, the fake, and one route
+    `bench`); `env` is added to its environment. The pid watched is the process that serves."""
+    env = {
+        **_site_env(work),
+        "DATABASE_URL": f"sqlite:///{work / f'{name}.sqlite3'}",
+        **(env or {}),
+    }
+    fleet = work / f"{name}-fleet.toml"
+    fleet.write_text(fleet_toml.format(upstream=upstream.url))
+    manage = [PYTHON, str(source / "manage.py")]
+    for step in (["migrate", "--noinput"], ["crossbar_config", "load", str(fleet)]):
+        done = subprocess.run(manage + step, cwd=source, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"manage.py {' '.join(step)} failed:\n{done.stdout}{done.stderr}")
+    port = free_port()
+    command = _server_command(SERVERS[server][0], port, APP)
+    with serving(command, port, "/health", work / f"{name}.log", env=env, cwd=source) as main:
+        yield Server(main.url, worker_pid(main.pid), main.log) if server == "granian" else main
+
+
+@contextlib.contextmanager
+def floor(
+    work: Path,
+    upstream: Server,
+    source: Path,
+    server: str,
+    *,
+    django: bool = False,
+    transport: str = "httpcore",
+    name: str = "floor",
+) -> Iterator[Server]:
+    """bench/floor_app.py behind `server`: the bare pass-through, or with `django` its Django
+    rung (crossbar's proxy handler from `source`). crossbar_serve's server comes from `source`
+    too (bench/floor_serve.py), so that a floor and crossbar differ by the application alone."""
+    env = {
+        **_site_env(work),
+        "PYTHONPATH": os.pathsep.join([str(BENCH), str(source)]),
+        "FLOOR_UPSTREAM": upstream.url,
+        "FLOOR_TRANSPORT": transport,
+    }
+    app = "floor_app:django_application" if django else "floor_app:application"
+    port = free_port()
+    template = FLOOR_SERVE if server == "crossbar_serve" else SERVERS[server][0]
+    command = _server_command(template, port, app)
+    with serving(command, port, "/health", work / f"{name}.log", env=env, cwd=source) as main:
+        yield Server(main.url, worker_pid(main.pid), main.log) if server == "granian" else main
+
+
+def worker_pid(pid: int) -> int:
+    """The one child of granian's main process: the worker, which runs the application."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    if len(children) != 1:
+        sys.exit(f"expected one granian worker under pid {pid}, found {children}")
+    return int(children[0])
+
+
+def server_version(server: str) -> str:
+    return metadata.version(SERVERS[server][1])
+
+
+def source_tree(work: Path, rev: str | None) -> tuple[Path, dict[str, object]]:
+    """The code to benchmark: the working tree as it is, or commit `rev` exported into `work`
+    (`git archive`, into a directory named after the commit, so several can sit side by side)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", rev or "HEAD")
+    except subprocess.CalledProcessError as exc:
+        sys.exit(f"git cannot name {rev!r}: {exc.stderr.strip()}")
+    if rev is None:
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", *APP_DIRS)
+        return ROOT, {"commit": commit, "working_tree": True, "uncommitted": bool(changed)}
+    source = work / f"source-{commit}"
+    if not source.exists():
+        archive = subprocess.run(
+            ["git", "archive", commit], cwd=ROOT, capture_output=True, check=True
+        )
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(source, filter="data")
+    return source, {"commit": commit, "working_tree": False, "uncommitted": False}
+
+
+def litellm(work: Path, upstream: Server) -> contextlib.AbstractContextManager[Server]:
+    """LiteLLM's proxy, no database, one OpenAI-compatible model at the fake."""
+    if not LITELLM.exists():
+        sys.exit(
+            f"LiteLLM is not installed at {LITELLM.parent.parent}: run `make bench-compare`, "
+            "which installs it there with pip (litellm[proxy])."
+        )
+    config = work / "litellm.yaml"
+    config.write_text(LITELLM_YAML.format(upstream=upstream.url))
+    env = {
+        **os.environ,
+        # No master key: requests are not authenticated, as crossbar's are not.
+        "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+        # The machine has no internet; do not wait on fetching the price list.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "WARNING",
+    }
+    port = free_port()
+    command = [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    log = work / "litellm.log"
+    return serving(command, port, "/health/liveliness", log, env=env, timeout=120)
+
+
+def litellm_version() -> str:
+    python = LITELLM.parent / "python"
+    done = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip() or "unknown"
+
+
+def machine() -> dict:
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")),
+        platform.processor(),
+    )  # fmt: skip
+    memory_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu,
+        "memory_gb": round(memory_kb / 1024**2, 1),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
