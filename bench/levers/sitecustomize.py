@@ -55,7 +55,7 @@ def _noaccounting(module: ModuleType) -> None:
 LEVERS: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
     "aiohttp": ("routing.runtime", _aiohttp),
     "notee": ("routing.core.tee", _notee),
-    "noaccounting": ("routing.proxy.exchange", _noaccounting),
+    "noaccounting": ("routing.proxy.record", _noaccounting),
 }
 
 
