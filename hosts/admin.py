@@ -153,6 +153,13 @@ def describe_live(states: HostStates, host: Host) -> str:
     lines += [
         f"{m.name} {m.in_flight}/{m.parallel} running, {m.queued} queued" for m in live.models
     ]
+    # A parallel above the host's slots queues inside llama-server, where the gateway cannot
+    # see it; below, slots stay idle.
+    lines += [
+        f"⚠ {m.name}: parallel {m.parallel}, but the host has {live.slots} slots"
+        for m in live.models
+        if live.slots is not None and m.parallel != live.slots
+    ]
     if host.draining:
         busy = live.in_flight + live.queued
         lines.append("draining, idle" if busy == 0 else f"draining, {busy} still running")
