@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import httpx
 from django.db import transaction
 
 from hosts.describe import read_host
@@ -64,4 +65,26 @@ def read_from_host(host: Host) -> list[str]:
         for model in configured.values():
             if model.name not in listed and model.upstream_name not in listed:
                 said.append(f"{host.name}: {model.name} is configured; the host does not list it")
+    return said
+
+
+def manage_models(host: Host, action: str) -> list[str]:
+    """Ask a router-mode host to `load` or `unload` each of its configured models
+    (`POST /models/load` or `/models/unload`); one line per model saying how it answered.
+    Blocking I/O: call from a view's thread or a command."""
+    if action not in ("load", "unload"):
+        raise ValueError(f"action is load or unload, not {action!r}")
+    headers = {"Authorization": f"Bearer {host.api_key}"} if host.api_key else {}
+    said = []
+    with httpx.Client(timeout=10, headers=headers, trust_env=False) as client:
+        for model in host.models.all():
+            name = model.upstream_name or model.name
+            try:
+                url = f"{host.url.rstrip('/')}/models/{action}"
+                response = client.post(url, json={"model": name})
+            except httpx.HTTPError as exc:
+                said.append(f"{host.name}: {action} {name}: {type(exc).__name__}: {exc}")
+                continue
+            outcome = "done" if response.status_code == 200 else f"answered {response.status_code}"
+            said.append(f"{host.name}: {action} {name}: {outcome}")
     return said

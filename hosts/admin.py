@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
-from hosts.actions import read_from_host, set_draining
+from hosts.actions import manage_models, read_from_host, set_draining
 from hosts.describe import Unreachable
 from hosts.live import HostStates, host_states
 from hosts.models import Host, HostModel
@@ -81,7 +81,7 @@ class HostAdmin(admin.ModelAdmin):
     list_editable = ["draining"]
     list_filter = ["enabled", "draining"]
     search_fields = ["name", "url", "notes"]
-    actions = ["start_draining", "stop_draining", "read_from_host"]
+    actions = ["start_draining", "stop_draining", "read_from_host", "load_models", "unload_models"]
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
         # One read of the gateway's state per page, not one per row.
@@ -129,6 +129,20 @@ class HostAdmin(admin.ModelAdmin):
                 continue
             for line in said or [f"{host.name}: models and slots as the host says"]:
                 level = messages.WARNING if "does not list" in line else messages.SUCCESS
+                self.message_user(request, line, level)
+
+    @admin.action(description="Load the selected router-mode hosts' models")
+    def load_models(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+        self._manage(request, queryset, "load")
+
+    @admin.action(description="Unload the selected router-mode hosts' models")
+    def unload_models(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+        self._manage(request, queryset, "unload")
+
+    def _manage(self, request: HttpRequest, queryset: QuerySet[Host], action: str) -> None:
+        for host in queryset:
+            for line in manage_models(host, action):
+                level = messages.SUCCESS if line.endswith(": done") else messages.WARNING
                 self.message_user(request, line, level)
 
     def _drain(self, request: HttpRequest, queryset: QuerySet[Host], draining: bool) -> None:

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from hosts.models import Host, HostModel
 from routing.models import ConfigRevision
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import add_host
 
@@ -270,3 +270,16 @@ def test_reading_a_host_that_does_not_answer_says_so_and_changes_nothing(
 
     assert "gpu1: cannot read it:" in message
     assert [m.name for m in gpu1.models.all()] == ["test-model"]
+
+
+def test_an_operator_loads_and_unloads_a_router_mode_hosts_models(admin_client: Client) -> None:
+    with FakeLlamaServer(router_models=("small", "large"), models_max=2) as router:
+        gpu1 = add_host("gpu1", router.url, models={"small": (1, 0), "large": (1, 0)})
+
+        loaded = drain(admin_client, "load_models", [gpu1])
+        wait_until(lambda: router.model_status("large") == "loaded", what="the load")
+        unloaded = drain(admin_client, "unload_models", [gpu1])
+
+        assert "gpu1: load small: done" in loaded and "gpu1: load large: done" in loaded
+        assert "gpu1: unload large: done" in unloaded
+        assert router.model_status("large") == "unloaded"
