@@ -33,8 +33,9 @@ class StatusClassFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Request]) -> QuerySet[Request]:
-        if self.value() in self.RANGES:
-            return queryset.filter(status__range=self.RANGES[self.value()])
+        value = self.value()
+        if value is not None and value in self.RANGES:
+            return queryset.filter(status__range=self.RANGES[value])
         return queryset
 
 

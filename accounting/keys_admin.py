@@ -8,7 +8,7 @@ the POST that issued it (sent with `Cache-Control: no-store`), and hashed in the
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.apps import apps
@@ -53,7 +53,7 @@ class ClientKeyForm(forms.ModelForm):
         names = list(route_model.objects.order_by("name").values_list("name", flat=True))
         stored = self.instance.route_names if self.instance.pk else []
         missing = [name for name in stored if name not in names]
-        field = self.fields["routes"]
+        field = cast(forms.MultipleChoiceField, self.fields["routes"])  # declared above
         field.choices = [(name, name) for name in names] + [
             (name, f"{name} (no such route)") for name in missing
         ]
@@ -152,7 +152,10 @@ class ClientKeyAdmin(admin.ModelAdmin):
         form = self.get_form(request, key, change=key is not None)(request.POST, instance=key)
         if was_enabled or not form.is_valid() or not form.cleaned_data["enabled"]:
             return None
-        if ClientKey.objects.filter(enabled=True).exclude(pk=key.pk if key else None).exists():
+        others = ClientKey.objects.filter(enabled=True)
+        if key is not None:
+            others = others.exclude(pk=key.pk)
+        if others.exists():
             return None
         since = timezone.now() - timedelta(hours=24)
         context = {
