@@ -37,7 +37,8 @@ class RouteHostFormSet(BaseInlineFormSet):
         kept = [
             (form.cleaned_data.get("position") or 0, index, form.cleaned_data["host"].name)
             for index, form in enumerate(self.forms)
-            if form.cleaned_data.get("host") and not self._should_delete_form(form)
+            if form.cleaned_data.get("host")
+            and not self._should_delete_form(form)  # type: ignore[attr-defined]  # django-stubs omits BaseFormSet._should_delete_form
         ]
         hosts = [name for _, _, name in sorted(kept)]
         if errors := errors_introduced(
@@ -153,8 +154,8 @@ class ConfigFileLoadAdmin(admin.ModelAdmin):
     list_display_links = ["loaded_at"]
     search_fields = ["path", "summary"]
     ordering = ["-loaded", "-pk"]
-    fields = ["loaded_at", "path", "sha256", "summary"]
-    readonly_fields = fields
+    # One tuple for both: a list would be invariant against the two attributes' stub types.
+    fields = readonly_fields = ("loaded_at", "path", "sha256", "summary")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
