@@ -100,7 +100,7 @@ class RouteAdmin(admin.ModelAdmin):
         if obj is not None and "fallback" in form.base_fields:
             # A route falling back to itself is refused anyway; do not offer it.
             field = form.base_fields["fallback"]
-            field.queryset = field.queryset.exclude(pk=obj.pk)  # type: ignore[attr-defined]
+            field.queryset = field.queryset.exclude(pk=obj.pk)  # type: ignore[attr-defined]  # a ForeignKey's form field: ModelChoiceField
         return form
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
