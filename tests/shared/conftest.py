@@ -102,7 +102,7 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
-async def eventually(predicate, what: str):  # type: ignore[no-untyped-def]
+async def eventually(predicate, what: str):
     """Await until `predicate()` (an async function) is truthy and return it; fail after LONG."""
     try:
         async with asyncio.timeout(LONG):
