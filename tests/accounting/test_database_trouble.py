@@ -21,12 +21,12 @@ URL = "/chat/v1/chat/completions"
 
 
 @pytest.fixture
-def chat_route(gateway, fake):  # type: ignore[no-untyped-def]
+def chat_route(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url)])
     gateway.sync()
 
 
-def requests_for(seconds: float, ledger) -> list[int]:  # type: ignore[no-untyped-def]
+def requests_for(seconds: float, ledger) -> list[int]:
     """Send requests one after another for `seconds`; their statuses."""
     statuses = []
     until = time.monotonic() + seconds

@@ -94,7 +94,7 @@ def test_the_real_server_refuses_an_anonymous_websocket(gateway):
     assert " 403 " in websocket_handshake(gateway.url)
 
 
-def signed_in_session(gateway) -> str:  # type: ignore[no-untyped-def]
+def signed_in_session(gateway) -> str:
     """Sign in as pytest-django's `admin_user` through the real server; the session cookie."""
     session = signed_in(gateway).cookies.get("sessionid") or ""
     assert session, "the login gave no session"
@@ -117,7 +117,7 @@ def test_a_page_of_another_site_cannot_open_the_websocket_with_the_admin_cookie(
 
 
 @pytest.fixture
-async def connect():  # type: ignore[no-untyped-def]
+async def connect():
     """Open a dashboard socket as a given user; closes sockets and the runtime afterwards."""
     opened: list[WebsocketCommunicator] = []
 
@@ -135,7 +135,7 @@ async def connect():  # type: ignore[no-untyped-def]
     await close_runtime()
 
 
-async def receive_until(communicator: WebsocketCommunicator, wanted):  # type: ignore[no-untyped-def]
+async def receive_until(communicator: WebsocketCommunicator, wanted):
     """The first message `wanted(message)` accepts; fail after 5 seconds."""
     async with asyncio.timeout(5):
         while True:
@@ -260,7 +260,7 @@ def finished(host: str, **changes: Any) -> RequestRecord:
     return RequestRecord(**values)
 
 
-async def staff_on_dashboard(connect, host: str):  # type: ignore[no-untyped-def]
+async def staff_on_dashboard(connect, host: str):
     staff = await sync_to_async(User.objects.create_superuser)("ops", password="x-1234567")
     added = await sync_to_async(add_host)(host, "http://127.0.0.1:9", models={MODEL: (2, 2)})
     await sync_to_async(add_route)("chat", [added])
@@ -269,7 +269,7 @@ async def staff_on_dashboard(connect, host: str):  # type: ignore[no-untyped-def
     return communicator
 
 
-def is_history(replace: bool, window: str = "5m"):  # type: ignore[no-untyped-def]
+def is_history(replace: bool, window: str = "5m"):
     return lambda m: m["type"] == "history" and m["replace"] is replace and m["window"] == window
 
 

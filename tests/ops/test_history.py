@@ -33,7 +33,7 @@ def host(name: str, in_flight: int, queued: int) -> HostLive:
     return HostLive(name, True, False, HostState.UP, "", T0, 0, (model,))
 
 
-def point_at(points: list[dict], t: float) -> dict:  # type: ignore[type-arg]
+def point_at(points: list[dict], t: float) -> dict:
     return next(p for p in points if p["t"] == int(t))
 
 

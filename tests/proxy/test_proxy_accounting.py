@@ -38,7 +38,7 @@ def rows(count: int) -> list[Request]:
 
 
 @pytest.fixture
-def chat_route(gateway, fake):  # type: ignore[no-untyped-def]
+def chat_route(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 1)})])
     gateway.sync()
     return f"{gateway.url}/chat/v1/chat/completions"

@@ -103,6 +103,6 @@ def test_any_chunking_of_a_whole_json_answer_reaches_the_client_unchanged_with_t
     assert outcome == relay([body], "application/json")[1]
     assert outcome[3] == Usage(
         usage["prompt_tokens"],
-        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),  # type: ignore[union-attr]
+        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
         usage["completion_tokens"],
     )

@@ -33,7 +33,7 @@ FIRST_TURN = [
 ]
 
 
-def rows_since(started, count: int) -> list[Request]:  # type: ignore[no-untyped-def]
+def rows_since(started, count: int) -> list[Request]:
     """This test's `count` rows, oldest first, once the gateway's recorder has written them."""
     mine = Request.objects.filter(started__gte=started)
     wait_until(lambda: mine.count() >= count, timeout=20, what=f"{count} accounting rows")
@@ -44,7 +44,7 @@ def rows_since(started, count: int) -> list[Request]:  # type: ignore[no-untyped
 
 
 @pytest.fixture
-def route(gateway, llama) -> str:  # type: ignore[no-untyped-def]
+def route(gateway, llama) -> str:
     """Route `tiny` to the real llama-server; returns the route's OpenAI base URL."""
     add_route("tiny", [add_host("llama1", llama.url, models={ALIAS: (2, 4)})])
     gateway.sync()
