@@ -28,7 +28,7 @@ def chat_route(gateway, fake):
 
 def requests_for(seconds: float, ledger) -> list[int]:
     """Send requests one after another for `seconds`; their statuses."""
-    statuses = []
+    statuses: list[int] = []
     until = time.monotonic() + seconds
     while time.monotonic() < until:
         body = chat(f"question {len(statuses)}", stream=len(statuses) % 2 == 0, max_tokens=3)

@@ -85,6 +85,7 @@ def websocket_handshake(url: str, cookie: str = "", origin: str = "") -> str:
         + (f"Cookie: {cookie}\r\n" if cookie else "")
         + "\r\n"
     )
+    assert parts.port is not None, f"{url} names no port"
     with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
         sock.sendall(request.encode())
         return sock.recv(4096).decode(errors="replace").split("\r\n", 1)[0]
