@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ PAIR = {"host": "gpu1", "model": MODEL}
 MiB = 1024 * 1024
 
 
-def send_chat(gateway, ledger, body: dict, **options: object):
+def send_chat(gateway, ledger, body: dict, **options: Any):
     """Send a chat request over a raw socket, to leave at a moment of the test's choosing."""
     ledger.sent()
     return send(gateway.url, b"POST", URL.encode(), json.dumps(body).encode(), **options)

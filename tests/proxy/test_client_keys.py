@@ -6,6 +6,7 @@ import hashlib
 import re
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import pytest
@@ -154,7 +155,7 @@ def issue(name: str, **fields: object) -> str:
     return key
 
 
-def post(gateway, route: str = "chat", key: str | None = None, **body: object) -> httpx.Response:
+def post(gateway, route: str = "chat", key: str | None = None, **body: Any) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.post(
         f"{gateway.url}/{route}/v1/chat/completions",
