@@ -11,7 +11,8 @@ from django.http import HttpRequest
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
-from hosts.actions import set_draining
+from hosts.actions import read_from_host, set_draining
+from hosts.describe import Unreachable
 from hosts.live import HostStates, host_states
 from hosts.models import Host, HostModel
 
@@ -82,7 +83,7 @@ class HostAdmin(admin.ModelAdmin):
     list_editable = ["draining"]
     list_filter = ["enabled", "draining"]
     search_fields = ["name", "url", "notes"]
-    actions = ["start_draining", "stop_draining"]
+    actions = ["start_draining", "stop_draining", "read_from_host"]
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
         # One read of the gateway's state per page, not one per row.
@@ -120,6 +121,18 @@ class HostAdmin(admin.ModelAdmin):
     def stop_draining(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
         self._drain(request, queryset, draining=False)
 
+    @admin.action(description="Read models and slots from the selected hosts")
+    def read_from_host(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+        for host in queryset:
+            try:
+                said = read_from_host(host)
+            except Unreachable as exc:
+                self.message_user(request, f"{host.name}: cannot read it: {exc}", messages.ERROR)
+                continue
+            for line in said or [f"{host.name}: models and slots as the host says"]:
+                level = messages.WARNING if "does not list" in line else messages.SUCCESS
+                self.message_user(request, line, level)
+
     def _drain(self, request: HttpRequest, queryset: QuerySet[Host], draining: bool) -> None:
         changed = set_draining(queryset.values_list("name", flat=True), draining)
         text = f"{_hosts(changed)} {'started' if draining else 'stopped'} draining"
@@ -141,6 +154,13 @@ def describe_live(states: HostStates, host: Host) -> str:
     lines = [health]
     lines += [
         f"{m.name} {m.in_flight}/{m.parallel} running, {m.queued} queued" for m in live.models
+    ]
+    # A parallel above the host's slots queues inside llama-server, where the gateway cannot
+    # see it; below, slots stay idle.
+    lines += [
+        f"⚠ {m.name}: parallel {m.parallel}, but the host has {live.slots} slots"
+        for m in live.models
+        if live.slots is not None and m.parallel != live.slots
     ]
     if host.draining:
         busy = live.in_flight + live.queued

@@ -4,8 +4,8 @@
 `default_generation_settings.n_ctx`; a router (`--models-dir`, `--models-preset`) says
 `role: router` and `max_instances`. `/v1/models` lists the models (a router adds each one's
 `status`: loaded, loading, unloaded, with `failed` when its load failed). Used by the health
-poller, the host admin's "Read from host" and `crossbar_config discover`. Pure parsing here;
-the callers do the I/O.
+poller (which does its own I/O on the event loop), and, through `read_host` (blocking), the
+host admin's "Read from host" and `crossbar_config discover`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["Described", "ModelState", "describe"]
+import httpx
+
+__all__ = ["Described", "ModelState", "Unreachable", "describe", "read_host"]
 
 
 class ModelState(enum.StrEnum):
@@ -85,3 +87,30 @@ def _count(value: object) -> int | None:
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) and value != "none" else ""
+
+
+class Unreachable(Exception):
+    """The URL answered nothing usable; the message says what happened, for a person."""
+
+
+def read_host(url: str, api_key: str = "", timeout: float = 5.0) -> Described:
+    """What the host at `url` says of itself. Raises Unreachable."""
+    base = url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    answers: list[object] = []
+    with httpx.Client(timeout=timeout, headers=headers, trust_env=False) as client:
+        for path in ("/props", "/v1/models"):
+            try:
+                response = client.get(base + path)
+            except httpx.HTTPError as exc:
+                raise Unreachable(f"{base}{path}: {type(exc).__name__}: {exc}") from None
+            if response.status_code != 200:
+                raise Unreachable(f"{base}{path} answered {response.status_code}")
+            try:
+                answers.append(response.json())
+            except ValueError:
+                raise Unreachable(f"{base}{path} did not answer JSON") from None
+    described = describe(*answers)
+    if not described.models:
+        raise Unreachable(f"{base}/v1/models lists no model")
+    return described

@@ -54,6 +54,7 @@ class HostLive:
     since: float | None
     leases: int
     models: tuple[ModelLive, ...]
+    slots: int | None = None  # the host's own `total_slots`, as its /props said last
 
     @property
     def in_flight(self) -> int:

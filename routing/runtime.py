@@ -16,7 +16,6 @@ import logging
 import threading
 import weakref
 
-import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
@@ -30,6 +29,7 @@ from routing.core.clients import ClientGate
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
 from routing.core.running import RunningTable
+from routing.upstream_client import upstream_client
 
 log = logging.getLogger("crossbar.runtime")
 
@@ -55,15 +55,7 @@ class Runtime:
         self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
         self.stream_idle_timeout: float = conf["STREAM_IDLE_TIMEOUT"]
         self.keepalive: float = conf["KEEPALIVE"]
-        # No pool limit: the limiter already bounds requests per host to its slots, and a
-        # pool cap would only serialize streams behind each other. Read timeouts are enforced
-        # by the proxy (headers vs. idle mid-stream), so httpx's own read timeout is off.
-        # trust_env=False: a proxy variable in the environment must not divert upstream traffic.
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=self.connect_timeout, read=None, write=60.0, pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-            trust_env=False,
-        )
+        self.client = upstream_client(conf["UPSTREAM_TRANSPORT"], self.connect_timeout)
         self._generation = generation
         self._reload_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []

@@ -68,7 +68,7 @@ _NATIVE = {
 
 def kind_of(path: str) -> Kind | None:
     """The kind of an upstream path such as `/v1/chat/completions`; None when not served."""
-    if not path.startswith("/"):
+    if not path.startswith("/") or path.startswith("/hosts/"):
         return None
     rest = path[1:]
     if rest.startswith("v1/"):

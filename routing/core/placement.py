@@ -199,8 +199,12 @@ class Placer:
             return Placement(slot, Reason.HOME, LeaseOutcome.REUSED, self.route.name,
                              self.model, waited)  # fmt: skip
         if waiting.host and slot.host != waiting.host:
-            return Placement(slot, Reason.SPILLED, LeaseOutcome.SPILLED, self.route.name,
-                             self.model, waited)  # fmt: skip
+            lease = LeaseOutcome.SPILLED  # the lease stays with home's warm cache
+            if waiting.reason in (Reason.NEW, Reason.MOVED):
+                # No cache was warm where it queued: the conversation's cache starts here.
+                self._keep_lease(slot.host)
+                lease = waiting.lease
+            return Placement(slot, Reason.SPILLED, lease, self.route.name, self.model, waited)
         if not waiting.host:
             self._keep_lease(slot.host)
         return Placement(slot, waiting.reason, waiting.lease, self.route.name, self.model, waited)

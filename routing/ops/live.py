@@ -44,6 +44,7 @@ def host_lives(runtime: Runtime) -> tuple[HostLive, ...]:
                 since=known.since if known else None,
                 leases=held.get(name, 0),
                 models=tuple(models),
+                slots=known.described.slots if known and known.described else None,
             )
         )
     return tuple(hosts)

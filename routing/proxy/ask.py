@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
 from routing.config.shape import Fleet, RouteConfig
+from routing.core.clients import bearer_token
 from routing.core.endpoints import Kind, kind_of
 from routing.core.errors import (
     BadBody,
     BadHostHeader,
     BodyTooLarge,
     ConflictingRoute,
+    InvalidKey,
     ManagementNotAllowed,
+    MissingKey,
     MissingRoute,
     NotARoute,
     NotFound,
@@ -33,6 +38,7 @@ SESSION_HEADER = "X-Crossbar-Session"
 WAIT_STATUS_HEADER = "X-Crossbar-Wait-Status"
 
 _ROUTE_NAME = re.compile(r"[-a-zA-Z0-9_]{1,64}")
+HOSTS_PREFIX = "/hosts/"
 _LOCAL_METHODS = frozenset({"GET", "HEAD"})
 
 
@@ -48,6 +54,7 @@ class Ask:
     model: str | None  # the model it names; None for requests about the host itself
     fingerprint: str = ""
     credentials: bool = False  # the client's credentials go to the host (the route says so)
+    host: str = ""  # the one host an operator asked about (`/hosts/<name>/...`)
 
     @property
     def takes_slot(self) -> bool:
@@ -82,6 +89,20 @@ def check_host(request: HttpRequest) -> None:
         raise BadHostHeader(f"invalid Host header: “{raw[:100]}” is not served here")
 
 
+def check_operator(request: HttpRequest) -> None:
+    """Refuse a request for one host's own state unless it carries the operators' token
+    (`CROSSBAR_METRICS_TOKEN`, as `/metrics` does), when one is set. Raises MissingKey or
+    InvalidKey; the token is never in a message."""
+    token = settings.CROSSBAR["METRICS_TOKEN"]
+    if not token:
+        return
+    presented = bearer_token(request.headers.get("Authorization"))
+    if not presented:
+        raise MissingKey("missing operator token: send CROSSBAR_METRICS_TOKEN as a bearer token")
+    if not hmac.compare_digest(presented.encode(), token.encode()):
+        raise InvalidKey("invalid operator token")
+
+
 def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str, Kind]:
     """The route, the upstream path and its kind.
 
@@ -114,10 +135,25 @@ def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str,
         raise refusal(f"unknown route: “{name[:64]}”")
     if not route.enabled:
         raise UnknownRoute(f"unknown route: “{name}” is disabled")
-    kind = kind_of(rest)
+    kind = Kind.HOST if rest.startswith(HOSTS_PREFIX) else kind_of(rest)
     if kind is None:
         raise NotFound(f"not found: {rest[:200]}")
     return route, rest, kind
+
+
+def named_host(route: RouteConfig, path: str) -> tuple[str, str] | None:
+    """For `/hosts/<name>/<endpoint>` (an operator asking one host of the route about itself:
+    `slots`, `metrics`, `props`, `health`, `lora-adapters`): the host and the endpoint's path.
+    None for any other path. Raises NotFound for a host the route does not have, or an
+    endpoint that is not about the host."""
+    if not path.startswith(HOSTS_PREFIX):
+        return None
+    name, _, endpoint = path[len(HOSTS_PREFIX):].partition("/")
+    if name not in route.hosts:
+        raise NotFound(f"not found: route “{route.name}” has no host “{name[:64]}”")
+    if kind_of("/" + endpoint) is not Kind.HOST:
+        raise NotFound(f"not found: /{endpoint[:100]} is not an endpoint about a host")
+    return name, "/" + endpoint
 
 
 def read_ask(

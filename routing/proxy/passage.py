@@ -104,11 +104,14 @@ class Passage:
         failure: HostDown | None = None
         probed = False
         while True:
-            hosts = [
-                host
-                for host in ranked(self.runtime.candidates(self.route, self.ask.model))
-                if host not in tried
-            ]
+            if self.ask.host:  # an operator asking one host, whatever its health says
+                hosts = [self.ask.host] if self.ask.host not in tried else []
+            else:
+                hosts = [
+                    host
+                    for host in ranked(self.runtime.candidates(self.route, self.ask.model))
+                    if host not in tried
+                ]
             if not hosts and not probed and failure is None:
                 probed = True
                 await self.runtime.probe_down(self.route)  # a host may just have come back

@@ -35,6 +35,8 @@ from routing.proxy.ask import (
     ROUTE_HEADER,
     Ask,
     check_host,
+    check_operator,
+    named_host,
     read_ask,
     resolve_route,
     wants_wait_status,
@@ -93,10 +95,14 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             return preflight_response(request)  # a browser asking first: no row, no host
         trail = replace(trail, route=route.name)
         check_host(request)
-        client = runtime.clients.identify(_client_key(request))
-        if client is not None:
-            trail = replace(trail, client=client.name)
-            trail = replace(trail, client_pass=runtime.clients.admit(client, route.name))
+        pinned = named_host(route, path)
+        if pinned is not None:
+            check_operator(request)  # one host's own state is for operators, not clients
+        else:
+            client = runtime.clients.identify(_client_key(request))
+            if client is not None:
+                trail = replace(trail, client=client.name)
+                trail = replace(trail, client_pass=runtime.clients.admit(client, route.name))
         if (request.method or "GET") not in METHODS:
             raise MethodNotAllowed(
                 f"method {(request.method or '')[:20]} not allowed: use {', '.join(METHODS)}"
@@ -105,6 +111,8 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             finish(trail, 200)
             return models_response(runtime, route)
         ask = read_ask(request, route, path, kind, runtime.fleet.route_models(route))
+        if pinned is not None:
+            ask = replace(ask, host=pinned[0], path=pinned[1])
         running = runtime.running.add(route.name, ask.model or "", trail.client)
         trail = replace(
             trail, model=ask.model or "", fingerprint=ask.fingerprint, running=running

@@ -50,6 +50,13 @@ class StatusStream:
         if self._ended:
             return
         self._ended = True
+        waiting = self._passage.waiting
+        if waiting is not None:
+            # The wait may never have started (the body never ran, or its task not yet):
+            # give its place back here, and a slot handed over meanwhile.
+            granted = waiting.waiter.cancel()
+            if granted is not None:
+                granted.release()
         task = self._task
         if task is not None:
             if not task.done():

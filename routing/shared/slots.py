@@ -48,10 +48,11 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from routing.core.limiter import PairSnapshot
 from routing.shared import slots_lua as lua
 from routing.shared.state import UNREACHABLE, Shared, StateUnavailable
 
-__all__ = ["Grant", "PairState", "Queued", "RedisSlots", "StateUnavailable"]
+__all__ = ["Grant", "Queued", "RedisSlots", "StateUnavailable"]
 
 log = logging.getLogger("crossbar.shared.slots")
 
@@ -77,18 +78,6 @@ class Queued:
     model: str
     position: int
     since: float = field(default_factory=time.monotonic)
-
-
-@dataclass(slots=True, frozen=True)
-class PairState:
-    """One pair across every process, for metrics and the dashboard."""
-
-    host: str
-    model: str
-    parallel: int
-    queue_max: int
-    in_flight: int
-    queued: int
 
 
 @dataclass(slots=True, eq=False)
@@ -320,13 +309,13 @@ class RedisSlots:
         """The waiter's 1-based place in its queue now; 0 when no longer queued there."""
         return int(await self._position(queued.id, pair_id(queued.host, queued.model)))
 
-    async def snapshot(self) -> list[PairState]:
+    async def snapshot(self) -> list[PairSnapshot]:
         """In flight and queued per configured pair over every process, sorted."""
         flat = await self._snapshot()
         states = []
         for i in range(0, len(flat), 5):
             host, model = split_pair(flat[i])
-            states.append(PairState(host, model, *(int(value) for value in flat[i + 1 : i + 5])))
+            states.append(PairSnapshot(host, model, *(int(value) for value in flat[i + 1 : i + 5])))
         return sorted(states, key=lambda state: (state.host, state.model))
 
     def held(self) -> int:

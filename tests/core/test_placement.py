@@ -265,6 +265,29 @@ async def test_home_busy_takes_a_slot_freed_on_another_host_after_lease_patience
     assert_nothing_held(fleet)
 
 
+async def test_a_new_conversation_that_spills_after_patience_is_leased_where_it_ran() -> None:
+    route = Route(lease_patience=SHORT)
+    fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
+    held = [fleet.occupy("gpu1"), fleet.occupy("gpu2")]
+    waiting = (newcomer := placer(fleet, route, "fresh")).now()
+    assert isinstance(waiting, Waiting) and waiting.reason is Reason.NEW
+    queued_at = waiting.host
+    task = asyncio.create_task(newcomer.wait(waiting))
+    await settle()
+
+    elsewhere = next(slot for slot in held if slot.host != queued_at)
+    elsewhere.release()
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert got.host != queued_at
+    assert (got.reason, got.lease) == (Reason.SPILLED, LeaseOutcome.NEW)
+    assert lease_of(fleet, route, "fresh") == got.host  # no cache was warm where it queued
+    got.slot.release()
+    for slot in held:
+        slot.release()
+    assert_nothing_held(fleet)
+
+
 async def test_home_queue_full_spills_at_once_to_a_free_host() -> None:
     route = Route(lease_patience=LONG)
     fleet = MemoryFleet({"gpu1": host(queue_max=0), "gpu2": host(queue_max=0)}, route)
@@ -703,8 +726,10 @@ async def _random_traffic(rng: random.Random) -> list[str]:
             wrong.append(f"the fallback's host served as the route's own: {got}")
         if got.reason == Reason.HOME and lease != got.host:
             wrong.append(f"home on {got.host}, lease on {lease}")
-        if got.reason == Reason.SPILLED and lease == got.host:
+        if got.reason == Reason.SPILLED and got.lease == LeaseOutcome.SPILLED and lease == got.host:
             wrong.append(f"spilled onto its own lease host {got.host}")
+        if got.reason == Reason.SPILLED and got.lease != LeaseOutcome.SPILLED and lease != got.host:
+            wrong.append(f"a new conversation spilled to {got.host}, lease left on {lease}")
         if got.reason in (Reason.NEW, Reason.MOVED) and lease != got.host:
             wrong.append(f"{got.reason} on {got.host}, lease on {lease}")
         held.append((got.slot, fingerprint))

@@ -8,6 +8,8 @@ from django.urls import reverse
 
 from hosts.models import Host, HostModel
 from routing.models import ConfigRevision
+from tests.conftest import free_port
+from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import add_host
 
 pytestmark = pytest.mark.django_db
@@ -245,3 +247,26 @@ def test_draining_from_the_list_tells_the_gateway(
         drain(admin_client, "start_draining", [gpu1])
 
     assert ConfigRevision.current() != before
+
+
+def test_reading_a_host_fills_its_models_and_slots_from_the_host(admin_client: Client) -> None:
+    with FakeLlamaServer(slots=3, models=("qwen-7b",)) as fake:
+        gpu1 = add_host("gpu1", fake.url, models={"old-model": (4, 8)})
+
+        message = drain(admin_client, "read_from_host", [gpu1])
+
+    models = {m.name: (m.parallel, m.queue_max) for m in gpu1.models.all()}
+    assert models == {"old-model": (4, 8), "qwen-7b": (3, 8)}
+    assert "added model qwen-7b (parallel 3)" in message
+    assert "old-model is configured; the host does not list it" in message
+
+
+def test_reading_a_host_that_does_not_answer_says_so_and_changes_nothing(
+    admin_client: Client,
+) -> None:
+    gpu1 = add_host("gpu1", f"http://127.0.0.1:{free_port()}")
+
+    message = drain(admin_client, "read_from_host", [gpu1])
+
+    assert "gpu1: cannot read it:" in message
+    assert [m.name for m in gpu1.models.all()] == ["test-model"]

@@ -53,3 +53,18 @@ def test_a_down_host_shows_why(gateway, fake, admin_user):
     wait_until(lambda: "/health answered 500" in change_page(), what="the health poll")
 
     assert "down (/health answered 500) since" in change_page()
+
+
+def test_the_host_list_warns_when_parallel_differs_from_the_hosts_own_slots(
+    gateway, fake, admin_user
+):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 4)})])  # the fake has 4
+    gateway.sync()
+    admin = signed_in(gateway)
+
+    page = wait_until(
+        lambda: (text := admin.get("/admin/hosts/host/").text) and "host has" in text and text,
+        what="a health poll that read the host's slots",
+    )
+
+    assert f"{MODEL}: parallel 2, but the host has 4 slots" in page

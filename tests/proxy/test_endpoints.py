@@ -204,3 +204,35 @@ def test_a_host_that_comes_back_serves_at_once_not_after_the_next_poll(tmp_path,
 
     assert down.status_code == 502
     assert back.status_code == 200
+
+
+def test_an_operator_reaches_one_named_host_of_the_route(gateway, fake, fake2):
+    add_route("chat", [add_host("gpu1", fake.url), add_host("gpu2", fake2.url)])
+    gateway.sync()
+
+    slots = httpx.get(f"{gateway.url}/chat/hosts/gpu2/slots")
+    metrics = httpx.get(f"{gateway.url}/chat/hosts/gpu2/metrics")
+    unknown = httpx.get(f"{gateway.url}/chat/hosts/gpu9/slots")
+    not_about_the_host = httpx.post(f"{gateway.url}/chat/hosts/gpu2/completion", json={})
+
+    assert (slots.status_code, slots.headers["x-crossbar-host"]) == (200, "gpu2")
+    assert metrics.status_code == 200 and "llamacpp:" in metrics.text
+    assert fake2.requests_to("/slots") and not fake.requests_to("/slots")
+    assert (unknown.status_code, not_about_the_host.status_code) == (404, 404)
+
+
+def test_one_hosts_own_state_needs_the_operator_token_when_one_is_set(tmp_path, fake):
+    from tests.conftest import running_gateway
+
+    add_route("chat", [add_host("gpu1", fake.url)])
+    with running_gateway(tmp_path, CROSSBAR_METRICS_TOKEN="ops-secret") as gateway:
+        gateway.sync()
+        url = f"{gateway.url}/chat/hosts/gpu1/slots"
+
+        without = httpx.get(url)
+        wrong = httpx.get(url, headers={"Authorization": "Bearer nope"})
+        right = httpx.get(url, headers={"Authorization": "Bearer ops-secret"})
+
+    assert (without.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+    assert "ops-secret" not in without.text + wrong.text
+    assert "authorization" not in fake.requests_to("/slots")[-1].headers

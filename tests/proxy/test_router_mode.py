@@ -32,9 +32,10 @@ def test_a_model_to_load_goes_where_loading_it_unloads_nothing_busy(gateway):
             add_host("gpu1", busy.url, models=MODELS, weight=3),
             add_host("gpu2", idle.url, models=MODELS),
         ]
-        add_route("chat", hosts, lease_ttl=1)  # conversations soon forgotten: only work is busy
+        add_route("chat", hosts, lease_ttl=2)  # conversations soon forgotten: only work is busy
         gateway.sync()
         assert ask(gateway.url, "other").headers["x-crossbar-host"] == "gpu1"
+        time.sleep(1.0)  # health polls (every 0.2 s here) tell the gateway "other" is loaded
         # "other" has a live conversation on gpu1: loading "small" there would unload it.
         assert ask(gateway.url, "small").headers["x-crossbar-host"] == "gpu2"
         # Now "other" is loaded on gpu1 and "small" on gpu2. Keep "other" busy on gpu1:
@@ -44,7 +45,7 @@ def test_a_model_to_load_goes_where_loading_it_unloads_nothing_busy(gateway):
         )
         holding.start()
         wait_until(lambda: busy.in_flight == 1, what="a request running on gpu1")
-        time.sleep(1.2)  # the leases expire; health polls tell the gateway what is loaded where
+        time.sleep(2.2)  # the leases expire; health polls tell the gateway what is loaded where
 
         placed = ask(gateway.url, "large")
         holding.join()

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 import redis.asyncio as aioredis
 
-from routing.shared.slots import Grant, PairState, Queued, RedisSlots
+from routing.core.limiter import PairSnapshot
+from routing.shared.slots import Grant, Queued, RedisSlots
 from routing.shared.state import Shared, StateUnavailable
 from tests.shared.conftest import LONG, RedisServer, eventually, holding_process
 
@@ -61,7 +62,7 @@ async def queued_at(
     return placed
 
 
-async def state(slots: RedisSlots, host: str = "h1", model: str = "m") -> PairState:
+async def state(slots: RedisSlots, host: str = "h1", model: str = "m") -> PairSnapshot:
     return next(s for s in await slots.snapshot() if (s.host, s.model) == (host, model))
 
 
@@ -76,7 +77,7 @@ async def test_a_free_slot_is_granted_then_requests_queue_then_the_next_is_refus
         assert isinstance(first, Grant) and (first.host, first.model) == ("h1", "m")
         assert isinstance(second, Queued) and second.position == 1
         assert third is None
-        assert await state(a) == PairState("h1", "m", 1, 1, in_flight=1, queued=1)
+        assert await state(a) == PairSnapshot("h1", "m", 1, 1, in_flight=1, queued=1)
         assert await b.cancel(second) is None
         await a.release(first)
 
@@ -92,7 +93,7 @@ async def test_a_release_in_one_process_hands_the_slot_to_a_waiter_in_the_other(
         grant = await asyncio.wait_for(waiting, LONG)
 
         assert (grant.host, grant.model, grant.id) == ("h1", "m", queued.id)
-        assert await state(a) == PairState("h1", "m", 1, 4, in_flight=1, queued=0)
+        assert await state(a) == PairSnapshot("h1", "m", 1, 4, in_flight=1, queued=0)
         await b.release(grant)
         assert (await state(b)).in_flight == 0
 
@@ -120,7 +121,7 @@ async def test_waiters_are_granted_in_arrival_order_across_processes(redis_url):
             await tasks[task].release(task.result())
 
         assert order == [queued.id for _, queued in arrivals]
-        assert await state(a) == PairState("h1", "m", 1, 6, in_flight=0, queued=0)
+        assert await state(a) == PairSnapshot("h1", "m", 1, 6, in_flight=0, queued=0)
 
 
 async def test_place_takes_the_first_free_pair_in_order_else_queues_on_the_first_with_room(
@@ -256,7 +257,7 @@ async def test_cancel_gives_the_place_back_and_a_newcomer_takes_it(redis_url):
         assert isinstance(again, Queued) and again.position == 1
         await a.cancel(again)
         await a.release(held)
-        assert await state(a) == PairState("h1", "m", 1, 1, in_flight=0, queued=0)
+        assert await state(a) == PairSnapshot("h1", "m", 1, 1, in_flight=0, queued=0)
 
 
 async def test_a_grant_landing_as_the_wait_is_cancelled_comes_back_from_cancel(redis_url):
@@ -276,7 +277,7 @@ async def test_a_grant_landing_as_the_wait_is_cancelled_comes_back_from_cancel(r
         assert isinstance(late, Grant) and late.id == queued.id
         assert (await state(a)).in_flight == 1
         await b.release(late)
-        assert await state(a) == PairState("h1", "m", 1, 2, in_flight=0, queued=0)
+        assert await state(a) == PairSnapshot("h1", "m", 1, 2, in_flight=0, queued=0)
         fresh = await a.place([("h1", "m")])
         assert isinstance(fresh, Grant)
         await a.release(fresh)
@@ -371,7 +372,7 @@ async def test_a_killed_process_slot_goes_to_the_next_waiter_within_its_expiry(r
 
         assert grant.id == queued.id
         await slots.release(grant)
-        assert await state(slots) == PairState("h1", "m", 1, 4, in_flight=0, queued=0)
+        assert await state(slots) == PairSnapshot("h1", "m", 1, 4, in_flight=0, queued=0)
 
 
 async def test_a_stopped_redis_gives_a_clear_error_and_after_its_restart_nothing_is_leaked(

@@ -15,6 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import models, transaction
 
+from hosts.describe import Unreachable, read_host
 from hosts.models import Host, HostModel
 from routing.config.diff import (
     OPERATIONAL,
@@ -24,6 +25,7 @@ from routing.config.diff import (
     kept_draining,
     not_named,
 )
+from routing.config.discover import proposed_host
 from routing.config.toml import api_key_problems, dump_config, parse_config
 from routing.config.validation import (
     HostSpec,
@@ -67,6 +69,16 @@ class Command(BaseCommand):
             "does).",
         )
         actions.add_parser("dump", help="Print the configuration as TOML that `load` reads.")
+        discover = actions.add_parser(
+            "discover",
+            help="Ask llama-servers what they serve and print them as TOML hosts for `load`.",
+        )
+        discover.add_argument("urls", nargs="+", metavar="URL")
+        discover.add_argument(
+            "--api-key-env",
+            default="",
+            help="The environment variable holding the hosts' API key, if they need one.",
+        )
         check = actions.add_parser(
             "check", help="Report problems of the database, or of FILE on its own."
         )
@@ -82,6 +94,8 @@ class Command(BaseCommand):
             )
         if action == "dump":
             return self.dump_database()
+        if action == "discover":
+            return self.discover(list(options["urls"]), str(options["api_key_env"]))
         return self.check_config(options["file"] and str(options["file"]))
 
     def load_file(self, path: str, prune: bool, dry_run: bool, if_changed: bool) -> str:
@@ -113,6 +127,19 @@ class Command(BaseCommand):
         hosts, routes = config_from_db()
         admin_keys = Host.objects.exclude(api_key="").filter(api_key_env="")
         return dump_config(hosts, routes, set(admin_keys.values_list("name", flat=True)))
+
+    def discover(self, urls: list[str], api_key_env: str) -> str:
+        api_key = os.environ.get(api_key_env, "") if api_key_env else ""
+        hosts = []
+        for url in urls:
+            try:
+                described = read_host(url, api_key)
+            except Unreachable as exc:
+                raise CommandError(f"cannot discover {url}: {exc}") from None
+            host = proposed_host(url, described)
+            host.api_key_env = api_key_env
+            hosts.append(host)
+        return dump_config(hosts, [])
 
     def check_config(self, path: str | None) -> str:
         if path:

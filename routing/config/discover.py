@@ -1,0 +1,61 @@
+"""A host's configuration from the host itself: `crossbar_config discover URL` and the host
+admin's "Read from host".
+
+Asks the llama-server at a URL for `/props` and `/v1/models` (`hosts.describe` reads them) and
+proposes the host as the configuration would hold it: each model it lists, with `parallel` =
+its `total_slots` (a router-mode host says no slot count: the default then) and the default
+`queue_max`. Blocking I/O: call from a management command or an admin view's thread.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from hosts.describe import Described
+from hosts.models import HostModel
+from routing.config.validation import HostSpec, ModelSpec
+
+_NOT_A_SLUG = re.compile(r"[^-a-zA-Z0-9_]+")
+
+
+def proposed_host(url: str, described: Described, name: str = "") -> HostSpec:
+    """The host's spec: `name` (else one made from the URL), each listed model."""
+    parallel = described.slots or _default("parallel")
+    models = [
+        ModelSpec(name=model, upstream_name="", parallel=parallel, queue_max=_default("queue_max"))
+        for model in described.models
+    ]
+    return HostSpec(
+        name=name or host_name(url),
+        url=url.rstrip("/"),
+        weight=1.0,
+        enabled=True,
+        draining=False,
+        api_key_env="",
+        notes=_notes(described),
+        models=models,
+    )
+
+
+def host_name(url: str) -> str:
+    """A host name (a slug) made from a URL: `http://gpu1:8080` -> `gpu1-8080`."""
+    parts = urlsplit(url)
+    raw = f"{parts.hostname or 'host'}-{parts.port}" if parts.port else parts.hostname or "host"
+    return _NOT_A_SLUG.sub("-", raw).strip("-")[:64] or "host"
+
+
+def _notes(described: Described) -> str:
+    said = []
+    if described.router:
+        said.append(f"router mode, at most {described.max_models or '?'} models loaded")
+    if described.n_ctx:
+        said.append(f"n_ctx {described.n_ctx} per slot")
+    if described.model_path:
+        said.append(described.model_path)
+    return "; ".join(said)
+
+
+def _default(field: str) -> int:
+    value = HostModel._meta.get_field(field).get_default()
+    return int(value)
