@@ -1107,9 +1107,9 @@ def test_each_router_model_has_its_own_slots():
         ),
     ],
 )
-def test_bad_options_are_refused_with_a_clear_message(options: dict[str, object], message: str):
+def test_bad_options_are_refused_with_a_clear_message(options: dict[str, Any], message: str):
     with pytest.raises(ValueError, match=message):
-        FakeLlamaServer(**options)  # type: ignore[arg-type]
+        FakeLlamaServer(**options)
 
 
 def _free_port() -> int:

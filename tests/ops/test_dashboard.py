@@ -211,7 +211,7 @@ async def test_drain_and_undrain_from_the_socket_reach_the_database_and_every_da
     await mine.send_json_to({"type": "drain", "host": "gpu1", "on": False})
     await receive_until(mine, lambda m: (h := host_in(m, "gpu1")) and not h["draining"])
 
-    assert host_in(drained, "gpu1")["draining"] is True  # type: ignore[index]
+    assert host_in(drained, "gpu1")["draining"] is True  # type: ignore[index]  # None fails the test
     assert notice["text"] == "ops started draining gpu1."
     assert in_db is True
     assert await sync_to_async(lambda: Host.objects.get(name="gpu1").draining)() is False
@@ -373,5 +373,5 @@ async def test_host_cards_give_the_last_five_minutes_and_the_down_reason(connect
     assert card["codes"] == {"http_502": 1}
     assert card["cache_hit"] == 0.9 and card["cold"] == 0
     assert 100 < card["ttfb_p50"] <= 125
-    reason = host_in(message, "gpu-card")["reason"]  # type: ignore[index]
+    reason = host_in(message, "gpu-card")["reason"]  # type: ignore[index]  # None fails the test
     assert reason.startswith("/health: ConnectError")

@@ -125,7 +125,7 @@ async def holding_process(url: str, *what: str) -> AsyncIterator[asyncio.subproc
         stdout=subprocess.PIPE,
     )  # fmt: skip
     try:
-        said = await asyncio.wait_for(holder.stdout.readline(), LONG)  # type: ignore[union-attr]
+        said = await asyncio.wait_for(holder.stdout.readline(), LONG)  # type: ignore[union-attr]  # stdout=PIPE
         assert said.strip() == b"held", said
         yield holder
     finally:
