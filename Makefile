@@ -35,6 +35,7 @@ endif
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy .
 
 test: lint
 	$(PY) -m pytest

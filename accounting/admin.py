@@ -33,8 +33,9 @@ class StatusClassFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Request]) -> QuerySet[Request]:
-        if self.value() in self.RANGES:
-            return queryset.filter(status__range=self.RANGES[self.value()])
+        value = self.value()
+        if value is not None and value in self.RANGES:
+            return queryset.filter(status__range=self.RANGES[value])
         return queryset
 
 
@@ -47,7 +48,7 @@ class PeriodProbingQuerySet(QuerySet[Request]):
     start of the next period" instead costs one index seek per period shown (31 at most).
     """
 
-    def datetimes(  # type: ignore[override]
+    def datetimes(  # type: ignore[override]  # a list, not a QuerySet: the date hierarchy only iterates it
         self, field_name: str, kind: str, order: str = "ASC", tzinfo: tzinfo | None = None
     ) -> list[datetime]:
         zone = tzinfo or timezone.get_current_timezone()

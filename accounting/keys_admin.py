@@ -8,7 +8,7 @@ the POST that issued it (sent with `Cache-Control: no-store`), and hashed in the
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.apps import apps
@@ -53,7 +53,7 @@ class ClientKeyForm(forms.ModelForm):
         names = list(route_model.objects.order_by("name").values_list("name", flat=True))
         stored = self.instance.route_names if self.instance.pk else []
         missing = [name for name in stored if name not in names]
-        field = self.fields["routes"]
+        field = cast(forms.MultipleChoiceField, self.fields["routes"])  # declared above
         field.choices = [(name, name) for name in names] + [
             (name, f"{name} (no such route)") for name in missing
         ]
@@ -118,11 +118,11 @@ class ClientKeyAdmin(admin.ModelAdmin):
 
     @admin.display(description="last used", ordering="last_used")
     def last_used_at(self, key: ClientKey) -> str:
-        return moment(key.last_used) if key.last_used else "never"  # type: ignore[attr-defined]
+        return moment(key.last_used) if key.last_used else "never"  # type: ignore[attr-defined]  # annotated by get_queryset
 
     @admin.display(description="requests (24 h)", ordering="requests_24h")
     def requests_24h(self, key: ClientKey) -> int:
-        return key.requests_24h  # type: ignore[attr-defined]
+        return key.requests_24h  # type: ignore[attr-defined]  # annotated by get_queryset
 
     # -- the first enabled key turns authentication on ----------------------------------------
 
@@ -152,7 +152,10 @@ class ClientKeyAdmin(admin.ModelAdmin):
         form = self.get_form(request, key, change=key is not None)(request.POST, instance=key)
         if was_enabled or not form.is_valid() or not form.cleaned_data["enabled"]:
             return None
-        if ClientKey.objects.filter(enabled=True).exclude(pk=key.pk if key else None).exists():
+        others = ClientKey.objects.filter(enabled=True)
+        if key is not None:
+            others = others.exclude(pk=key.pk)
+        if others.exists():
             return None
         since = timezone.now() - timedelta(hours=24)
         context = {
@@ -178,7 +181,7 @@ class ClientKeyAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: ClientKey, form: Any, change: bool) -> None:
         if not change:
             # Kept on the instance only until response_add renders it.
-            obj._issued_key = obj.issue_key()  # type: ignore[attr-defined]
+            obj._issued_key = obj.issue_key()  # type: ignore[attr-defined]  # transient, not a field
         super().save_model(request, obj, form, change)
 
     def response_add(

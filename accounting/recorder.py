@@ -72,7 +72,7 @@ _FIELDS = tuple(f.name for f in fields(RequestRecord))
 _MAX_LENGTHS = {
     f.name: f.max_length
     for f in Request._meta.get_fields()
-    if isinstance(f, models.CharField) and f.name in _FIELDS
+    if isinstance(f, models.CharField) and f.name in _FIELDS and f.max_length is not None
 }
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from itertools import compress, islice
+from itertools import islice
 from operator import itemgetter
 from typing import Any
 
@@ -125,14 +125,18 @@ def _summary(
     lease: list[str],
 ) -> dict[str, Any]:
     statuses = Counter(status)
-    # Per row: are both counts known (for cache_hit), is there a generation time (tok_per_s)?
-    both_known = [p is not None and c is not None for p, c in zip(prompt, cached, strict=True)]
-    timed = [
-        s and n is not None and h is not None
-        for s, n, h in zip(streamed, completion, ttfb, strict=True)
+    # The rows where both counts are known (for cache_hit), and the streamed rows with a
+    # generation time (tok_per_s): (completion, ttfb, total) each.
+    both_known = [
+        (p, c) for p, c in zip(prompt, cached, strict=True) if p is not None and c is not None
     ]
-    ratio_prompt = sum(compress(prompt, both_known))
-    stream_ms = sum(compress(total, timed)) - sum(compress(ttfb, timed))
+    timed = [
+        (n, h, t)
+        for s, n, h, t in zip(streamed, completion, ttfb, total, strict=True)
+        if s and n is not None and h is not None
+    ]
+    ratio_prompt = sum(p for p, _ in both_known)
+    stream_ms = sum(t for _, _, t in timed) - sum(h for _, h, _ in timed)
     queued, totals = sorted(queued), sorted(total)
     heads = sorted(v for v in ttfb if v is not None)
     # sum(filter(None, ...)) skips unknown counts (and zeros, which add nothing).
@@ -152,9 +156,9 @@ def _summary(
         "completion_tokens": sum(filter(None, completion)),
         "cold_turns": sum(map(is_cold_turn, lease, prompt, cached)),
         "cache_hit": (
-            round(sum(compress(cached, both_known)) / ratio_prompt, 4) if ratio_prompt else None
+            round(sum(c for _, c in both_known) / ratio_prompt, 4) if ratio_prompt else None
         ),
         "tok_per_s": (
-            round(sum(compress(completion, timed)) * 1000 / stream_ms, 1) if stream_ms else None
+            round(sum(n for n, _, _ in timed) * 1000 / stream_ms, 1) if stream_ms else None
         ),
     }

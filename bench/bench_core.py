@@ -13,7 +13,7 @@ import asyncio
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,20 +26,22 @@ def main() -> None:
 
 
 async def run() -> None:
-    from routing.core.choose import Candidate, best
+    from routing.core.choose import Candidate, ranked
     from routing.core.fingerprint import fingerprint
     from routing.core.leases import LeaseKey, LeaseTable
-    from routing.core.limiter import Limiter
+    from routing.core.limiter import Limiter, Slot
 
     limiter = Limiter()
     limiter.configure("h1", "qwen", parallel=4, queue_max=4)
+    pairs = [("h1", "qwen")]
 
-    async def acquire_release(iterations: int) -> None:
+    def place_release(iterations: int) -> None:
         for _ in range(iterations):
-            slot = await limiter.acquire("h1", "qwen")
+            slot = limiter.place(pairs)
+            assert isinstance(slot, Slot), "an idle pair has a free slot"
             slot.release()
 
-    await report_async("uncontended acquire+release", acquire_release, 200_000)
+    report("uncontended place+release", place_release, 200_000)
 
     rng = random.Random(7)
     candidates = [
@@ -58,25 +60,26 @@ async def run() -> None:
 
     def choose(iterations: int) -> None:
         for _ in range(iterations):
-            best(candidates)
+            ranked(candidates)
 
-    report("choice among 64 hosts", choose, 50_000)
+    report("ranking of 64 hosts", choose, 50_000)
 
     table = LeaseTable(max_entries=100_000)
     keys = [LeaseKey("chat", f"{number:064x}", "qwen") for number in range(100_000)]
     hosts = [candidate.host for candidate in candidates]
     for number, key in enumerate(keys):
-        host = hosts[number % len(hosts)]
-        await table.lease(key, ttl=1_200, strict=False, usable=bool, choose=lambda h=host: h)
+        table.keep(key, hosts[number % len(hosts)], ttl=1_200)
     probes = [rng.choice(keys) for _ in range(4_096)]
 
-    async def reused_lease(iterations: int) -> None:
+    def reused_lease(iterations: int) -> None:
+        # As placement does for a returning conversation: find its host, then slide the lease.
         for number in range(iterations):
-            await table.lease(
-                probes[number & 4_095], ttl=1_200, strict=False, usable=bool, choose=nobody
-            )
+            key = probes[number & 4_095]
+            host = table.find(key)
+            assert host is not None, "every probed key holds a lease"
+            table.keep(key, host, ttl=1_200)
 
-    await report_async("lease lookup (reused), 100,000 leases", reused_lease, 200_000)
+    report("lease lookup (reused), 100,000 leases", reused_lease, 200_000)
 
     conversation = {
         "model": "qwen",
@@ -95,26 +98,11 @@ async def run() -> None:
     report("fingerprint, 100-message conversation", name_conversation, 50_000)
 
 
-def nobody() -> str | None:
-    raise AssertionError("a reused lease must not choose")
-
-
 def report(name: str, operations: Callable[[int], None], iterations: int) -> None:
     best_seconds = float("inf")
     for _ in range(REPEATS):
         started = time.perf_counter()
         operations(iterations)
-        best_seconds = min(best_seconds, time.perf_counter() - started)
-    print_line(name, best_seconds, iterations)
-
-
-async def report_async(
-    name: str, operations: Callable[[int], Awaitable[None]], iterations: int
-) -> None:
-    best_seconds = float("inf")
-    for _ in range(REPEATS):
-        started = time.perf_counter()
-        await operations(iterations)
         best_seconds = min(best_seconds, time.perf_counter() - started)
     print_line(name, best_seconds, iterations)
 

@@ -215,7 +215,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     path = RESULTS / f"idle-queue-{stamp}.json"
-    document = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine()}
+    document: dict[str, object] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
     document |= {"load_average_before": load, "runs": runs}
     path.write_text(json.dumps(document, indent=1))
     print(f"results: {path.relative_to(ROOT)}; {time.monotonic() - started:.0f} s in all")

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,7 +87,7 @@ def insert(count: int) -> None:
     started_field = Request._meta.get_field("started")
     rows = synthetic_rows(count, lambda moment: started_field.get_db_prep_value(moment, connection))
     with transaction.atomic(), connection.cursor() as cursor:
-        batch: list[tuple[object, ...]] = []
+        batch: list[tuple[Any, ...]] = []
         for row in rows:
             batch.append(row)
             if len(batch) == 10_000:
@@ -96,8 +97,9 @@ def insert(count: int) -> None:
 
 
 def synthetic_rows(
-    count: int, prepare: Callable[[datetime], object]
-) -> Iterator[tuple[object, ...]]:
+    count: int, prepare: Callable[[datetime], Any]
+) -> Iterator[tuple[Any, ...]]:
+    """`count` rows of `COLUMNS`' values as the database takes them (`prepare`: `started`'s)."""
     rng = random.Random(5)
     end = datetime.now(UTC)
     first = end - timedelta(hours=23)

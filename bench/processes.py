@@ -84,11 +84,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+def wait_for(
+    url: str, process: subprocess.Popen[bytes], name: str, log: Path, timeout: float
+) -> None:
+    """Wait until `url` answers 200; exit when the process (`name`) ends first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            sys.exit(f"{process.args[0]} exited at start; its log ({log}):\n{log.read_text()}")
+            sys.exit(f"{name} exited at start; its log ({log}):\n{log.read_text()}")
         with contextlib.suppress(OSError):
             with urllib.request.urlopen(url, timeout=1) as response:
                 if response.status == 200:
@@ -123,7 +126,7 @@ def serving(
             command, cwd=cwd or log.parent, env=env, stdout=output, stderr=subprocess.STDOUT
         )
         try:
-            wait_for(url + ready_path, process, log, timeout)
+            wait_for(url + ready_path, process, command[0], log, timeout)
             yield Server(url, process.pid, log)
         finally:
             process.terminate()

@@ -183,7 +183,8 @@ def print_targets(targets: list[Target], reports: dict[str, dict]) -> None:
         floor_target = reference_floor(target, targets)
         floor = reports[floor_target.label] if floor_target else None
         print(
-            f"\ntargets for {target.label}" + (f" (floor: {floor_target.label})" if floor else "")
+            f"\ntargets for {target.label}"
+            + (f" (floor: {floor_target.label})" if floor_target and floor else "")
         )
         for concurrency in (8, 32):
             mine = phase(report, concurrency)["cpu_ms_per_request"]
@@ -235,7 +236,8 @@ def _baseline(target: Target, targets: list[Target]) -> Target | None:
     as it runs today, so that a lever of another server is judged against it too."""
     candidates = [t for t in targets if t.kind == "crossbar" and t.rev and not t.levers]
     same = [t for t in candidates if t.server == target.server]
-    return (same or candidates or [None])[0]
+    pool = same or candidates
+    return pool[0] if pool else None
 
 
 def _verdict(label: str, value: float, sense: str, limit: float, shown: str) -> None:

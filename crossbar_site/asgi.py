@@ -38,7 +38,7 @@ gateway_app = GatewayHandler()
 site_with_static = ASGIStaticFilesHandler(site_app)
 
 
-_in_flight: set[asyncio.Task] = set()  # HTTP requests being served, for a clean shutdown
+_in_flight: set[asyncio.Task[None]] = set()  # HTTP requests being served, for a clean shutdown
 
 
 def _names_a_route(scope: dict[str, Any]) -> bool:
@@ -46,21 +46,21 @@ def _names_a_route(scope: dict[str, Any]) -> bool:
     return any(name == b"x-crossbar-route" for name, _ in scope["headers"])
 
 
-async def http_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     path: str = scope["path"]
     site = path.startswith(SITE_PREFIXES) and not (
         path == "/metrics" and _names_a_route(scope)
     )
     app = site_with_static if site else gateway_app
     task = asyncio.current_task()
-    _in_flight.add(task)  # type: ignore[arg-type]
+    _in_flight.add(task)  # type: ignore[arg-type]  # a server runs each request as a Task
     try:
         await app(scope, receive, send)
     finally:
-        _in_flight.discard(task)  # type: ignore[arg-type]
+        _in_flight.discard(task)  # type: ignore[arg-type]  # a server runs each request as a Task
 
 
-async def lifespan(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Startup and shutdown under servers that send them (uvicorn with `--lifespan on`).
 
     uvicorn ends the process by re-raising SIGTERM after its graceful stop, so `atexit` (where

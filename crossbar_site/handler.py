@@ -14,12 +14,14 @@ Django's request handling: the URLconf, the view, the disconnect watch, `send_re
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
+from django.http import HttpRequest, HttpResponseBase
 from django.urls import set_script_prefix, set_urlconf
 
 from routing.proxy.respond import StreamedResponse
@@ -29,10 +31,14 @@ class GatewayHandler(ASGIHandler):
     """Django's ASGI handler with no middleware, no per-request thread and no signals."""
 
     def load_middleware(self, is_async: bool = False) -> None:
-        self._view_middleware = []
-        self._template_response_middleware = []
-        self._exception_middleware = []
-        get_response = self._get_response_async if is_async else self._get_response
+        self._view_middleware: list[Callable[..., Any]] = []
+        self._template_response_middleware: list[Callable[..., Any]] = []
+        self._exception_middleware: list[Callable[..., Any]] = []
+        get_response = (
+            self._get_response_async  # type: ignore[attr-defined]  # django-stubs omits BaseHandler's private methods
+            if is_async
+            else self._get_response  # type: ignore[attr-defined]  # django-stubs omits BaseHandler's private methods
+        )
         self._middleware_chain = convert_exception_to_response(get_response)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -53,11 +59,12 @@ class GatewayHandler(ASGIHandler):
         set_script_prefix(get_script_prefix(scope))
         request, error_response = self.create_request(scope, body_file)
         if request is None:
+            assert error_response is not None, "create_request returns a request or a response"
             body_file.close()
             await self.send_response(error_response, send)
             return
 
-        async def head_first(message: dict[str, Any]) -> None:
+        async def head_first(message: Mapping[str, Any]) -> None:
             await send(message)
             if message["type"] == "http.response.start":
                 # daphne writes a head only with the first body bytes; an empty body message
@@ -90,8 +97,9 @@ class GatewayHandler(ASGIHandler):
                     pass
             body_file.close()
 
-    async def get_response_async(self, request):  # type: ignore[no-untyped-def]
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         # Django's version also logs every 4xx/5xx answer through a worker thread; the proxy
         # logs one line per request itself, so that would be a second line and a thread hop.
         set_urlconf(settings.ROOT_URLCONF)
-        return await self._middleware_chain(request)
+        # ASGIHandler loads its middleware with is_async=True, so the chain returns awaitables.
+        return await cast(Awaitable[HttpResponseBase], self._middleware_chain(request))

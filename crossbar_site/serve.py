@@ -211,12 +211,11 @@ class GatewayServer(Server):
         if self.adopted is not None:
             # daphne listens on endpoint strings only, whose "fd:" form cannot say IPv6 (and
             # scans Twisted's plugins): the supervisor's socket is listened on directly.
-            self.endpoints = []
-            reactor.callLater(0, self._listen_adopted)
+            self.endpoints: list[str] = []
+            reactor.callLater(0, self._listen_adopted, *self.adopted)
         super().run()
 
-    def _listen_adopted(self) -> None:
-        fd, family = self.adopted  # type: ignore[misc]
+    def _listen_adopted(self, fd: int, family: int) -> None:
         listening = AdoptedStreamServerEndpoint(reactor, fd, family).listen(self.http_factory)
         listening.addCallback(self.listen_success)
         listening.addErrback(self.listen_error)
@@ -225,7 +224,7 @@ class GatewayServer(Server):
         super().listen_success(port)
         self.ports.append(port)
         address = port.getHost()
-        log.info("listening on http://%s:%s", address.host, address.port)
+        log.info("listening on http://%s:%s", address.host, address.port)  # type: ignore[attr-defined]  # a TCP port's IAddress is an IPv4Address or IPv6Address
 
     def _counting(self, application: Any) -> Any:
         async def counted(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -289,10 +288,10 @@ class GatewayServer(Server):
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signal.Signals(signum).name)
         if self.lifeline is not None:
-            loop.add_reader(self.lifeline, self._supervisor_gone)
+            loop.add_reader(self.lifeline, self._supervisor_gone, self.lifeline)
 
-    def _supervisor_gone(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.lifeline)  # type: ignore[arg-type]
+    def _supervisor_gone(self, lifeline: int) -> None:
+        asyncio.get_running_loop().remove_reader(lifeline)
         self._on_signal("the supervisor is gone")
 
     def _on_signal(self, name: str) -> None:

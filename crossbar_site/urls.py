@@ -20,7 +20,7 @@ _FAVICON = "crossbar/favicon.ico"
 
 @cache
 def _favicon_bytes() -> bytes:
-    return Path(finders.find(_FAVICON)).read_bytes()  # type: ignore[arg-type]
+    return Path(finders.find(_FAVICON)).read_bytes()  # type: ignore[arg-type]  # None only if crossbar_site/static lost the icon
 
 
 def favicon(request: HttpRequest) -> HttpResponse:

@@ -41,7 +41,9 @@ class HostForm(forms.ModelForm):
         )
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        super().clean()
+        # ModelForm.clean() returns cleaned_data itself; the stubs type it Optional.
+        cleaned = self.cleaned_data
         new_key, clear = cleaned.get("api_key"), cleaned.get("clear_api_key")
         if new_key and clear:
             raise forms.ValidationError("Type a new API key or clear it, not both.")

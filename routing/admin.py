@@ -37,7 +37,8 @@ class RouteHostFormSet(BaseInlineFormSet):
         kept = [
             (form.cleaned_data.get("position") or 0, index, form.cleaned_data["host"].name)
             for index, form in enumerate(self.forms)
-            if form.cleaned_data.get("host") and not self._should_delete_form(form)
+            if form.cleaned_data.get("host")
+            and not self._should_delete_form(form)  # type: ignore[attr-defined]  # django-stubs omits BaseFormSet._should_delete_form
         ]
         hosts = [name for _, _, name in sorted(kept)]
         if errors := errors_introduced(
@@ -99,7 +100,7 @@ class RouteAdmin(admin.ModelAdmin):
         if obj is not None and "fallback" in form.base_fields:
             # A route falling back to itself is refused anyway; do not offer it.
             field = form.base_fields["fallback"]
-            field.queryset = field.queryset.exclude(pk=obj.pk)  # type: ignore[attr-defined]
+            field.queryset = field.queryset.exclude(pk=obj.pk)  # type: ignore[attr-defined]  # a ForeignKey's form field: ModelChoiceField
         return form
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
@@ -153,8 +154,8 @@ class ConfigFileLoadAdmin(admin.ModelAdmin):
     list_display_links = ["loaded_at"]
     search_fields = ["path", "summary"]
     ordering = ["-loaded", "-pk"]
-    fields = ["loaded_at", "path", "sha256", "summary"]
-    readonly_fields = fields
+    # One tuple for both: a list would be invariant against the two attributes' stub types.
+    fields = readonly_fields = ("loaded_at", "path", "sha256", "summary")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -103,7 +103,9 @@ class Route(models.Model):
         help_text="Let clients load and unload models on router-mode hosts (/models/load, "
         "/models/unload). Off: only operators, from the host admin.",
     )
-    hosts = models.ManyToManyField(Host, through="RouteHost", related_name="routes")
+    hosts: models.ManyToManyField[Host, RouteHost] = models.ManyToManyField(
+        Host, through="RouteHost", related_name="routes"
+    )
 
     class Meta:
         ordering = ["name"]

@@ -109,9 +109,9 @@ class Runtime:
                 self.limiter.configure(host.name, model.name, model.parallel, model.queue_max)
         for host in old.hosts.values():
             current = fleet.hosts.get(host.name)
-            for model in host.models:
-                if current is None or model not in current.models:
-                    self.limiter.remove(host.name, model)
+            for model_name in host.models:
+                if current is None or model_name not in current.models:
+                    self.limiter.remove(host.name, model_name)
             if current is None or current.url != host.url:
                 # Gone, or another machine under the same name: its caches hold nothing of ours.
                 self.leases.drop_host(host.name)
@@ -161,7 +161,7 @@ class Runtime:
                     poll_once(self.client, probe, self.health, timeout)
                 )
                 self._probing[name] = probing
-                probing.add_done_callback(lambda _, name=name: self._probing.pop(name, None))
+                probing.add_done_callback(lambda _, name=name: self._probing.pop(name, None))  # type: ignore[misc]  # mypy cannot infer a lambda with a default argument
             waits.append(probing)
         if waits:
             await asyncio.wait(waits)

@@ -9,6 +9,7 @@ usually a sync admin thread.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
@@ -52,5 +53,5 @@ def config_changed() -> None:
 @receiver(post_delete, sender=Route)
 @receiver(post_delete, sender=RouteHost)
 @receiver(post_delete, sender=ClientKey)
-def _config_changed(**kwargs: object) -> None:
-    transaction.on_commit(config_changed, using=kwargs.get("using"))  # type: ignore[arg-type]
+def _config_changed(**kwargs: Any) -> None:
+    transaction.on_commit(config_changed, using=kwargs.get("using"))

@@ -27,7 +27,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
     """Poll until `predicate()` is truthy and return it; fail the test after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -127,7 +127,7 @@ def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
 
 
 @pytest.fixture(scope="session")
-def gateway(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Gateway]:  # type: ignore[no-untyped-def]
+def gateway(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Gateway]:
     """One gateway for the whole session; each test's fleet reaches it through `sync()`."""
     with django_db_blocker.unblock():
         log_dir = tmp_path_factory.mktemp("gateway")
@@ -149,7 +149,7 @@ def fake2() -> Iterator[FakeLlamaServer]:
 
 
 @pytest.fixture
-def ledger(request, gateway):  # type: ignore[no-untyped-def]
+def ledger(request, gateway):
     """Counts the test's requests to `gateway`; when the test passes, checks that the gateway
     holds no slot or queue place and wrote exactly one row per request (tests/invariants.py)."""
     from tests.invariants import Ledger
@@ -162,7 +162,7 @@ def ledger(request, gateway):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(autouse=True)
-def _gateway_log_on_failure(request):  # type: ignore[no-untyped-def]
+def _gateway_log_on_failure(request):
     yield
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed and "gateway" in request.fixturenames:
@@ -184,13 +184,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+def pytest_runtest_makereport(item, call):
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
 
 
-def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
+def pytest_sessionfinish(session, exitstatus):
     """Remove the SQLite test database's WAL files, which Django's teardown leaves behind."""
     from django.conf import settings
 

@@ -90,7 +90,7 @@ class Ledger:
         with self._lock:
             self.count += n
 
-    def rows(self):  # type: ignore[no-untyped-def]
+    def rows(self):
         """The rows of requests that arrived since the ledger opened."""
         return Request.objects.filter(started__gte=self.started)
 

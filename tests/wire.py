@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -15,7 +16,7 @@ class Answer:
     headers: dict[str, str]  # lower-case names
     body: bytes
 
-    def json(self) -> object:
+    def json(self) -> Any:
         return json.loads(self.body)
 
 
@@ -46,10 +47,12 @@ def send(
     target: bytes,
     body: bytes = b"",
     headers: dict[bytes, bytes] | None = None,
-    **options: object,
+    *,
+    rcvbuf: int | None = None,
+    timeout: float = 30.0,
 ) -> socket.socket:
     """Connect and send one request as written; the socket is left open for the answer."""
-    sock = connect(url, **options)  # type: ignore[arg-type]
+    sock = connect(url, rcvbuf=rcvbuf, timeout=timeout)
     sock.sendall(request_bytes(method, target, body, headers))
     return sock
 
@@ -71,9 +74,9 @@ def read_answer(sock: socket.socket) -> Answer:
     return Answer(int(status_line.split(" ")[1]), headers, body)
 
 
-def exchange(url: str, method: bytes, target: bytes, body: bytes = b"", **kw: object) -> Answer:
-    """Send one request as written and read its whole answer."""
-    return read_answer(send(url, method, target, body, **kw))  # type: ignore[arg-type]
+def exchange(url: str, method: bytes, target: bytes, body: bytes = b"", **kw: Any) -> Answer:
+    """Send one request as written and read its whole answer (`kw`: `send`'s)."""
+    return read_answer(send(url, method, target, body, **kw))
 
 
 def _unchunk(data: bytes) -> bytes:

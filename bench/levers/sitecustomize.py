@@ -25,7 +25,8 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 
-def _aiohttp(module: ModuleType) -> None:
+# A patch's module is Any: it sets names ModuleType does not declare.
+def _aiohttp(module: Any) -> None:
     import floor_app  # bench/, in PYTHONPATH beside this directory
 
     original = module.httpx
@@ -42,7 +43,7 @@ def _notee(module: ModuleType) -> None:
     module.Tee.feed = lambda self, chunk: None
 
 
-def _noaccounting(module: ModuleType) -> None:
+def _noaccounting(module: Any) -> None:
     class _NoRecorder:
         def record(self, row: object) -> None:
             pass
@@ -80,7 +81,7 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
             for patch in patches:
                 patch(module)
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # this loader runs the patches
         return spec
 
 

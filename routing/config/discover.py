@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
+from django.db import models
+
 from hosts.describe import Described
 from hosts.models import HostModel
 from routing.config.validation import HostSpec, ModelSpec
@@ -57,5 +59,6 @@ def _notes(described: Described) -> str:
 
 
 def _default(field: str) -> int:
-    value = HostModel._meta.get_field(field).get_default()
-    return int(value)
+    model_field = HostModel._meta.get_field(field)
+    assert isinstance(model_field, models.Field), f"HostModel.{field} is not a plain field"
+    return int(model_field.get_default())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import tomli_w
 from django.db import models
@@ -150,24 +151,31 @@ class _Reader:
         model: type[models.Model],
         key: str,
         nested: str = "",
-    ) -> dict[str, object]:
+    ) -> dict[str, Any]:
+        """The spec's single values from `table`, each of its field's type (checked here)."""
         fields = single_fields(spec)
         self.refuse_unknown_keys(table, {*fields, nested} - {""}, key)
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}
         for name, type_name in fields.items():
             value = table.get(name)
             # bool is an int to Python, never to this file.
             if isinstance(value, _ACCEPTED[type_name]) and not (
                 isinstance(value, bool) and type_name != "bool"
             ):
-                values[name] = float(value) if type_name == "float" else value
+                values[name] = (
+                    float(value) if type_name == "float" and isinstance(value, int) else value
+                )
                 continue
             if name in table:
                 self.problem(f"{key}.{name}", f"Expected {_EXPECTED[type_name]}.")
             # A required field defaults to "", which validation reports as blank; so does a
             # reference to another entry (a fallback route), which means none.
             model_field = model._meta.get_field(name)
-            values[name] = "" if model_field.is_relation else model_field.get_default()
+            values[name] = (
+                model_field.get_default()
+                if isinstance(model_field, models.Field) and not model_field.is_relation
+                else ""
+            )
         return values
 
     def refuse_unknown_keys(self, table: Mapping[str, object], known: set[str], key: str) -> None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -270,13 +271,13 @@ def _fallback_model_problems(
 
 
 def _invalid_values(
-    model: type[models.Model], specs: list[HostSpec] | list[ModelSpec] | list[RouteSpec], key: str
+    model: type[models.Model], specs: Sequence[HostSpec | ModelSpec | RouteSpec], key: str
 ) -> Iterator[Problem]:
     for index, spec in enumerate(specs):
         prefix = entry_key(key, spec.name, index)
         for name, value in single_values(spec, type(spec)).items():
             model_field = model._meta.get_field(name)
-            if model_field.is_relation:
+            if not isinstance(model_field, models.Field) or model_field.is_relation:
                 continue  # a reference to another entry; the rules above judge those
             try:
                 model_field.clean(value, None)
@@ -299,6 +300,9 @@ def single_fields(spec: type[HostSpec | ModelSpec | RouteSpec]) -> dict[str, str
     return {f.name: str(f.type) for f in fields(spec) if f.name not in ("models", "hosts")}
 
 
-def single_values(obj: object, spec: type[HostSpec | ModelSpec | RouteSpec]) -> dict[str, object]:
-    """`obj`'s values (a spec's or a model instance's) for the spec's single-value fields."""
+def single_values(obj: object, spec: type[HostSpec | ModelSpec | RouteSpec]) -> dict[str, Any]:
+    """`obj`'s values (a spec's or a model instance's) for the spec's single-value fields.
+
+    Any: `obj` holds values of the spec's field types (a model field or a spec field each).
+    """
     return {name: getattr(obj, name) for name in single_fields(spec)}

@@ -29,7 +29,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from routing.core.choose import Candidate, ranked
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
@@ -71,21 +71,26 @@ class RouteRules(Protocol):
     def fallback_model(self) -> str: ...
 
 
-class Fleet(Protocol):
+# A fleet takes and gives back its own route type (RouteConfig for the runtime): methods typed
+# with RouteRules itself would demand that every fleet accept any kind of route.
+RouteT = TypeVar("RouteT", bound=RouteRules)
+
+
+class Fleet(Protocol[RouteT]):
     """The live fleet as placement sees it (`routing.runtime.Runtime` is one)."""
 
     limiter: Limiter
     leases: LeaseTable
 
-    def candidates(self, route: RouteRules, model: str) -> list[Candidate]:
+    def candidates(self, route: RouteT, model: str) -> list[Candidate]:
         """The route's hosts for `model`, in route order."""
         ...
 
-    def usable(self, route: RouteRules, model: str, host: str) -> bool:
+    def usable(self, route: RouteT, model: str, host: str) -> bool:
         """Whether `host` may take new work for this route and model right now."""
         ...
 
-    def fallback_of(self, route: RouteRules) -> RouteRules | None:
+    def fallback_of(self, route: RouteT) -> RouteT | None:
         """The route's fallback route, when it has an enabled one."""
         ...
 
@@ -117,11 +122,11 @@ class Waiting:
     lease: LeaseOutcome
 
 
-class Placer:
+class Placer(Generic[RouteT]):
     """Places one request of `route` for `model`: `now()`, then `wait()` when it must wait."""
 
     def __init__(
-        self, fleet: Fleet, route: RouteRules, model: str, fingerprint: str, started: float
+        self, fleet: Fleet[RouteT], route: RouteT, model: str, fingerprint: str, started: float
     ) -> None:
         self.fleet = fleet
         self.route = route
@@ -129,7 +134,7 @@ class Placer:
         self.key = LeaseKey(route.name, fingerprint, model) if fingerprint else None
         self.started = started  # loop time of the request's arrival
         self._home: str | None = None  # the usable lease host the last `now()` found
-        self._fallback: RouteRules | None = None  # set once `fallback_after` has passed
+        self._fallback: RouteT | None = None  # set once `fallback_after` has passed
         self._fallback_pairs: set[Pair] = set()
 
     def now(self) -> Placement | Waiting:
@@ -247,7 +252,7 @@ class Placer:
         """Patience spent: a slot freed on another usable host of the route may take it."""
         self.fleet.limiter.watch(waiter, self._pairs(self._ranked()), self._accepts)
 
-    def _fall_back(self, waiter: Waiter, fallback: RouteRules) -> None:
+    def _fall_back(self, waiter: Waiter, fallback: RouteT) -> None:
         """Waited `fallback_after`: a free slot of the fallback route may take it."""
         model = self._fallback_model()
         pairs = [(host, model) for host in ranked(self.fleet.candidates(fallback, model))]

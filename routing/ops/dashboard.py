@@ -167,6 +167,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def send_history(self, *, replace: bool) -> None:
         """The window's points: all of them, or those that changed since the last send."""
         window = WINDOWS[self.window]
+        points: list[dict[str, Any]] | None
         if window.name in RING_WINDOWS:
             since = None if replace else self.history_from
             points = history.points(window.name, since=since)

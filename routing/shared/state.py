@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.typing import EncodableT
 
 from routing.core.errors import GatewayError
 
@@ -108,7 +109,7 @@ class Shared:
         cluster). Raises StateUnavailable when Redis cannot be reached."""
         registered = self.redis.register_script(lua)
 
-        async def call(*args: object) -> Any:
+        async def call(*args: EncodableT) -> Any:
             try:
                 return await registered(args=[self.prefix, *args])
             except UNREACHABLE as exc:

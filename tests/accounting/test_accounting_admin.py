@@ -96,7 +96,7 @@ def test_requests_are_listed_newest_first_with_latency_tokens_and_cache_hit(
     ],
 )
 def test_filters_narrow_the_list(admin_client: Client, query: str, expected: list[str]) -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {},
         {"route": "code"},
         {"host": "gpu2", "lease": "moved"},

@@ -6,9 +6,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def make_record(n: int = 0, **overrides: object) -> RequestRecord:
-    values: dict[str, object] = {
+    values: dict[str, Any] = {
         "route": "chat",
         "fingerprint": f"{n:064x}",
         "model": "qwen",
@@ -39,7 +40,7 @@ def make_record(n: int = 0, **overrides: object) -> RequestRecord:
         "completion_tokens": 40,
     }
     values.update(overrides)
-    return RequestRecord(**values)  # type: ignore[arg-type]
+    return RequestRecord(**values)
 
 
 @pytest.fixture
@@ -49,10 +50,10 @@ def recorder() -> Iterator[Recorder]:
     recorder.stop(timeout=5)
 
 
-def wait_for(condition: object, timeout: float = 5.0) -> bool:
+def wait_for(condition: Callable[[], object], timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
+        if condition():
             return True
         time.sleep(0.01)
     return False

@@ -29,7 +29,7 @@ pytestmark = [
 
 
 @pytest.fixture
-def browser_context(gateway, monkeypatch) -> Iterator[object]:  # type: ignore[no-untyped-def]
+def browser_context(gateway, monkeypatch) -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API runs an event loop in this thread; the test's ORM calls are sync.
@@ -52,7 +52,7 @@ def test_adding_the_first_key_warns_then_shows_a_key_that_copies_and_works(
     add_route("chat", [add_host("gpu1", fake.url)])
     add_route("code", [add_host("gpu2", fake.url)])
     gateway.sync()
-    page = browser_context.new_page()  # type: ignore[attr-defined]
+    page = browser_context.new_page()
 
     page.goto(f"{gateway.url}/admin/login/?next=/admin/accounting/clientkey/add/")
     page.fill("#id_username", "ops")

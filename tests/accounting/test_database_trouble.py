@@ -21,14 +21,14 @@ URL = "/chat/v1/chat/completions"
 
 
 @pytest.fixture
-def chat_route(gateway, fake):  # type: ignore[no-untyped-def]
+def chat_route(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url)])
     gateway.sync()
 
 
-def requests_for(seconds: float, ledger) -> list[int]:  # type: ignore[no-untyped-def]
+def requests_for(seconds: float, ledger) -> list[int]:
     """Send requests one after another for `seconds`; their statuses."""
-    statuses = []
+    statuses: list[int] = []
     until = time.monotonic() + seconds
     while time.monotonic() < until:
         body = chat(f"question {len(statuses)}", stream=len(statuses) % 2 == 0, max_tokens=3)

@@ -65,14 +65,12 @@ def test_times_are_shown_to_the_second_in_the_list_and_on_the_rows_page(
 def test_the_client_and_code_filters_narrow_the_list(
     admin_client: Client, query: str, expected: list[str]
 ) -> None:
-    for n, values in enumerate(
-        [
-            {"client": "web-frontend"},
-            {"client": "ci-batch"},
-            {"client": "web-frontend", "status": 503, "code": "queue_full"},
-        ],
-        start=1,
-    ):
+    rows: list[dict[str, object]] = [
+        {"client": "web-frontend"},
+        {"client": "ci-batch"},
+        {"client": "web-frontend", "status": 503, "code": "queue_full"},
+    ]
+    for n, values in enumerate(rows, start=1):
         add(
             fingerprint=f"{n:08x}" + "0" * 56,
             started=datetime(2026, 11, 1, n, tzinfo=UTC),

@@ -58,7 +58,7 @@ ROWS = [
 
 
 @pytest.fixture
-def page(monkeypatch) -> Iterator[object]:  # type: ignore[no-untyped-def]
+def page(monkeypatch) -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API runs an event loop in this thread; the test's ORM calls are sync.

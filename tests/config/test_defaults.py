@@ -14,7 +14,7 @@ from django.test import Client
 
 from hosts.models import HostModel
 from routing.config.toml import parse_config
-from routing.config.validation import single_values
+from routing.config.validation import HostSpec, ModelSpec, RouteSpec, single_values
 from tests.fleet import chat
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -37,7 +37,7 @@ hosts = ["gpu1"]
 
 def docs_format_block() -> str:
     text = (ROOT / "docs" / "config.md").read_text()
-    return re.search(r"## Format\n\n```toml\n(.*?)```", text, re.S)[1]  # type: ignore[index]
+    return re.search(r"## Format\n\n```toml\n(.*?)```", text, re.S)[1]  # type: ignore[index]  # docs/config.md has the block
 
 
 def load(tmp_path: Path, text: str) -> str:
@@ -55,11 +55,12 @@ def test_every_default_the_docs_show_is_the_default_a_file_gets() -> None:
 
     assert problems == []
     [bare_host], [bare_route] = bare_hosts, bare_routes
-    for shown, bare in [
+    pairs: list[tuple[HostSpec | ModelSpec | RouteSpec, object]] = [
         (documented, bare_host),
         (documented.models[0], bare_host.models[0]),
         (route, bare_route),
-    ]:
+    ]
+    for shown, bare in pairs:
         for key, value in single_values(shown, type(shown)).items():
             if key not in EXAMPLE_VALUES:
                 assert (key, getattr(bare, key)) == (key, value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import models
 
 from hosts.models import Host, HostModel
 from routing.models import Route, RouteHost
@@ -12,9 +13,9 @@ from tests.fleet import add_host, add_route
 pytestmark = pytest.mark.django_db
 
 
-def errors_of(obj: object) -> dict[str, list[str]]:
+def errors_of(obj: models.Model) -> dict[str, list[str]]:
     with pytest.raises(ValidationError) as caught:
-        obj.full_clean()  # type: ignore[attr-defined]
+        obj.full_clean()
     return caught.value.message_dict
 
 

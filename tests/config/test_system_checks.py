@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 
 def crossbar_checks() -> list:
-    return [message for message in run_checks() if message.id.startswith("crossbar.")]
+    return [message for message in run_checks() if (message.id or "").startswith("crossbar.")]
 
 
 def test_a_sound_configuration_raises_nothing() -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from routing.core.choose import Candidate, ranked
 
 
-def candidate(host: str, **changes: object) -> Candidate:
+def candidate(host: str, **changes: Any) -> Candidate:
     """A healthy host with the model loaded, two free slots, weight 1 and no leases, unless
     changed."""
     base = Candidate(

@@ -15,8 +15,8 @@ def chat(*messages: object, **extra: object) -> dict[str, object]:
     return {"model": "qwen", "messages": list(messages), **extra}
 
 
-def user(text: str) -> dict[str, object]:
-    return {"role": "user", "content": text}
+def user(content: object) -> dict[str, object]:
+    return {"role": "user", "content": content}
 
 
 def assistant(text: str) -> dict[str, object]:
@@ -258,7 +258,7 @@ def test_conversations_whose_first_questions_differ_never_share_a_fingerprint(
     opening: list[object], first: object, second: object
 ) -> None:
     def named(question: object) -> str:
-        return fingerprint("POST", {"messages": [*opening, user(question)]}, None)  # type: ignore[arg-type]
+        return fingerprint("POST", {"messages": [*opening, user(question)]}, None)
 
     assert (named(first) == named(second)) == (
         json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)

@@ -75,7 +75,7 @@ def test_requests_finished_from_other_threads_all_leave_the_table() -> None:
     table = RunningTable()
     entries = [table.add("chat", "m", "") for _ in range(2000)]
 
-    def finish(part: list) -> None:  # type: ignore[type-arg]
+    def finish(part: list) -> None:
         for entry in part:
             table.finish(entry)
             table.snapshot()

@@ -219,7 +219,7 @@ def test_usage_may_be_asked_more_than_once():
 
 
 _texts = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12
+    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12
 ) | st.sampled_from(["\u2028", "\r", "\n", '"usage"', "data: ", "\r\n"])
 _counts = st.integers(min_value=0, max_value=10_000)
 

@@ -34,7 +34,7 @@ KINDS = ("hang", "refuse", "loading", *(mode for mode, _ in COUNTED_FAULTS))
 
 
 @pytest.fixture(scope="module")
-def soak_gateway(django_db_setup, django_db_blocker, tmp_path_factory):  # type: ignore[no-untyped-def]
+def soak_gateway(django_db_setup, django_db_blocker, tmp_path_factory):
     """A gateway of its own, so that its memory and open files are this test's alone."""
     with django_db_blocker.unblock():
         with running_gateway(tmp_path_factory.mktemp("soak")) as gw:
@@ -148,7 +148,7 @@ async def load(url: str, ledger: Ledger, seconds: float, rng: random.Random) -> 
         leave_after = rng.uniform(0.0, 0.08) if rng.random() < 0.15 else None
         out = asyncio.Event()
 
-        async def trace(name: str, info: dict) -> None:  # type: ignore[type-arg]
+        async def trace(name: str, info: dict) -> None:
             if name == "http11.send_request_body.complete":
                 ledger.sent()
                 out.set()

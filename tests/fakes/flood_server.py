@@ -83,7 +83,7 @@ class FloodServer:
                     self.sent += len(EVENT)
                 writer.write(DONE)
             else:
-                document = (
+                document: dict[str, object] = (
                     {"status": "ok"}
                     if target == "/health"
                     else {"object": "list", "data": [{"id": self.model, "object": "model"}]}

@@ -351,7 +351,7 @@ class AnthropicFormat(Format):
     def token(self, i: int, n: int) -> bytes:
         out = b""
         if i == 0:
-            message = {
+            message: dict[str, Any] = {
                 "id": self.id,
                 "type": "message",
                 "role": "assistant",

@@ -28,7 +28,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -382,7 +382,7 @@ class FakeLlamaServer:
             self._loop = None
             loop.close()
 
-    def _run_on_loop(self, action: Callable[[], Awaitable[None]]) -> None:
+    def _run_on_loop(self, action: Callable[[], Coroutine[Any, Any, None]]) -> None:
         assert self._loop is not None
         if self._thread is threading.current_thread():
             self._loop.create_task(action())

@@ -8,6 +8,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -28,7 +29,7 @@ def client(fake: FakeLlamaServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{fake.url}/v1", api_key="unused", max_retries=0)
 
 
-def _chat(words: str, **extra: object) -> dict[str, object]:
+def _chat(words: str, **extra: Any) -> dict[str, Any]:
     return {"model": "test-model", "messages": [{"role": "user", "content": words}], **extra}
 
 
@@ -272,7 +273,7 @@ def test_reset_before_headers_resets_the_connection(client: openai.OpenAI, fake:
 def test_reset_mid_stream_cuts_the_stream_after_a_few_tokens(fake: FakeLlamaServer):
     fake.fail_mode = "reset_mid_stream"
     fake.token_delay = 0.05
-    lines = []
+    lines: list[str] = []
 
     with pytest.raises(httpx.ReadError):
         with httpx.stream(
@@ -381,7 +382,7 @@ def test_unknown_knob_values_are_rejected(fake: FakeLlamaServer):
 # Every llama-server endpoint.
 
 
-def _events(response: httpx.Response) -> list[tuple[str, dict[str, object]]]:
+def _events(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
     """The (event name, data) pairs of an SSE body; unnamed events are named ""."""
     events = []
     for block in response.text.split("\n\n"):
@@ -1106,9 +1107,9 @@ def test_each_router_model_has_its_own_slots():
         ),
     ],
 )
-def test_bad_options_are_refused_with_a_clear_message(options: dict[str, object], message: str):
+def test_bad_options_are_refused_with_a_clear_message(options: dict[str, Any], message: str):
     with pytest.raises(ValueError, match=message):
-        FakeLlamaServer(**options)  # type: ignore[arg-type]
+        FakeLlamaServer(**options)
 
 
 def _free_port() -> int:

@@ -44,7 +44,7 @@ pytestmark = [
 
 
 @pytest.fixture
-def browser_page(monkeypatch) -> Iterator[object]:  # type: ignore[no-untyped-def]
+def browser_page(monkeypatch) -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API runs an event loop in this thread, which makes Django refuse ORM
@@ -60,7 +60,7 @@ def browser_page(monkeypatch) -> Iterator[object]:  # type: ignore[no-untyped-de
             browser.close()
 
 
-def sign_in(page, gateway, then: str = "/dashboard/") -> None:  # type: ignore[no-untyped-def]
+def sign_in(page, gateway, then: str = "/dashboard/") -> None:
     from playwright.sync_api import expect
 
     User.objects.create_superuser("ops", password="ops-password-1")
@@ -73,7 +73,7 @@ def sign_in(page, gateway, then: str = "/dashboard/") -> None:  # type: ignore[n
         expect(page.locator("#connection")).to_have_text("live", timeout=WAIT)
 
 
-def stream_in_thread(gateway, content: str, max_tokens: int) -> threading.Thread:  # type: ignore[no-untyped-def]
+def stream_in_thread(gateway, content: str, max_tokens: int) -> threading.Thread:
     body = chat(content, stream=True, max_tokens=max_tokens)
     thread = threading.Thread(
         target=lambda: httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=60)
@@ -118,7 +118,7 @@ def test_staff_watch_a_request_run_and_drain_its_host_from_the_dashboard(
     wait_until(lambda: fake.in_flight == 0, what="the stream to end upstream")
 
 
-def successes(page) -> int:  # type: ignore[no-untyped-def]
+def successes(page) -> int:
     """The 2xx count the requests chart gives for its window, as the page shows it."""
     summary = page.locator('[data-chart="requests"] .latest').inner_text()
     found = re.search(r"2xx (\d+)", summary)
@@ -127,7 +127,7 @@ def successes(page) -> int:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def fresh_gateway(django_db_setup, tmp_path):  # type: ignore[no-untyped-def]
+def fresh_gateway(django_db_setup, tmp_path):
     """A gateway of the test's own: its history holds only this test's requests."""
     with running_gateway(tmp_path) as gw:
         yield gw

@@ -29,7 +29,7 @@ def scrape(url: str, token: str | None = None) -> Samples:
     }
 
 
-def scrape_until(url: str, predicate, what: str) -> Samples:  # type: ignore[no-untyped-def]
+def scrape_until(url: str, predicate, what: str) -> Samples:
     """Scrape until `predicate(samples)` holds; return those samples."""
     found: list[Samples] = []
 
@@ -193,7 +193,7 @@ def test_the_recorder_reports_its_backlog_and_losses(gateway, fake):
 
 
 @pytest.fixture
-def gateway_with_metrics_token(django_db_setup, tmp_path):  # type: ignore[no-untyped-def]
+def gateway_with_metrics_token(django_db_setup, tmp_path):
     with running_gateway(tmp_path, CROSSBAR_METRICS_TOKEN="scrape-secret") as gw:
         yield gw
 

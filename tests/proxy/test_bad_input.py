@@ -24,19 +24,19 @@ BODY = json.dumps(chat()).encode()
 
 
 @pytest.fixture
-def chat_route(gateway, fake):  # type: ignore[no-untyped-def]
+def chat_route(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url, upstream_names={MODEL: "llama-3-8b"})])
     gateway.sync()
 
 
 @pytest.fixture
-def new_log(gateway):  # type: ignore[no-untyped-def]
+def new_log(gateway):
     """What the gateway logs from here on."""
     start = len(gateway.log())
     return lambda: gateway.log()[start:]
 
 
-def completions(fake) -> list:  # type: ignore[no-untyped-def]
+def completions(fake) -> list:
     return [seen for seen in fake.seen if seen.path not in POLLS]
 
 
@@ -122,7 +122,7 @@ def test_a_body_of_exactly_16_mib_passes_and_one_byte_more_gets_413(
 
 
 def test_a_chunked_body_without_a_length_is_read_and_bounded(chat_route, gateway, fake, ledger):
-    def chunks(total: int):  # type: ignore[no-untyped-def]
+    def chunks(total: int):
         yield b'{"model": "test-model", "prompt": "'
         for _ in range(total // MiB):
             yield b"x" * MiB

@@ -46,7 +46,7 @@ def _fleet(fakes: list[FakeLlamaServer], parallel: int, queue_max: int) -> None:
 
 
 @pytest.fixture
-def slow_fakes():  # type: ignore[no-untyped-def]
+def slow_fakes():
     """Three fake hosts whose answers take about a second, so a burst overlaps."""
     servers = [FakeLlamaServer(slots=4, token_delay=0.05) for _ in range(3)]
     for server in servers:

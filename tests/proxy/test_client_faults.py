@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -26,13 +27,13 @@ PAIR = {"host": "gpu1", "model": MODEL}
 MiB = 1024 * 1024
 
 
-def send_chat(gateway, ledger, body: dict, **options: object):  # type: ignore[no-untyped-def]
+def send_chat(gateway, ledger, body: dict, **options: Any):
     """Send a chat request over a raw socket, to leave at a moment of the test's choosing."""
     ledger.sent()
     return send(gateway.url, b"POST", URL.encode(), json.dumps(body).encode(), **options)
 
 
-def completions(fake) -> list[str]:  # type: ignore[no-untyped-def]
+def completions(fake) -> list[str]:
     return [
         seen.json["messages"][-1]["content"]
         for seen in fake.seen
@@ -40,7 +41,7 @@ def completions(fake) -> list[str]:  # type: ignore[no-untyped-def]
     ]
 
 
-def the_499(ledger):  # type: ignore[no-untyped-def]
+def the_499(ledger):
     rows = ledger.rows().filter(status=499)
     wait_until(rows.exists, what="the 499 row")
     (row,) = rows

@@ -6,6 +6,7 @@ import hashlib
 import re
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import pytest
@@ -154,7 +155,7 @@ def issue(name: str, **fields: object) -> str:
     return key
 
 
-def post(gateway, route: str = "chat", key: str | None = None, **body: object) -> httpx.Response:  # type: ignore[no-untyped-def]
+def post(gateway, route: str = "chat", key: str | None = None, **body: Any) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.post(
         f"{gateway.url}/{route}/v1/chat/completions",
@@ -348,7 +349,7 @@ def test_the_report_groups_requests_by_client(gateway, fake):
 
 
 @pytest.fixture
-def gateway_requiring_keys(django_db_setup, tmp_path):  # type: ignore[no-untyped-def]
+def gateway_requiring_keys(django_db_setup, tmp_path):
     with running_gateway(tmp_path, CROSSBAR_REQUIRE_KEY="true") as gw:
         yield gw
 

@@ -17,7 +17,7 @@ URL = "/chat/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
-def gateway(django_db_setup, django_db_blocker, tmp_path_factory):  # type: ignore[no-untyped-def]
+def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
     """This module's gateway: its health poller stays quiet, so only requests meet a fault."""
     with django_db_blocker.unblock():
         log_dir = tmp_path_factory.mktemp("faults")
@@ -26,12 +26,12 @@ def gateway(django_db_setup, django_db_blocker, tmp_path_factory):  # type: igno
 
 
 @pytest.fixture
-def chat_route(gateway, fake):  # type: ignore[no-untyped-def]
+def chat_route(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 0)})])
     gateway.sync()
 
 
-def only_row(ledger):  # type: ignore[no-untyped-def]
+def only_row(ledger):
     wait_until(lambda: ledger.rows().exists(), what="the request's row")
     (row,) = ledger.rows()
     return row

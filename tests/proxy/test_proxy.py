@@ -163,7 +163,7 @@ def test_tokens_arrive_as_the_host_produces_them(gateway, fake):
 
 
 @pytest.fixture
-def gateway_without_polls(django_db_setup, tmp_path):  # type: ignore[no-untyped-def]
+def gateway_without_polls(django_db_setup, tmp_path):
     """A gateway whose health poller stays quiet during a test: only requests see failures."""
     with running_gateway(tmp_path, CROSSBAR_HEALTH_INTERVAL="600") as gw:
         yield gw

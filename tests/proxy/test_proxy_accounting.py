@@ -38,7 +38,7 @@ def rows(count: int) -> list[Request]:
 
 
 @pytest.fixture
-def chat_route(gateway, fake):  # type: ignore[no-untyped-def]
+def chat_route(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 1)})])
     gateway.sync()
     return f"{gateway.url}/chat/v1/chat/completions"
@@ -56,6 +56,7 @@ def test_a_streamed_answer_records_its_tokens_and_times(chat_route, fake):
     assert first.streamed and first.lease == "new" and second.lease == "reused"
     assert len(first.fingerprint) == 64 and first.fingerprint == second.fingerprint
     assert first.completion_tokens == 4
+    assert second.prompt_tokens is not None
     assert first.prompt_tokens == second.prompt_tokens > 0
     assert second.cached_tokens == second.prompt_tokens - 1  # the fake's cache, as llama-server's
     assert first.ttfb_ms is not None and first.total_ms >= first.ttfb_ms

@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
+from typing import Any
 from unittest import mock
 
 import httpx
@@ -53,7 +54,7 @@ def relay(chunks: list[bytes], content_type: str) -> tuple[list[bytes], tuple[ob
         runtime = SimpleNamespace(stream_idle_timeout=5.0)
         trail = Trail(Arrival(), host="gpu1")
         with mock.patch.object(relay_module, "finish", ends):
-            received = [chunk async for chunk in Relay(upstream, None, trail, runtime)]  # type: ignore[arg-type]
+            received = [chunk async for chunk in Relay(upstream, None, trail, runtime)]  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout
         (outcome,) = ends.finished
         return received, outcome
 
@@ -90,7 +91,7 @@ _counts = st.none() | st.integers(min_value=0, max_value=100_000)
     data=st.data(),
 )
 def test_any_chunking_of_a_whole_json_answer_reaches_the_client_unchanged_with_the_same_counts(
-    usage: dict[str, object], text: str, data: st.DataObject
+    usage: dict[str, Any], text: str, data: st.DataObject
 ) -> None:
     body = json.dumps(
         {"choices": [{"message": {"content": text}}], "usage": usage}, ensure_ascii=False
@@ -103,6 +104,6 @@ def test_any_chunking_of_a_whole_json_answer_reaches_the_client_unchanged_with_t
     assert outcome == relay([body], "application/json")[1]
     assert outcome[3] == Usage(
         usage["prompt_tokens"],
-        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),  # type: ignore[union-attr]
+        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
         usage["completion_tokens"],
     )

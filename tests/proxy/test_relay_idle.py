@@ -50,7 +50,7 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> _Ends:
 def make_relay(upstream: _Stalling, idle: float) -> Relay:
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=upstream)
     runtime = SimpleNamespace(stream_idle_timeout=idle)
-    return Relay(response, None, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]
+    return Relay(response, None, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout
 
 
 async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error_event(ends: _Ends):
@@ -63,7 +63,7 @@ async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error
     event = json.loads(received[1].removeprefix(b"data: "))
     assert event["error"]["code"] == "upstream_failed" and "0.2 s" in event["error"]["message"]
     assert ends.finished[0][:2] == (504, event["error"]["message"])
-    assert asyncio.current_task().cancelling() == 0  # the watchdog's cancel was taken back
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]  # the watchdog's cancel was taken back (a test runs as a task)
 
 
 async def test_time_the_client_takes_to_read_is_not_a_stall(ends: _Ends):

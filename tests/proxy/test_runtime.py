@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-async def runtime():  # type: ignore[no-untyped-def]
+async def runtime():
     rt = await get_runtime()
     yield rt
     await close_runtime()
@@ -100,7 +100,7 @@ async def test_each_event_loop_gets_its_own_runtime(runtime):
     assert other_loop_runtime is not runtime
 
 
-async def _build_and_close():  # type: ignore[no-untyped-def]
+async def _build_and_close():
     rt = await get_runtime()
     await close_runtime()
     return rt

@@ -4,6 +4,7 @@ in accounting rows, on admin pages or /metrics, or in any answer, whatever the r
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 import httpx
 import pytest
@@ -27,7 +28,7 @@ def test_keys_never_appear_in_logs_rows_pages_or_answers(gateway, fake, ledger, 
     gateway.sync()
     start_of_log = len(gateway.log())
 
-    def ask(key: str | None, **body: object) -> httpx.Response:
+    def ask(key: str | None, **body: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return ledger.client.post(URL, json=chat(**body), headers=headers)
 

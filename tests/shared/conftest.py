@@ -102,7 +102,7 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
-async def eventually(predicate, what: str):  # type: ignore[no-untyped-def]
+async def eventually(predicate, what: str):
     """Await until `predicate()` (an async function) is truthy and return it; fail after LONG."""
     try:
         async with asyncio.timeout(LONG):
@@ -125,7 +125,7 @@ async def holding_process(url: str, *what: str) -> AsyncIterator[asyncio.subproc
         stdout=subprocess.PIPE,
     )  # fmt: skip
     try:
-        said = await asyncio.wait_for(holder.stdout.readline(), LONG)  # type: ignore[union-attr]
+        said = await asyncio.wait_for(holder.stdout.readline(), LONG)  # type: ignore[union-attr]  # stdout=PIPE
         assert said.strip() == b"held", said
         yield holder
     finally:

@@ -30,7 +30,7 @@ async def two(url: str, hold_ttl: float = 5.0) -> AsyncIterator[tuple[RedisClien
             await s.aclose()
 
 
-def in_flight_is(gate: RedisClients, name: str, count: int):  # type: ignore[no-untyped-def]
+def in_flight_is(gate: RedisClients, name: str, count: int):
     async def check() -> bool:
         return await gate.in_flight(name) == count
 
@@ -64,6 +64,7 @@ async def test_the_sliding_minute_counts_admissions_from_both_processes(redis_ur
         with pytest.raises(ClientLimited) as limited:
             await b.admit(spec, "chat")
 
+        assert limited.value.retry_after is not None
         assert 1 <= limited.value.retry_after <= 60
         assert "3 requests per minute" in limited.value.message
         with pytest.raises(ClientLimited):  # a refused request did not count, nor free one

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -28,11 +29,13 @@ async def two(url: str, max_entries: int = 100_000) -> AsyncIterator[tuple[Redis
             await s.aclose()
 
 
-def picks(host: str | None):  # type: ignore[no-untyped-def]
+def picks(host: str | None) -> Callable[[], str | None]:
     return lambda: host
 
 
-async def lease(table: RedisLeases, key: LeaseKey = KEY, *, host: str | None = "h1", **kw):  # type: ignore[no-untyped-def]
+async def lease(
+    table: RedisLeases, key: LeaseKey = KEY, /, *, host: str | None = "h1", **kw: Any
+) -> tuple[str, LeaseOutcome]:
     options = {"ttl": 60.0, "strict": False, "usable": lambda name: True, **kw}
     return await table.lease(key, choose=picks(host), **options)
 

@@ -8,7 +8,7 @@ import contextlib
 import random
 import signal
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 import redis.asyncio as aioredis
@@ -39,9 +39,27 @@ async def two(url: str, hold_ttl: float = 5.0) -> AsyncIterator[tuple[RedisSlots
         yield a, b
 
 
-async def configure(parallel: int, queue_max: int, *instances: RedisSlots, pair=("h1", "m")):  # type: ignore[no-untyped-def]
+async def configure(
+    parallel: int, queue_max: int, *instances: RedisSlots, pair: tuple[str, str] = ("h1", "m")
+) -> None:
     for slots in instances:
         await slots.configure(*pair, parallel=parallel, queue_max=queue_max)
+
+
+async def granted(slots: RedisSlots, pairs: Sequence[tuple[str, str]] = (("h1", "m"),)) -> Grant:
+    """A place the test's setup expects to be a free slot."""
+    placed = await slots.place(pairs)
+    assert isinstance(placed, Grant), placed
+    return placed
+
+
+async def queued_at(
+    slots: RedisSlots, pairs: Sequence[tuple[str, str]] = (("h1", "m"),)
+) -> Queued:
+    """A place the test's setup expects to be in a queue."""
+    placed = await slots.place(pairs)
+    assert isinstance(placed, Queued), placed
+    return placed
 
 
 async def state(slots: RedisSlots, host: str = "h1", model: str = "m") -> PairSnapshot:
@@ -67,8 +85,8 @@ async def test_a_free_slot_is_granted_then_requests_queue_then_the_next_is_refus
 async def test_a_release_in_one_process_hands_the_slot_to_a_waiter_in_the_other(redis_url):
     async with two(redis_url) as (a, b):
         await configure(1, 4, a, b)
-        held = await a.place([("h1", "m")])
-        queued = await b.place([("h1", "m")])
+        held = await granted(a)
+        queued = await queued_at(b)
         waiting = asyncio.create_task(b.wait(queued))
 
         await a.release(held)
@@ -83,10 +101,10 @@ async def test_a_release_in_one_process_hands_the_slot_to_a_waiter_in_the_other(
 async def test_waiters_are_granted_in_arrival_order_across_processes(redis_url):
     async with two(redis_url) as (a, b):
         await configure(1, 6, a, b)
-        held = await a.place([("h1", "m")])
+        held = await granted(a)
         arrivals = []
         for slots in (b, a, b, b, a, a):
-            arrivals.append((slots, await slots.place([("h1", "m")])))
+            arrivals.append((slots, await queued_at(slots)))
         assert [queued.position for _, queued in arrivals] == [1, 2, 3, 4, 5, 6]
 
         tasks = {asyncio.create_task(slots.wait(queued)): slots for slots, queued in arrivals}
@@ -116,8 +134,8 @@ async def test_place_takes_the_first_free_pair_in_order_else_queues_on_the_first
             await slots.configure("h3", "m", parallel=1, queue_max=1)
         order = [("h1", "m"), ("h2", "m"), ("h3", "m")]
 
-        grants = [await a.place(order), await b.place(order), await a.place(order)]
-        queued = [await b.place(order), await a.place(order)]
+        grants = [await granted(a, order), await granted(b, order), await granted(a, order)]
+        queued = [await queued_at(b, order), await queued_at(a, order)]
         refused = await b.place(order)
 
         assert [g.host for g in grants] == ["h1", "h2", "h3"]
@@ -200,10 +218,11 @@ async def test_requests_cancelled_at_any_point_leave_no_slot_or_place_behind(red
             if placed is None:
                 return
             if isinstance(placed, Queued):
+                queued = placed
                 try:
-                    placed = await slots.wait(placed)
+                    placed = await slots.wait(queued)
                 except BaseException:
-                    late = await slots.cancel(placed)
+                    late = await slots.cancel(queued)
                     if late is not None:
                         await slots.release(late)
                     raise
@@ -225,8 +244,8 @@ async def test_requests_cancelled_at_any_point_leave_no_slot_or_place_behind(red
 async def test_cancel_gives_the_place_back_and_a_newcomer_takes_it(redis_url):
     async with two(redis_url) as (a, b):
         await configure(1, 1, a, b)
-        held = await a.place([("h1", "m")])
-        queued = await b.place([("h1", "m")])
+        held = await granted(a)
+        queued = await queued_at(b)
         assert await a.place([("h1", "m")]) is None
 
         waiting = asyncio.create_task(b.wait(queued))
@@ -244,8 +263,8 @@ async def test_cancel_gives_the_place_back_and_a_newcomer_takes_it(redis_url):
 async def test_a_grant_landing_as_the_wait_is_cancelled_comes_back_from_cancel(redis_url):
     async with two(redis_url) as (a, b):
         await configure(1, 2, a, b)
-        held = await a.place([("h1", "m")])
-        queued = await b.place([("h1", "m")])
+        held = await granted(a)
+        queued = await queued_at(b)
         waiting = asyncio.create_task(b.wait(queued))
         await asyncio.sleep(0)
 
@@ -267,8 +286,8 @@ async def test_a_grant_landing_as_the_wait_is_cancelled_comes_back_from_cancel(r
 async def test_a_grant_that_lands_before_anyone_waits_is_returned_by_cancel(redis_url):
     async with two(redis_url) as (a, b):
         await configure(1, 2, a, b)
-        held = await a.place([("h1", "m")])
-        queued = await b.place([("h1", "m")])
+        held = await granted(a)
+        queued = await queued_at(b)
         await a.release(held)
 
         late = await b.cancel(queued)
@@ -283,8 +302,8 @@ async def test_watch_grants_a_free_slot_of_another_pair_at_once(redis_url):
         for slots in (a, b):
             await slots.configure("home", "m", parallel=1, queue_max=2)
             await slots.configure("other", "m", parallel=1, queue_max=2)
-        home = await a.place([("home", "m")])
-        queued = await b.place([("home", "m")])
+        home = await granted(a, [("home", "m")])
+        queued = await queued_at(b, [("home", "m")])
 
         spilled = await b.watch(queued, [("other", "m")])
 
@@ -305,11 +324,11 @@ async def test_a_watcher_gets_a_slot_freed_later_but_only_after_that_pairs_own_w
         for slots in (a, b):
             await slots.configure("home", "m", parallel=1, queue_max=2)
             await slots.configure("other", "m", parallel=1, queue_max=2)
-        home = await a.place([("home", "m")])
-        other = await a.place([("other", "m")])
-        watcher = await b.place([("home", "m")])
+        home = await granted(a, [("home", "m")])
+        other = await granted(a, [("other", "m")])
+        watcher = await queued_at(b, [("home", "m")])
         assert await b.watch(watcher, [("other", "m")]) is None
-        own = await a.place([("other", "m")])  # other's own waiter, after the watcher came
+        own = await queued_at(a, [("other", "m")])  # other's own waiter, after the watcher came
 
         await a.release(other)
         own_grant = await asyncio.wait_for(a.wait(own), LONG)
@@ -327,8 +346,8 @@ async def test_a_watcher_gets_a_slot_freed_later_but_only_after_that_pairs_own_w
 async def test_raising_parallel_grants_the_waiters_at_once(redis_url):
     async with two(redis_url) as (a, b):
         await configure(1, 4, a, b)
-        held = await a.place([("h1", "m")])
-        queued = [await b.place([("h1", "m")]) for _ in range(2)]
+        held = await granted(a)
+        queued = [await queued_at(b) for _ in range(2)]
 
         await a.configure("h1", "m", parallel=3, queue_max=4)
 
@@ -363,7 +382,7 @@ async def test_a_stopped_redis_gives_a_clear_error_and_after_its_restart_nothing
         await configure(2, 2, a, b)
         kept = await a.place([("h1", "m")])  # its request runs on through the outage
         dropped = await b.place([("h1", "m")])  # released during the outage
-        queued = await a.place([("h1", "m")])
+        queued = await queued_at(a)
         waiting = asyncio.create_task(a.wait(queued))
         assert isinstance(kept, Grant) and isinstance(dropped, Grant)
 
@@ -416,8 +435,8 @@ async def test_redis_keys_stay_bounded_over_many_requests(redis_url):
 
         async def churn(rounds: int) -> None:
             for _ in range(rounds):
-                first = await a.place([("h1", "m")])
-                second = await b.place([("h1", "m")])
+                first = await granted(a)
+                second = await granted(b)
                 queued = await a.place([("h1", "m")])
                 assert isinstance(queued, Queued)
                 await a.watch(queued, [("h1", "m")])

@@ -21,7 +21,7 @@ from tests.fleet import add_host, add_route, chat
 URL = "/chat/v1/chat/completions"
 
 
-def crossbar_serve(tmp_path, **env: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+def crossbar_serve(tmp_path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "manage.py", "crossbar_serve", "--port", str(free_port())],
         cwd=ROOT,

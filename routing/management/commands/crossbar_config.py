@@ -10,6 +10,7 @@ import os
 import tomllib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import models, transaction
@@ -83,7 +84,7 @@ class Command(BaseCommand):
         )
         check.add_argument("file", nargs="?")
 
-    def handle(self, *args: object, action: str, **options: object) -> str:
+    def handle(self, *args: object, action: str, **options: Any) -> str:
         if action == "load":
             return self.load_file(
                 str(options["file"]),
@@ -263,16 +264,16 @@ def _apply(hosts: list[HostSpec], routes: list[RouteSpec], prune: bool) -> None:
             host.models.exclude(name__in=[model.name for model in spec.models]).delete()
 
     existing_routes = {route.name: route for route in Route.objects.select_related("fallback")}
-    for spec in routes:
-        route = existing_routes.setdefault(spec.name, Route(name=spec.name))
-        values = single_values(spec, RouteSpec)
+    for route_spec in routes:
+        route = existing_routes.setdefault(route_spec.name, Route(name=route_spec.name))
+        values = single_values(route_spec, RouteSpec)
         del values["fallback"]
         _save(route, values)
-        _set_route_hosts(route, spec.hosts)
+        _set_route_hosts(route, route_spec.hosts)
     # Only now: a fallback may be a route the file creates further down.
-    for spec in routes:
-        fallback = existing_routes[spec.fallback] if spec.fallback else None
-        _save(existing_routes[spec.name], {"fallback": fallback})
+    for route_spec in routes:
+        fallback = existing_routes[route_spec.fallback] if route_spec.fallback else None
+        _save(existing_routes[route_spec.name], {"fallback": fallback})
 
     # QuerySet.delete() sends post_delete per row, so the gateway hears of every deletion.
     if prune:

@@ -481,7 +481,7 @@ def measure_connections(rec: Recorder, srv: LlamaServer) -> None:
                         raise ConnectionError("closed")
                     data += part
                 head, _, rest = data.partition(b"\r\n\r\n")
-                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]  # /health answers have a Content-Length
                 while len(rest) < length:
                     rest += sock.recv(4096)
                 served += 1
@@ -621,24 +621,24 @@ def note_streams(rec: Recorder) -> None:
 
 def note_headers(rec: Recorder) -> None:
     """Which response headers come back, and which responses say `Connection: close`."""
-    answered = [c for c in rec.captures if c.result is not None]
+    answered = [(c, c.result) for c in rec.captures if c.result is not None]
     names: dict[str, int] = {}
-    for capture in answered:
-        for key, _ in capture.result.headers:  # type: ignore[union-attr]
+    for _, result in answered:
+        for key, _ in result.headers:
             names[key] = names.get(key, 0) + 1
     rec.note(
         f"- response header names over {len(answered)} responses: "
         + ", ".join(f"{k} ({n})" for k, n in sorted(names.items()))
     )
     closing = sorted(
-        {c.result.status for c in answered if (c.result.header("Connection") or "") == "close"}  # type: ignore[union-attr]
+        {r.status for _, r in answered if (r.header("Connection") or "") == "close"}
     )
     rec.note(f"- statuses sent with `Connection: close`: {closing}")
     empty = sum(
         1
-        for c in answered
+        for c, result in answered
         if "Origin" not in c.request_headers
-        and c.result.header("Access-Control-Allow-Origin") == ""  # type: ignore[union-attr]
+        and result.header("Access-Control-Allow-Origin") == ""
     )
     rec.note(f"- responses to requests without Origin carrying an empty ACAO header: {empty}")
 

@@ -17,7 +17,7 @@ def executable(path: Path) -> Path:
 
 
 @pytest.fixture
-def places(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+def places(tmp_path, monkeypatch):
     """An empty cache and an empty PATH, so the machine's own llama-server stays out of it."""
     monkeypatch.delenv("CROSSBAR_LLAMA_SERVER", raising=False)
     monkeypatch.setenv("CROSSBAR_LLAMA_CACHE", str(tmp_path / "cache"))

@@ -24,7 +24,7 @@ HI = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture
-def base(gateway, llama) -> str:  # type: ignore[no-untyped-def]
+def base(gateway, llama) -> str:
     add_route("tiny", [add_host("llama1", llama.url, models={ALIAS: (2, 4)})], default_model=ALIAS)
     gateway.sync()
     return f"{gateway.url}/tiny"

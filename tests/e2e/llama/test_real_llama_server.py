@@ -13,6 +13,7 @@ import time
 import openai
 import pytest
 from django.utils import timezone
+from openai.types.chat import ChatCompletionMessageParam
 
 from accounting.models import Request
 from tests.conftest import wait_until
@@ -27,13 +28,13 @@ pytestmark = [
     pytest.mark.skipif(not binary_expected(), reason=NOT_BUILT),
 ]
 
-FIRST_TURN = [
+FIRST_TURN: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You are a terse assistant."},
     {"role": "user", "content": "Say hello."},
 ]
 
 
-def rows_since(started, count: int) -> list[Request]:  # type: ignore[no-untyped-def]
+def rows_since(started, count: int) -> list[Request]:
     """This test's `count` rows, oldest first, once the gateway's recorder has written them."""
     mine = Request.objects.filter(started__gte=started)
     wait_until(lambda: mine.count() >= count, timeout=20, what=f"{count} accounting rows")
@@ -44,7 +45,7 @@ def rows_since(started, count: int) -> list[Request]:  # type: ignore[no-untyped
 
 
 @pytest.fixture
-def route(gateway, llama) -> str:  # type: ignore[no-untyped-def]
+def route(gateway, llama) -> str:
     """Route `tiny` to the real llama-server; returns the route's OpenAI base URL."""
     add_route("tiny", [add_host("llama1", llama.url, models={ALIAS: (2, 4)})])
     gateway.sync()
@@ -103,14 +104,14 @@ def test_a_conversations_second_turn_reads_its_prefix_from_llama_servers_kv_cach
     started = timezone.now()
     client = openai.OpenAI(base_url=route, api_key="unused", http_client=ledger.client)
     # Unlike every other test's prompt, so that no slot holds any of it yet.
-    first_turn = [
+    first_turn: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "Answer in French, whatever the question. " * 8},
         {"role": "user", "content": "Bonjour ?"},
     ]
     first = client.chat.completions.create(
         model=ALIAS, messages=first_turn, max_tokens=4, temperature=0
     )
-    second_turn = [
+    second_turn: list[ChatCompletionMessageParam] = [
         *first_turn,
         {"role": "assistant", "content": first.choices[0].message.content or ""},
         {"role": "user", "content": "Au revoir."},
@@ -124,6 +125,7 @@ def test_a_conversations_second_turn_reads_its_prefix_from_llama_servers_kv_cach
     assert raw.http_response.headers["x-crossbar-lease"] == "reused"
     one, two = rows_since(started, 2)
     assert one.fingerprint == two.fingerprint and two.lease == "reused"
+    assert one.prompt_tokens is not None and two.prompt_tokens is not None
     assert one.prompt_tokens > 60 and one.cached_tokens is not None
     assert one.cached_tokens < 10  # at most the template's opening tokens
     # The whole first prompt comes from the slot's cache; only the new turn is evaluated.

@@ -19,7 +19,7 @@ try:
     import gguf
     import numpy as np
 except ImportError as exc:  # reported by write_tiny_model, not as a traceback at import
-    gguf = None  # type: ignore[assignment]
+    gguf = None  # type: ignore[assignment]  # None: the module is missing
     _MISSING = f"the tiny model needs the gguf package ({exc}): " + (
         ".venv/bin/pip install -r requirements-dev.txt"
     )
