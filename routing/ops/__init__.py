@@ -1,0 +1,1 @@
+"""Operations: metrics, the live state of hosts, the dashboard and its history."""
