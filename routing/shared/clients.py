@@ -23,23 +23,13 @@ from typing import Any
 
 from routing.core.clients import ClientSpec
 from routing.core.errors import ClientLimited, RouteNotAllowed
-from routing.shared.state import Shared, StateUnavailable
+from routing.shared.state import ALIVE, Shared, StateUnavailable
 
 __all__ = ["RedisClientPass", "RedisClients"]
 
 WINDOW_MS = 60_000
 
-_PRELUDE = r"""
-local P = ARGV[1]
-local alive_cache = {}
-local function alive(proc)
-  local known = alive_cache[proc]
-  if known == nil then
-    known = redis.call('EXISTS', P .. 'proc:' .. proc) == 1
-    alive_cache[proc] = known
-  end
-  return known
-end
+_PRELUDE = ALIVE + r"""
 local function running_key(name) return P .. 'client:' .. name .. ':running' end
 local function reclaim(name)
   local run = running_key(name)

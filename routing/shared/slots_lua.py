@@ -23,17 +23,9 @@ Every script is idempotent for its ids (a retry after a lost reply changes nothi
 
 from __future__ import annotations
 
-PRELUDE = r"""
-local P = ARGV[1]
-local alive_cache = {}
-local function alive(proc)
-  local known = alive_cache[proc]
-  if known == nil then
-    known = redis.call('EXISTS', P .. 'proc:' .. proc) == 1
-    alive_cache[proc] = known
-  end
-  return known
-end
+from routing.shared.state import ALIVE
+
+PRELUDE = ALIVE + r"""
 local function proc_of(id) return string.match(id, '^([^.]+)%.') end
 local function held_key(pair) return P .. 'held:' .. pair end
 local function queue_key(pair) return P .. 'queue:' .. pair end

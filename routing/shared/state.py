@@ -46,6 +46,21 @@ UNREACHABLE = (
 )
 
 
+# The start of every script: ARGV[1] is the key prefix, and `alive(proc)` says whether a
+# process still renews its liveness key (asked once per process per script).
+ALIVE = r"""
+local P = ARGV[1]
+local alive_cache = {}
+local function alive(proc)
+  local known = alive_cache[proc]
+  if known == nil then
+    known = redis.call('EXISTS', P .. 'proc:' .. proc) == 1
+    alive_cache[proc] = known
+  end
+  return known
+end
+"""
+
 class StateUnavailable(GatewayError):
     """The shared state (Redis) cannot be reached; the request can be retried shortly."""
 
