@@ -172,7 +172,10 @@ def _gateway_log_on_failure(request):
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark as `e2e` every test that starts a real server: it uses the `gateway` fixture, or
-    its module starts gateways of its own (`running_gateway`), or it lives in tests/e2e."""
+    its module starts gateways of its own (`running_gateway`), or it lives in tests/e2e. Run the
+    tests that restart PostgreSQL last: a connection they kill may live on in another context
+    (Playwright's greenlets keep their own), where no test can close it."""
+    items.sort(key=lambda item: item.get_closest_marker("restarts_database") is not None)
     for item in items:
         module = getattr(item, "module", None)
         if (

@@ -346,6 +346,7 @@ def test_the_process_recorder_writes_its_rows_when_the_interpreter_exits(
     not (os.environ.get("CROSSBAR_PG_BIN") and os.environ.get("CROSSBAR_PG_DATA")),
     reason="needs a PostgreSQL this test may restart (CROSSBAR_PG_BIN, CROSSBAR_PG_DATA)",
 )
+@pytest.mark.restarts_database
 def test_the_writer_reconnects_after_postgresql_restarts(
     recorder: Recorder, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -80,6 +80,7 @@ def _start_options() -> str:
     not (os.environ.get("CROSSBAR_PG_BIN") and os.environ.get("CROSSBAR_PG_DATA")),
     reason="needs a PostgreSQL this test may stop and start (CROSSBAR_PG_BIN, CROSSBAR_PG_DATA)",
 )
+@pytest.mark.restarts_database
 def test_requests_flow_while_postgresql_is_down_and_their_rows_follow(
     chat_route, gateway, fake2, ledger
 ):

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from accounting.models import Request
 from tests.conftest import running_gateway, wait_until
@@ -30,6 +31,7 @@ def refused(url: str) -> bool:
 def test_sigterm_refuses_new_connections_and_lets_the_stream_in_flight_finish(
     django_db_setup, tmp_path, fake
 ):
+    started = timezone.now()
     fake.token_delay = 0.1
     add_route("chat", [add_host("gpu1", fake.url)])
     with running_gateway(tmp_path, CROSSBAR_SHUTDOWN_GRACE="30") as gateway:
@@ -48,12 +50,13 @@ def test_sigterm_refuses_new_connections_and_lets_the_stream_in_flight_finish(
     assert len(rest) == 20 - 1 + 1 and rest[-1] == "data: [DONE]"
     assert exit_code == 0
     # Written when the interpreter exited: the stream ended a moment before.
-    (row,) = Request.objects.all()
+    (row,) = Request.objects.filter(started__gte=started)  # an earlier test's may still land
     assert (row.status, row.completion_tokens, row.error) == (200, 20, "")
     assert "SIGTERM: no new connections; waiting up to 30 s for 1 requests" in gateway.log()
 
 
 def test_a_stream_longer_than_the_grace_is_cut_when_it_runs_out(django_db_setup, tmp_path, fake):
+    started = timezone.now()
     fake.token_delay = 0.1
     add_route("chat", [add_host("gpu1", fake.url)])
     with running_gateway(tmp_path, CROSSBAR_SHUTDOWN_GRACE="1") as gateway:
@@ -72,7 +75,7 @@ def test_a_stream_longer_than_the_grace_is_cut_when_it_runs_out(django_db_setup,
     assert exit_code == 0
     assert stopped_after < 20  # the grace, not the stream's 30 s
     wait_until(lambda: fake.disconnects == 1, what="the host to see the request cancelled")
-    (row,) = Request.objects.all()
+    (row,) = Request.objects.filter(started__gte=started)  # an earlier test's may still land
     assert row.status == 499
     assert "grace of 1 s over; cutting 1 requests" in gateway.log()
 
@@ -80,6 +83,7 @@ def test_a_stream_longer_than_the_grace_is_cut_when_it_runs_out(django_db_setup,
 def test_health_answers_draining_while_the_stream_in_flight_finishes(
     django_db_setup, tmp_path, fake
 ):
+    started = timezone.now()
     fake.token_delay = 0.1
     add_route("chat", [add_host("gpu1", fake.url)])
     with running_gateway(tmp_path, CROSSBAR_SHUTDOWN_GRACE="30") as gateway:
@@ -102,5 +106,5 @@ def test_health_answers_draining_while_the_stream_in_flight_finishes(
     assert (during.status_code, during.json()) == (503, {"status": "draining"})
     assert rest[-1] == "data: [DONE]" and len(rest) == 20
     assert exit_code == 0
-    (row,) = Request.objects.all()
+    (row,) = Request.objects.filter(started__gte=started)  # an earlier test's may still land
     assert (row.status, row.completion_tokens) == (200, 20)
