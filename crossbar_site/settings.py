@@ -145,6 +145,8 @@ CROSSBAR = {
     "METRICS_TOKEN": env.str("CROSSBAR_METRICS_TOKEN", default=""),
     # With CROSSBAR_REDIS_URL: how long a process's slots outlive it (routing/shared/state.py).
     "REDIS_HOLD_TTL": env.float("CROSSBAR_REDIS_HOLD_TTL", default=5.0),
+    # Set: slots, queues, leases and client counts are shared by every process through Redis.
+    "REDIS_URL": REDIS_URL,
 }
 
 # The proxy accepts request bodies up to 16 MiB (long conversations, images); Django enforces

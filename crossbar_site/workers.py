@@ -40,11 +40,6 @@ WORKER_FD = "CROSSBAR_WORKER_FD"  # in a worker: the listening socket it serves
 LIFELINE = "CROSSBAR_WORKER_LIFELINE"  # in a worker: reads end-of-file once the supervisor is gone
 MOST = 64
 _EARLY = 10.0  # seconds: a worker exiting sooner than this after its start "dies at start"
-# Until the runtime uses routing/shared, each worker limits, queues and leases on its own.
-_NOT_YET_SHARED = (
-    "each worker still keeps its own slots, queues, leases and client counts (the shared ones "
-    "in routing/shared are not wired in yet): a host may get up to %d x parallel requests"
-)
 
 
 def count() -> int:
@@ -113,7 +108,6 @@ class _Supervisor:
             signal.signal(signum, self._on_signal)
         host, port = self.listening.getsockname()[:2]
         log.info("listening on http://%s:%s with %d worker processes", host, port, self.wanted)
-        log.warning(_NOT_YET_SHARED, self.wanted)
         for index in range(1, self.wanted + 1):
             self._start(index)
         handled = 0

@@ -1,5 +1,9 @@
-"""The gateway's live state: the fleet as configured, and the limiter, lease table, health
-table and upstream client that serve it.
+"""The gateway's live state: the fleet as configured, and the fleet state (slots, lines,
+leases), health table and upstream client that serve it.
+
+The fleet state is this process's own (`LocalState`: a `Limiter` and a `LeaseTable`), or,
+with `CROSSBAR_REDIS_URL`, shared by every gateway process through Redis (`SharedState`,
+routing/shared; docs/replicas.md). Placement and the proxy use either the same way.
 
 There is one `Runtime` per event loop (in production: daphne's one loop; in tests: each test's
 loop), built lazily from the database on first use. Configuration changes reach it two ways:
@@ -29,6 +33,8 @@ from routing.core.clients import ClientGate
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
 from routing.core.running import RunningTable
+from routing.core.state import FleetState, LocalState
+from routing.shared.fleet_state import SharedState
 from routing.upstream_client import upstream_client
 
 log = logging.getLogger("crossbar.runtime")
@@ -47,8 +53,13 @@ class Runtime:
         self.loop = asyncio.get_running_loop()
         self.limiter = Limiter()
         self.leases = LeaseTable()
+        self.shared: SharedState | None = None
+        if conf["REDIS_URL"]:
+            self.shared = SharedState(conf["REDIS_URL"], hold_ttl=conf["REDIS_HOLD_TTL"])
+        # The limiter and lease table stay empty when the state is shared.
+        self.state: FleetState = self.shared or LocalState(self.limiter, self.leases)
         # A host that becomes usable again offers its free slots to the requests waiting.
-        self.health = HealthTable(on_eligible=self.limiter.wake)
+        self.health = HealthTable(on_eligible=self.state.wake)
         self.clients = ClientGate(require=conf["REQUIRE_KEY"])
         self.running = RunningTable()
         self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
@@ -62,9 +73,12 @@ class Runtime:
         self._probing: dict[str, asyncio.Future[None]] = {}  # on-demand probes, by host
         self._apply(fleet)
 
-    def start(self) -> None:
-        """Start the health poller and the config watcher on the running loop."""
+    async def start(self) -> None:
+        """Start the health poller and the config watcher on the running loop, and the
+        shared state's liveness and grant listener (Redis being away is logged, not raised)."""
         conf = settings.CROSSBAR
+        if self.shared is not None:
+            await self.shared.start()
         self._tasks = [
             asyncio.create_task(
                 poll_forever(
@@ -83,6 +97,8 @@ class Runtime:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.shared is not None:
+            await self.shared.aclose()
         await self.client.aclose()
 
     # -- configuration -------------------------------------------------------------------
@@ -106,20 +122,20 @@ class Runtime:
         old = getattr(self, "fleet", fleet)
         for host in fleet.hosts.values():
             for model in host.models.values():
-                self.limiter.configure(host.name, model.name, model.parallel, model.queue_max)
+                self.state.configure(host.name, model.name, model.parallel, model.queue_max)
         for host in old.hosts.values():
             current = fleet.hosts.get(host.name)
             for model_name in host.models:
                 if current is None or model_name not in current.models:
-                    self.limiter.remove(host.name, model_name)
+                    self.state.remove(host.name, model_name)
             if current is None or current.url != host.url:
                 # Gone, or another machine under the same name: its caches hold nothing of ours.
-                self.leases.drop_host(host.name)
+                self.state.drop_host(host.name)
         self.health.track({host.name: host.url for host in fleet.hosts.values()})
         self.clients.configure(fleet.clients)
         self.fleet = fleet
         for name in fleet.hosts:  # undrained, enabled or added to a route: waiters may go there
-            self.limiter.wake(name)
+            self.state.wake(name)
         log.info(
             "config loaded: revision=%s hosts=%d routes=%d",
             fleet.revision,
@@ -209,7 +225,7 @@ class Runtime:
             evicts_busy = False
             if model is None:
                 can_serve = loaded = True
-                free = self.limiter.free_slots(name)
+                free = self.state.free_slots(name)
                 queued = 0
             else:
                 spec = host.models.get(model)
@@ -219,8 +235,8 @@ class Runtime:
                 loaded = spec is not None and (
                     known is None or (spec.upstream_name or spec.name) in known
                 )
-                free = self.limiter.free_for(name, model) if can_serve else 0
-                queued = self.limiter.queued(name, model)
+                free = self.state.free_for(name, model) if can_serve else 0
+                queued = self.state.queued(name, model)
                 evicts_busy = can_serve and not loaded and self._evicts_busy(host, health)
             out.append(
                 Candidate(
@@ -232,7 +248,7 @@ class Runtime:
                     free=free,
                     queued=queued,
                     weight=host.weight,
-                    leases=self.leases.held(name),
+                    leases=self.state.leases_held(name),
                     evicts_busy=evicts_busy,
                 )
             )
@@ -255,9 +271,9 @@ class Runtime:
         return all(
             (name := by_upstream.get(upstream)) is not None
             and (
-                self.limiter.in_flight(host.name, name)
-                or self.limiter.queued(host.name, name)
-                or self.leases.held(host.name, name)
+                self.state.in_flight(host.name, name)
+                or self.state.queued(host.name, name)
+                or self.state.leases_held(host.name, name)
             )
             for upstream in running
         )
@@ -289,7 +305,7 @@ async def get_runtime() -> Runtime:
             generation = signals.config_generation()
             fleet = await sync_to_async(load_fleet)()
             runtime = Runtime(fleet, generation)
-            runtime.start()
+            await runtime.start()
             _runtimes[loop] = runtime
     return runtime
 

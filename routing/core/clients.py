@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from routing.core.errors import ClientLimited, InvalidKey, MissingKey, RouteNotAllowed
 
@@ -43,6 +44,12 @@ class ClientSpec:
 class _Usage:
     in_flight: int = 0
     admitted: deque[float] = field(default_factory=deque)  # monotonic times, oldest first
+
+
+class Admitted(Protocol):
+    """An admitted request of one client (`ClientPass` here, or one counted in Redis)."""
+
+    def release(self) -> None: ...
 
 
 class ClientPass:

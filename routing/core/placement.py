@@ -1,7 +1,8 @@
 """Placement: which host serves a request, and the slot it holds there.
 
 A request with a conversation first looks up its lease (the cache-warm "home" host). Then, in
-one synchronous step (no `await`, so no other request can take the place meanwhile):
+one step (`FleetState.place`: in one process nothing suspends in between; across processes one
+atomic script in Redis), so no other request can take the place meanwhile:
 
 - home usable, a free slot there: taken (`home`);
 - home busy, room in its queue: the request queues at home; after the route's
@@ -20,7 +21,8 @@ patience, `fallback_after` (it then also watches the fallback route's hosts for
 (`QueueTimeout`). A route with a fallback waits, rather than refusing, while it has no usable
 host: it watches its hosts until one comes back or the fallback takes it.
 
-Pure: standard library and asyncio only. Call from the request's event loop.
+Pure: standard library and asyncio only. Call from the request's event loop. The fleet's
+state is `routing.core.state.FleetState`: in-process, or shared through Redis.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeGuard, TypeVar, cast
 
 from routing.core.choose import Candidate, ranked
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
-from routing.core.leases import LeaseKey, LeaseOutcome, LeaseTable
-from routing.core.limiter import Limiter, Pair, Slot, Waiter
+from routing.core.leases import LeaseKey, LeaseOutcome
+from routing.core.limiter import Pair
+from routing.core.state import FleetState, Held, InLine
 
 __all__ = ["Placement", "Placer", "Reason", "Waiting"]
 
@@ -79,8 +82,8 @@ RouteT = TypeVar("RouteT", bound=RouteRules)
 class Fleet(Protocol[RouteT]):
     """The live fleet as placement sees it (`routing.runtime.Runtime` is one)."""
 
-    limiter: Limiter
-    leases: LeaseTable
+    @property
+    def state(self) -> FleetState: ...
 
     def candidates(self, route: RouteT, model: str) -> list[Candidate]:
         """The route's hosts for `model`, in route order."""
@@ -99,7 +102,7 @@ class Fleet(Protocol[RouteT]):
 class Placement:
     """Where a request runs: the held slot, and what led there."""
 
-    slot: Slot
+    slot: Held
     reason: Reason
     lease: LeaseOutcome
     route: str  # the route that serves: the fallback's name when one was taken
@@ -116,7 +119,7 @@ class Placement:
 class Waiting:
     """A request that must wait: its waiter, and what it will be told meanwhile."""
 
-    waiter: Waiter
+    waiter: InLine
     host: str  # the host whose queue it waits in; "" when it only watches
     reason: Reason
     lease: LeaseOutcome
@@ -137,18 +140,18 @@ class Placer(Generic[RouteT]):
         self._fallback: RouteT | None = None  # set once `fallback_after` has passed
         self._fallback_pairs: set[Pair] = set()
 
-    def now(self) -> Placement | Waiting:
-        """A placement, or a `Waiting` holding the request's place. One step, no awaiting.
+    async def now(self) -> Placement | Waiting:
+        """A placement, or a `Waiting` holding the request's place, taken in one step.
 
         Raises QueueFull (every usable host full), NoHealthyHost or PinnedHostDown (when the
         route has no fallback to wait for).
         """
-        home = self.fleet.leases.find(self.key) if self.key is not None else None
+        home = await self.fleet.state.find_lease(self.key) if self.key is not None else None
         self._home = None
         if home is not None:
             if self.fleet.usable(self.route, self.model, home):
                 self._home = home
-                return self._at_home(home)
+                return await self._at_home(home)
             if self.route.strict:
                 refusal = PinnedHostDown(home)
                 return self._homeless([home], Reason.HOME, LeaseOutcome.REUSED, refusal)
@@ -160,10 +163,10 @@ class Placer(Generic[RouteT]):
         order = self._ranked()
         if not order:
             return self._homeless(self._listed(), reason, lease, NoHealthyHost())
-        got = self.fleet.limiter.place(self._pairs(order))
+        got = await self.fleet.state.place(self._pairs(order))
         if got is None:
             raise QueueFull(order[0], self.model)
-        self._keep_lease(got.host)
+        await self._keep_lease(got.host, got)
         return self._result(got, reason, lease)
 
     async def wait(self, waiting: Waiting) -> Placement:
@@ -183,7 +186,7 @@ class Placer(Generic[RouteT]):
             after = self.started + self.route.fallback_after
             timers.append(loop.call_at(after, self._fall_back, waiter, fallback))
         try:
-            slot = await waiter.granted
+            slot: Held = await waiter.granted
         except asyncio.CancelledError:
             granted = waiter.cancel()
             if granted is not None:
@@ -207,25 +210,27 @@ class Placer(Generic[RouteT]):
             lease = LeaseOutcome.SPILLED  # the lease stays with home's warm cache
             if waiting.reason in (Reason.NEW, Reason.MOVED):
                 # No cache was warm where it queued: the conversation's cache starts here.
-                self._keep_lease(slot.host)
+                await self._keep_lease(slot.host, slot)
                 lease = waiting.lease
             return Placement(slot, Reason.SPILLED, lease, self.route.name, self.model, waited)
         if not waiting.host:
-            self._keep_lease(slot.host)
+            await self._keep_lease(slot.host, slot)
         return Placement(slot, waiting.reason, waiting.lease, self.route.name, self.model, waited)
 
     # -- the steps ------------------------------------------------------------------------
 
-    def _at_home(self, home: str) -> Placement | Waiting:
-        limiter = self.fleet.limiter
+    async def _at_home(self, home: str) -> Placement | Waiting:
+        state = self.fleet.state
         others = [host for host in self._ranked() if host != home]
         if self.route.lease_patience <= 0:
-            got = limiter.place(self._pairs([home, *others]))
+            got = await state.place(self._pairs([home, *others]))
         else:
-            got = limiter.place(self._pairs([home])) or limiter.place(self._pairs(others))
+            got = await state.place(self._pairs([home]))
+            if got is None and others:
+                got = await state.place(self._pairs(others))
         if got is None:
             raise QueueFull(home, self.model)
-        self._keep_lease(home)
+        await self._keep_lease(home, got)
         if got.host != home:
             return self._result(got, Reason.SPILLED, LeaseOutcome.SPILLED)
         return self._result(got, Reason.HOME, LeaseOutcome.REUSED)
@@ -236,31 +241,34 @@ class Placer(Generic[RouteT]):
         """No usable host now: wait for one of `hosts` (or the fallback), if the route may."""
         if not self.route.fallback or self.fleet.fallback_of(self.route) is None:
             raise refusal
-        waiter = self.fleet.limiter.waiter()
-        self.fleet.limiter.watch(waiter, self._pairs(hosts), self._accepts)
+        waiter = self.fleet.state.watcher()
+        if waiter is None:  # shared state keeps no watch-only places: refuse as without one
+            raise refusal
+        self.fleet.state.watch(waiter, self._pairs(hosts), self._accepts)
         return Waiting(waiter, "", reason, lease)
 
     def _result(
-        self, got: Slot | Waiter, reason: Reason, lease: LeaseOutcome
+        self, got: Held | InLine, reason: Reason, lease: LeaseOutcome
     ) -> Placement | Waiting:
-        if isinstance(got, Slot):
+        if _is_held(got):
             waited = asyncio.get_running_loop().time() - self.started
             return Placement(got, reason, lease, self.route.name, self.model, waited)
-        return Waiting(got, got.host, reason, lease)
+        waiter = cast(InLine, got)
+        return Waiting(waiter, waiter.host, reason, lease)
 
-    def _spill(self, waiter: Waiter) -> None:
+    def _spill(self, waiter: InLine) -> None:
         """Patience spent: a slot freed on another usable host of the route may take it."""
-        self.fleet.limiter.watch(waiter, self._pairs(self._ranked()), self._accepts)
+        self.fleet.state.watch(waiter, self._pairs(self._ranked()), self._accepts)
 
-    def _fall_back(self, waiter: Waiter, fallback: RouteT) -> None:
+    def _fall_back(self, waiter: InLine, fallback: RouteT) -> None:
         """Waited `fallback_after`: a free slot of the fallback route may take it."""
         model = self._fallback_model()
         pairs = [(host, model) for host in ranked(self.fleet.candidates(fallback, model))]
         self._fallback = fallback
         self._fallback_pairs.update(pairs)
-        self.fleet.limiter.watch(waiter, pairs, self._accepts)
+        self.fleet.state.watch(waiter, pairs, self._accepts)
 
-    def _time_out(self, waiter: Waiter) -> None:
+    def _time_out(self, waiter: InLine) -> None:
         waiter.fail(
             QueueTimeout(
                 f"queue timeout: no slot for {self.model} within {self.route.queue_timeout:g} s"
@@ -294,6 +302,21 @@ class Placer(Generic[RouteT]):
     def _fallback_model(self) -> str:
         return self.route.fallback_model or self.model
 
-    def _keep_lease(self, host: str) -> None:
-        if self.key is not None:
-            self.fleet.leases.keep(self.key, host, self.route.lease_ttl)
+    async def _keep_lease(self, host: str, got: Held | InLine) -> None:
+        """Lease the conversation to `host`; a cancellation meanwhile gives back `got`."""
+        if self.key is None:
+            return
+        try:
+            await self.fleet.state.keep_lease(self.key, host, self.route.lease_ttl)
+        except BaseException:
+            if _is_held(got):
+                got.release()
+            else:
+                granted = cast(InLine, got).cancel()
+                if granted is not None:
+                    granted.release()
+            raise
+
+
+def _is_held(got: Held | InLine) -> TypeGuard[Held]:
+    return not hasattr(got, "granted")  # a place in line has a future; a slot has none

@@ -17,8 +17,8 @@ from routing.runtime import Runtime, current_runtime
 def host_lives(runtime: Runtime) -> tuple[HostLive, ...]:
     """Every configured host with its models, sorted by name. Call on the runtime's loop."""
     health = runtime.health.snapshot()
-    held = runtime.leases.held_by_host()
-    pairs = {(pair.host, pair.model): pair for pair in runtime.limiter.snapshot()}
+    held = runtime.state.leases_by_host()
+    pairs = {(pair.host, pair.model): pair for pair in runtime.state.snapshot()}
     hosts = []
     for name, host in sorted(runtime.fleet.hosts.items()):
         known = health.get(name)

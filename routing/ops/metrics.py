@@ -287,9 +287,17 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
     clients = GaugeMetricFamily(
         "crossbar_client_in_flight", "Requests in flight per client key.", labels=["client"]
     )
-    for spec in runtime.fleet.clients.values():
-        clients.add_metric([spec.name], runtime.clients.in_flight(spec.name))
+    if runtime.shared is None:  # shared counts live in Redis: a scrape costs no round trip
+        for spec in runtime.fleet.clients.values():
+            clients.add_metric([spec.name], runtime.clients.in_flight(spec.name))
     yield clients
+
+    if runtime.shared is not None:
+        yield GaugeMetricFamily(
+            "crossbar_shared_state_up",
+            "1 while the shared state (Redis) answers; 0 while proxied requests get 503.",
+            value=1 if runtime.shared.available else 0,
+        )
 
 
 REGISTRY.register(StateCollector())

@@ -87,7 +87,7 @@ class Passage:
                 if self.route.strict:
                     raise PinnedHostDown(placement.host) from None
                 try:
-                    current = placer.now()
+                    current = await placer.now()
                 except NoHealthyHost:
                     raise down from None  # no other host: say which one failed, and how
                 continue

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from accounting.recorder import RequestRecord, get_recorder
-from routing.core.clients import ClientPass
+from routing.core.clients import Admitted
 from routing.core.placement import Placement
 from routing.core.running import RunningRequest
 from routing.core.tee import Usage
@@ -44,7 +44,7 @@ class Trail:
     arrival: Arrival
     route: str = ""  # the route the client asked for
     client: str = ""  # the client key's name
-    client_pass: ClientPass | None = None  # given back when the request ends
+    client_pass: Admitted | None = None  # given back when the request ends
     model: str = ""
     fingerprint: str = ""
     host: str = ""

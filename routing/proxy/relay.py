@@ -10,8 +10,8 @@ import httpx
 
 from routing.core import sse
 from routing.core.errors import Answer, describe_error
-from routing.core.limiter import Slot
 from routing.core.running import data_events
+from routing.core.state import Held
 from routing.core.tee import Tee
 from routing.proxy.record import Trail, finish
 from routing.runtime import Runtime
@@ -38,7 +38,7 @@ class Relay:
     )  # fmt: skip
 
     def __init__(
-        self, upstream: httpx.Response, slot: Slot | None, trail: Trail, runtime: Runtime
+        self, upstream: httpx.Response, slot: Held | None, trail: Trail, runtime: Runtime
     ) -> None:
         self._upstream = upstream
         self._chunks = upstream.aiter_raw()

@@ -62,12 +62,22 @@ async def gateway_health() -> JsonResponse:
     """`/health`: the gateway itself is up (for load balancers; no row, no log line).
 
     `revision` is the configuration stamp this process serves, so a deploy script (or a test)
-    can tell when an edit has been picked up. 503 `draining` once a graceful stop has begun.
+    can tell when an edit has been picked up. 503 `draining` once a graceful stop has begun,
+    and 503 `state_unavailable` while the shared state (Redis) cannot be reached: this process
+    would refuse every proxied request meanwhile, so a balancer should send them elsewhere.
     """
     if STOPPING.is_set():
         return JsonResponse({"status": "draining"}, status=503)
     runtime = await get_runtime()
     await runtime.refresh()
+    shared = runtime.shared
+    if shared is not None and not shared.available:
+        unavailable = {
+            "status": "state_unavailable",
+            "error": f"shared state unavailable: Redis at {shared.where} cannot be reached",
+            "revision": runtime.fleet.revision,
+        }
+        return JsonResponse(unavailable, status=503, headers={"Retry-After": "2"})
     return JsonResponse({"status": "ok", "revision": runtime.fleet.revision})
 
 
@@ -102,7 +112,12 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             client = runtime.clients.identify(_client_key(request))
             if client is not None:
                 trail = replace(trail, client=client.name)
-                trail = replace(trail, client_pass=runtime.clients.admit(client, route.name))
+                admitted = (
+                    runtime.clients.admit(client, route.name)
+                    if runtime.shared is None
+                    else await runtime.shared.admit(client, route.name)
+                )
+                trail = replace(trail, client_pass=admitted)
         if (request.method or "GET") not in METHODS:
             raise MethodNotAllowed(
                 f"method {(request.method or '')[:20]} not allowed: use {', '.join(METHODS)}"
@@ -118,10 +133,10 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             trail, model=ask.model or "", fingerprint=ask.fingerprint, running=running
         )
         try:
-            passage = _place(runtime, route, ask, trail)
+            passage = await _place(runtime, route, ask, trail)
         except NoHealthyHost:
             await runtime.probe_down(route)  # a host that just came back serves at once
-            passage = _place(runtime, route, ask, trail)
+            passage = await _place(runtime, route, ask, trail)
         if isinstance(passage.waiting, Waiting) and wants_wait_status(ask, route):
             return _waiting_response(runtime, passage, passage.waiting)
         answered = await passage.through()
@@ -143,8 +158,8 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
     return streamed(answered, relay)
 
 
-def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -> Passage:
-    """The request's passage: placed now, or holding its place in a queue. One step, no await.
+async def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -> Passage:
+    """The request's passage: placed now, or holding its place in a queue, in one step.
 
     Raises UnknownModel, QueueFull, NoHealthyHost or PinnedHostDown.
     """
@@ -154,7 +169,7 @@ def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -> Pass
         return Passage(runtime, route, ask, trail, None, None)
     assert ask.model is not None
     placer = Placer(runtime, route, ask.model, ask.fingerprint, runtime.loop.time())
-    return Passage(runtime, route, ask, trail, placer, placer.now())
+    return Passage(runtime, route, ask, trail, placer, await placer.now())
 
 
 def _waiting_response(runtime: Runtime, passage: Passage, waiting: Waiting) -> StreamedResponse:

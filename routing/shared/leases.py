@@ -57,13 +57,13 @@ index(P .. 'lease-host:' .. host, expires, ARGV[2])
 return host
 """
 
-# ARGV: P, id, host, ttl ms, cap, expected current host ('' for none). Sets the lease unless
-# another process changed it since it was read (then its host is returned, not overwritten).
+# ARGV: P, id, host, ttl ms, cap, expected current host ('' for none, '*' for any). Sets the
+# lease unless another process changed it since it was read (then its host is returned).
 _WRITE = _PRELUDE + r"""
 local id, host = ARGV[2], ARGV[3]
 local key = P .. 'lease:' .. id
 local current = redis.call('GET', key) or ''
-if current ~= ARGV[6] and current ~= '' then return current end
+if current ~= ARGV[6] and current ~= '' and ARGV[6] ~= '*' then return current end
 if current ~= '' then redis.call('ZREM', P .. 'lease-host:' .. current, id) end
 local expires = now + tonumber(ARGV[4])
 redis.call('SET', key, host, 'PXAT', expires)
@@ -183,6 +183,12 @@ class RedisLeases:
     async def slide(self, key: LeaseKey, ttl: float) -> str | None:
         """The host of a live lease for `key`, its TTL slid to `ttl` from now; None without."""
         return await self._read(lease_id(key), _ms(ttl))
+
+    async def keep(self, key: LeaseKey, host: str, ttl: float) -> None:
+        """Lease `key` to `host` for `ttl` seconds from now, whatever it was (one round trip).
+        An empty fingerprint is never stored."""
+        if key.fingerprint:
+            await self._write(lease_id(key), host, _ms(ttl), self._max_entries, "*")
 
     async def drop_host(self, host: str) -> int:
         """Remove every lease held by `host` (a deleted host); return how many went."""

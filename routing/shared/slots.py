@@ -183,6 +183,32 @@ class RedisSlots:
         self._configs.pop(pair, None)
         await self._send_config(pair)
 
+    def configure_soon(self, host: str, model: str, parallel: int, queue_max: int) -> None:
+        """`configure` from synchronous code: the limits apply here at once (places may be
+        asked for), and reach Redis in a task of their own, or at the next tick."""
+        if not host or "/" in host:
+            raise ValueError(f"a host name must be non-empty and without '/': {host!r}")
+        pair = pair_id(host, model)
+        self._configs[pair] = (max(1, parallel), max(0, queue_max))
+        self._send_soon(pair)
+
+    def remove_soon(self, host: str, model: str) -> None:
+        """`remove` from synchronous code."""
+        pair = pair_id(host, model)
+        self._configs.pop(pair, None)
+        self._send_soon(pair)
+
+    def _send_soon(self, pair: str) -> None:
+        self._unsent.add(pair)
+
+        async def send() -> None:
+            try:
+                await self._send_config(pair)
+            except StateUnavailable:
+                pass  # still in _unsent: the next tick that reaches Redis sends it
+
+        self._spawn(send())
+
     async def _send_config(self, pair: str) -> None:
         self._unsent.add(pair)
         limits = self._configs.get(pair)
@@ -289,13 +315,33 @@ class RedisSlots:
             return self._hold(queued.id, reply[1], time.monotonic() - entry.since)
         return None
 
+    def release_soon(self, grant: Grant) -> bool:
+        """`release` from synchronous code, in a task of its own. Whether the grant was held
+        (False for a second call)."""
+        if self._held.pop(grant.id, None) is None:
+            return False
+        self._spawn(self._give_back(grant))
+        return True
+
+    def cancel_soon(self, queued: Queued) -> None:
+        """`cancel` from synchronous code: a grant that landed first is released."""
+
+        async def cancel() -> None:
+            grant = await self.cancel(queued)
+            if grant is not None:
+                await self.release(grant)
+
+        self._spawn(cancel())
+
     async def release(self, grant: Grant) -> None:
         """Give the slot back; it goes to the head waiter (or a watcher) in the same step.
 
         Idempotent. Never raises StateUnavailable: an unreachable Redis gets it at the next
         tick that reaches it."""
-        if self._held.pop(grant.id, None) is None:
-            return
+        if self._held.pop(grant.id, None) is not None:
+            await self._give_back(grant)
+
+    async def _give_back(self, grant: Grant) -> None:
         pair = pair_id(grant.host, grant.model)
         try:
             await self._release(grant.id, pair)

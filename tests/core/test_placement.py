@@ -22,6 +22,7 @@ from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueT
 from routing.core.leases import LeaseKey, LeaseOutcome, LeaseTable
 from routing.core.limiter import Limiter, Slot
 from routing.core.placement import Placement, Placer, Reason, Waiting
+from routing.core.state import Held, LocalState
 
 MODEL = "llama3"
 SHORT = 0.05  # seconds: patience, fallback_after or queue_timeout when a test needs it to pass
@@ -70,6 +71,7 @@ class MemoryFleet:
     def __init__(self, hosts: dict[str, dict[str, Any]], *routes: Route) -> None:
         self.limiter = Limiter()
         self.leases = LeaseTable()
+        self.state = LocalState(self.limiter, self.leases)
         self.hosts = hosts
         self.routes = {route.name: route for route in routes}
         for name, spec in hosts.items():
@@ -125,8 +127,8 @@ def placer(fleet: MemoryFleet, route: Route, fingerprint: str = "conversation") 
     return Placer(fleet, route, MODEL, fingerprint, asyncio.get_running_loop().time())
 
 
-def placed(fleet: MemoryFleet, route: Route, fingerprint: str = "conversation") -> Placement:
-    got = placer(fleet, route, fingerprint).now()
+async def placed(fleet: MemoryFleet, route: Route, fingerprint: str = "conversation") -> Placement:
+    got = await placer(fleet, route, fingerprint).now()
     assert isinstance(got, Placement), f"expected a slot at once, got {got!r}"
     return got
 
@@ -160,13 +162,13 @@ def assert_nothing_held(fleet: MemoryFleet) -> None:
 async def test_a_conversation_returns_to_its_home_host() -> None:
     route = Route()
     fleet = MemoryFleet({"gpu1": host(parallel=2), "gpu2": host(parallel=4)}, route)
-    first = placed(fleet, route)
+    first = await placed(fleet, route)
     assert (first.host, first.reason, first.lease) == ("gpu2", Reason.NEW, LeaseOutcome.NEW)
     first.slot.release()
     busy = [fleet.occupy("gpu2") for _ in range(3)]  # gpu1 has more free slots now
 
-    again = placed(fleet, route)
-    stranger = placed(fleet, route, "another conversation")
+    again = await placed(fleet, route)
+    stranger = await placed(fleet, route, "another conversation")
 
     assert (again.host, again.reason, again.lease) == ("gpu2", Reason.HOME, LeaseOutcome.REUSED)
     assert (again.route, again.model) == ("chat", MODEL)
@@ -183,7 +185,7 @@ async def test_a_new_conversation_goes_to_the_host_with_most_free_slots() -> Non
         {"gpu1": host(parallel=2), "gpu2": host(parallel=4), "gpu3": host(parallel=3)}, route
     )
 
-    got = placed(fleet, route)
+    got = await placed(fleet, route)
 
     assert (got.host, got.reason, got.lease) == ("gpu2", Reason.NEW, LeaseOutcome.NEW)
     assert lease_of(fleet, route) == "gpu2"
@@ -196,7 +198,7 @@ async def test_ties_go_to_the_host_with_fewer_leases_so_lone_conversations_sprea
     hosts = []
 
     for number in range(6):
-        got = placed(fleet, route, f"conversation {number}")
+        got = await placed(fleet, route, f"conversation {number}")
         hosts.append(got.host)
         got.slot.release()  # each conversation is done before the next arrives
 
@@ -208,7 +210,7 @@ async def test_a_request_without_a_conversation_is_placed_but_never_leased() -> 
     route = Route()
     fleet = MemoryFleet({"gpu1": host(), "gpu2": host()}, route)
 
-    got = placed(fleet, route, fingerprint="")
+    got = await placed(fleet, route, fingerprint="")
 
     assert (got.reason, got.lease) == (Reason.NONE, LeaseOutcome.NONE)
     assert len(fleet.leases) == 0
@@ -220,10 +222,10 @@ async def test_a_request_without_a_conversation_is_placed_but_never_leased() -> 
 async def test_home_busy_with_queue_room_waits_at_home_for_its_slot() -> None:
     route = Route(lease_patience=LONG)
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
-    first_turn = placed(fleet, route)
+    first_turn = await placed(fleet, route)
     assert first_turn.host == "gpu1"
 
-    waiting = (second := placer(fleet, route)).now()
+    waiting = await (second := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting)
     assert (waiting.host, waiting.reason, waiting.lease) == (
         "gpu1", Reason.HOME, LeaseOutcome.REUSED,
@@ -243,9 +245,9 @@ async def test_home_busy_with_queue_room_waits_at_home_for_its_slot() -> None:
 async def test_home_busy_takes_a_slot_freed_on_another_host_after_lease_patience() -> None:
     route = Route(lease_patience=SHORT)
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
-    first_turn = placed(fleet, route)
+    first_turn = await placed(fleet, route)
     other = fleet.occupy("gpu2")
-    waiting = (second := placer(fleet, route)).now()
+    waiting = await (second := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting) and waiting.host == "gpu1"
     task = asyncio.create_task(second.wait(waiting))
     await settle()
@@ -259,7 +261,7 @@ async def test_home_busy_takes_a_slot_freed_on_another_host_after_lease_patience
     assert fleet.limiter.queued("gpu1", MODEL) == 0
     first_turn.slot.release()
     got.slot.release()
-    third_turn = placed(fleet, route)
+    third_turn = await placed(fleet, route)
     assert (third_turn.host, third_turn.reason) == ("gpu1", Reason.HOME)
     third_turn.slot.release()
     assert_nothing_held(fleet)
@@ -269,7 +271,7 @@ async def test_a_new_conversation_that_spills_after_patience_is_leased_where_it_
     route = Route(lease_patience=SHORT)
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
     held = [fleet.occupy("gpu1"), fleet.occupy("gpu2")]
-    waiting = (newcomer := placer(fleet, route, "fresh")).now()
+    waiting = await (newcomer := placer(fleet, route, "fresh")).now()
     assert isinstance(waiting, Waiting) and waiting.reason is Reason.NEW
     queued_at = waiting.host
     task = asyncio.create_task(newcomer.wait(waiting))
@@ -291,9 +293,9 @@ async def test_a_new_conversation_that_spills_after_patience_is_leased_where_it_
 async def test_home_queue_full_spills_at_once_to_a_free_host() -> None:
     route = Route(lease_patience=LONG)
     fleet = MemoryFleet({"gpu1": host(queue_max=0), "gpu2": host(queue_max=0)}, route)
-    first_turn = placed(fleet, route)
+    first_turn = await placed(fleet, route)
 
-    got = placed(fleet, route)
+    got = await placed(fleet, route)
 
     assert (got.host, got.reason, got.lease) == ("gpu2", Reason.SPILLED, LeaseOutcome.SPILLED)
     assert lease_of(fleet, route) == "gpu1"
@@ -305,10 +307,10 @@ async def test_home_queue_full_spills_at_once_to_a_free_host() -> None:
 async def test_home_queue_full_queues_on_another_host_with_room() -> None:
     route = Route(lease_patience=LONG)
     fleet = MemoryFleet({"gpu1": host(queue_max=0), "gpu2": host(queue_max=1)}, route)
-    first_turn = placed(fleet, route)
+    first_turn = await placed(fleet, route)
     other = fleet.occupy("gpu2")
 
-    waiting = (second := placer(fleet, route)).now()
+    waiting = await (second := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting)
     assert (waiting.host, waiting.reason) == ("gpu2", Reason.SPILLED)
     task = asyncio.create_task(second.wait(waiting))
@@ -325,9 +327,9 @@ async def test_home_queue_full_queues_on_another_host_with_room() -> None:
 async def test_a_request_queued_elsewhere_that_is_handed_its_home_slot_is_served_at_home() -> None:
     route = Route(lease_patience=SHORT)
     fleet = MemoryFleet({"gpu1": host(queue_max=0), "gpu2": host(queue_max=1)}, route)
-    first_turn = placed(fleet, route)
+    first_turn = await placed(fleet, route)
     other = fleet.occupy("gpu2")
-    waiting = (second := placer(fleet, route)).now()
+    waiting = await (second := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting) and waiting.host == "gpu2"  # home's queue is full
     task = asyncio.create_task(second.wait(waiting))
     # Past the patience, the request also watches home: let that timer run first.
@@ -348,16 +350,16 @@ async def test_a_request_queued_elsewhere_that_is_handed_its_home_slot_is_served
 async def test_every_host_full_refuses_with_queue_full() -> None:
     route = Route()
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=0)}, route)
-    home = placed(fleet, route)
+    home = await placed(fleet, route)
     busy = [fleet.occupy("gpu2")]
-    queued = placer(fleet, route, "someone queued").now()
+    queued = await placer(fleet, route, "someone queued").now()
     assert isinstance(queued, Waiting)
     before = fleet.limiter.snapshot()
 
     with pytest.raises(QueueFull) as at_home:
-        placer(fleet, route).now()
+        await placer(fleet, route).now()
     with pytest.raises(QueueFull):
-        placer(fleet, route, "a new conversation").now()
+        await placer(fleet, route, "a new conversation").now()
 
     answer = answer_for(at_home.value)
     assert (answer.status, answer.code, answer.retry_after) == (503, "queue_full", 1)
@@ -376,28 +378,28 @@ async def test_every_host_full_refuses_with_queue_full() -> None:
 async def test_home_down_or_draining_moves_the_lease(unusable: dict[str, bool]) -> None:
     route = Route()
     fleet = MemoryFleet({"gpu1": host(), "gpu2": host()}, route)
-    placed(fleet, route).slot.release()
+    (await placed(fleet, route)).slot.release()
     assert lease_of(fleet, route) == "gpu1"
 
     fleet.set_host("gpu1", **unusable)
-    got = placed(fleet, route)
+    got = await placed(fleet, route)
 
     assert (got.host, got.reason, got.lease) == ("gpu2", Reason.MOVED, LeaseOutcome.MOVED)
     assert lease_of(fleet, route) == "gpu2"
     got.slot.release()
     fleet.set_host("gpu1", healthy=True, draining=False)
-    next_turn = placed(fleet, route)
+    next_turn = await placed(fleet, route)
     assert (next_turn.host, next_turn.reason) == ("gpu2", Reason.HOME)
 
 
 async def test_a_strict_route_refuses_with_pinned_host_down_and_keeps_the_pin() -> None:
     route = Route(strict=True)
     fleet = MemoryFleet({"gpu1": host(), "gpu2": host()}, route)
-    placed(fleet, route).slot.release()
+    (await placed(fleet, route)).slot.release()
 
     fleet.set_host("gpu1", healthy=False)
     with pytest.raises(PinnedHostDown) as refused:
-        placer(fleet, route).now()
+        await placer(fleet, route).now()
 
     assert refused.value.host == "gpu1"
     answer = answer_for(refused.value)
@@ -405,7 +407,7 @@ async def test_a_strict_route_refuses_with_pinned_host_down_and_keeps_the_pin() 
     assert lease_of(fleet, route) == "gpu1"
     assert_nothing_held(fleet)
     fleet.set_host("gpu1", healthy=True)
-    back = placed(fleet, route)
+    back = await placed(fleet, route)
     assert (back.host, back.reason, back.lease) == ("gpu1", Reason.HOME, LeaseOutcome.REUSED)
 
 
@@ -414,7 +416,7 @@ async def test_no_usable_host_refuses_with_no_healthy_host() -> None:
     fleet = MemoryFleet({"gpu1": host(healthy=False), "gpu2": host(draining=True)}, route)
 
     with pytest.raises(NoHealthyHost) as refused:
-        placer(fleet, route).now()
+        await placer(fleet, route).now()
 
     assert answer_for(refused.value).code == "no_healthy_host"
     assert lease_of(fleet, route) is None
@@ -441,7 +443,7 @@ async def test_with_no_usable_host_a_route_with_a_fallback_waits_then_takes_a_fa
         fallback,
     )
 
-    waiting = (request := placer(fleet, route)).now()
+    waiting = await (request := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting)
     assert waiting.host == ""  # no line to wait in: it watches the hosts and the fallback
     got = await asyncio.wait_for(request.wait(waiting), WAIT)
@@ -458,9 +460,9 @@ async def test_with_no_usable_host_a_route_with_a_fallback_waits_then_takes_a_fa
 async def test_a_queued_request_takes_a_fallback_slot_after_fallback_after() -> None:
     route, fallback = with_fallback(hosts=("gpu1",), fallback_after=SHORT)
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "cpu1": host(model="small")}, route, fallback)
-    home = placed(fleet, route)
+    home = await placed(fleet, route)
 
-    waiting = (request := placer(fleet, route)).now()
+    waiting = await (request := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting) and waiting.host == "gpu1"
     got = await asyncio.wait_for(request.wait(waiting), WAIT)
 
@@ -477,10 +479,10 @@ async def test_a_queued_request_takes_a_fallback_slot_after_fallback_after() -> 
 async def test_a_fallback_with_no_free_slot_keeps_the_request_waiting_for_the_next_one() -> None:
     route, fallback = with_fallback(hosts=("gpu1",), fallback_after=SHORT)
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "cpu1": host(model="small")}, route, fallback)
-    home = placed(fleet, route)
+    home = await placed(fleet, route)
     cpu = fleet.occupy("cpu1", "small")
     request = placer(fleet, route)
-    waiting = request.now()
+    waiting = await request.now()
     assert isinstance(waiting, Waiting)
     task = asyncio.create_task(request.wait(waiting))
 
@@ -506,7 +508,7 @@ async def test_a_host_coming_back_serves_a_request_waiting_with_no_usable_host()
         route,
         fallback,
     )
-    waiting = (request := placer(fleet, route)).now()
+    waiting = await (request := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting)
     task = asyncio.create_task(request.wait(waiting))
     await settle()
@@ -528,9 +530,9 @@ async def test_a_strict_route_with_a_fallback_waits_for_its_pinned_host_to_come_
     fleet = MemoryFleet(
         {"gpu1": host(), "gpu2": host(), "cpu1": host(model="small")}, route, fallback
     )
-    placed(fleet, route).slot.release()
+    (await placed(fleet, route)).slot.release()
     fleet.set_host("gpu1", healthy=False)
-    waiting = (request := placer(fleet, route)).now()
+    waiting = await (request := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting)
     task = asyncio.create_task(request.wait(waiting))
     await settle()
@@ -550,8 +552,8 @@ async def test_a_strict_route_with_a_fallback_waits_for_its_pinned_host_to_come_
 async def test_queue_timeout_raises_queue_timeout_and_leaves_nothing_held() -> None:
     route = Route(hosts=("gpu1",), queue_timeout=SHORT)
     fleet = MemoryFleet({"gpu1": host(queue_max=1)}, route)
-    home = placed(fleet, route)
-    waiting = (request := placer(fleet, route)).now()
+    home = await placed(fleet, route)
+    waiting = await (request := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting)
 
     with pytest.raises(QueueTimeout) as timed_out:
@@ -568,9 +570,9 @@ async def test_queue_timeout_raises_queue_timeout_and_leaves_nothing_held() -> N
 async def test_cancelling_a_wait_leaves_nothing_held() -> None:
     route = Route(lease_patience=SHORT)
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
-    home = placed(fleet, route)
+    home = await placed(fleet, route)
     other = fleet.occupy("gpu2")
-    waiting = (request := placer(fleet, route)).now()
+    waiting = await (request := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting)
     task = asyncio.create_task(request.wait(waiting))
     await settle()
@@ -591,9 +593,9 @@ async def test_a_wait_cancelled_in_the_turn_its_slot_is_handed_over_leaves_nothi
 ) -> None:
     route = Route(lease_patience=0.0 if where == "spill" else LONG)
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
-    home = placed(fleet, route).slot
+    home = (await placed(fleet, route)).slot
     other = fleet.occupy("gpu2")
-    waiting = (request := placer(fleet, route)).now()
+    waiting = await (request := placer(fleet, route)).now()
     assert isinstance(waiting, Waiting) and waiting.host == "gpu1"
     task = asyncio.create_task(request.wait(waiting))
     await settle()  # the wait has started, and a patience of 0 has been spent
@@ -631,7 +633,7 @@ async def _burst(
     for number in range(arrivals):  # one loop turn: nothing else runs in between
         request = placer(fleet, route, f"conversation {number}")
         try:
-            got = request.now()
+            got = await request.now()
         except QueueFull:
             refused += 1
             continue
@@ -713,7 +715,7 @@ async def _random_traffic(rng: random.Random) -> list[str]:
     fleet = MemoryFleet(hosts, route, fallback)
     pairs = {(name, MODEL): limit[0] for name, limit in limits.items()} | {("cpu1", "small"): 1}
     wrong: list[str] = []
-    held: list[tuple[Slot, str]] = []
+    held: list[tuple[Held, str]] = []
     busy: set[str] = set()  # conversations with a request under way: one at a time each
     tasks: list[asyncio.Task[None]] = []
 
@@ -752,7 +754,7 @@ async def _random_traffic(rng: random.Random) -> list[str]:
             busy.add(fingerprint)
             request = placer(fleet, route, fingerprint)
             try:
-                got = request.now()
+                got = await request.now()
             except (QueueFull, NoHealthyHost, PinnedHostDown):
                 busy.discard(fingerprint)
             else:

@@ -30,10 +30,10 @@ def set_parallel(host: str, parallel: int) -> None:
     model.save()
 
 
-def place(runtime: Runtime, fingerprint: str) -> tuple[str, str]:
+async def place(runtime: Runtime, fingerprint: str) -> tuple[str, str]:
     """Place one request of route chat at once; its host and lease outcome (slot given back)."""
     placer = Placer(runtime, runtime.fleet.routes["chat"], MODEL, fingerprint, runtime.loop.time())
-    placement = placer.now()
+    placement = await placer.now()
     assert isinstance(placement, Placement)
     placement.slot.release()
     return placement.host, str(placement.lease)
@@ -68,15 +68,15 @@ async def test_a_deleted_host_loses_its_leases_and_others_keep_theirs(runtime):
     gpu2 = await sync_to_async(add_host)("gpu2", "http://127.0.0.1:10")
     await sync_to_async(add_route)("chat", [gpu1, gpu2])
     await runtime.refresh()
-    first = place(runtime, "a" * 64)
-    second = place(runtime, "b" * 64)
+    first = await place(runtime, "a" * 64)
+    second = await place(runtime, "b" * 64)
     assert {first, second} == {("gpu1", "new"), ("gpu2", "new")}  # fewer leases wins a tie
     on_gpu1 = "a" * 64 if first[0] == "gpu1" else "b" * 64
 
     await sync_to_async(Host.objects.filter(name="gpu1").delete)()
     await runtime.refresh()
 
-    assert place(runtime, on_gpu1) == ("gpu2", "new")
+    assert await place(runtime, on_gpu1) == ("gpu2", "new")
     assert runtime.leases.held_by_host() == {"gpu2": 2}
 
 
@@ -89,7 +89,7 @@ async def test_draining_a_host_stops_new_leases_at_once(runtime):
     gpu1.draining = True
     await sync_to_async(gpu1.save)()
     await runtime.refresh()
-    hosts = {place(runtime, f"{i:064x}")[0] for i in range(5)}
+    hosts = {(await place(runtime, f"{i:064x}"))[0] for i in range(5)}
 
     assert hosts == {"gpu2"}
 

@@ -1,0 +1,145 @@
+"""The fleet's state as placement uses it: slots, places in line, leases, and their counts.
+
+Two backings share this shape. `LocalState` (here) is one process's `Limiter` and
+`LeaseTable`: its coroutines never suspend, so a placement made through it stays one step that
+no other request can interleave with. `routing.shared.fleet_state.SharedState` keeps the same
+things in Redis for several gateway processes; there each operation is one atomic server-side
+script (one round trip), which is what keeps `parallel` and the FIFO order across processes.
+
+The counts (`free_for`, `queued`, `leases_held`, ...) rank hosts and feed the dashboard; they
+never decide whether a place is free, which only `place` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from routing.core.leases import LeaseKey, LeaseTable
+from routing.core.limiter import Limiter, Pair, PairSnapshot, Slot, Waiter
+
+__all__ = ["FleetState", "Held", "InLine", "LocalState"]
+
+
+class Held(Protocol):
+    """One held slot of a (host, model) pair; `release()` is idempotent and never raises."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    def release(self) -> None: ...
+
+
+class InLine(Protocol):
+    """A request's place in one pair's line (or its watches only, when `host` is "").
+
+    `granted` resolves to the `Held` slot it was handed. A wait that ends without using it
+    calls `cancel()` and releases what that returns.
+    """
+
+    @property
+    def granted(self) -> asyncio.Future[Any]: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def position(self) -> int: ...
+    def changes(self) -> asyncio.Event: ...
+    def cancel(self) -> Held | None: ...
+    def fail(self, error: BaseException) -> None: ...
+
+
+class FleetState(Protocol):
+    """Slots, lines and leases of the whole fleet, and counts of them for ranking."""
+
+    async def place(self, pairs: Sequence[Pair]) -> Held | InLine | None:
+        """A free slot on the first pair with one; else a place in the first line with room;
+        else None (all full)."""
+        ...
+
+    def watcher(self) -> InLine | None:
+        """A place in no line, that only watches; None where the backing has none."""
+        ...
+
+    def watch(self, waiter: InLine, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
+        """Let `waiter` also take a slot freed on `pairs` whose lines are empty."""
+        ...
+
+    def wake(self, host: str) -> None:
+        """The host became usable: offer its free slots to the requests watching it."""
+        ...
+
+    async def find_lease(self, key: LeaseKey) -> str | None: ...
+    async def keep_lease(self, key: LeaseKey, host: str, ttl: float) -> None: ...
+
+    def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None: ...
+    def remove(self, host: str, model: str) -> None: ...
+    def drop_host(self, host: str) -> None: ...
+
+    def free_for(self, host: str, model: str) -> int: ...
+    def free_slots(self, host: str) -> int: ...
+    def queued(self, host: str, model: str) -> int: ...
+    def in_flight(self, host: str, model: str) -> int: ...
+    def snapshot(self) -> list[PairSnapshot]: ...
+    def leases_held(self, host: str, model: str | None = None) -> int: ...
+    def leases_by_host(self) -> dict[str, int]: ...
+
+
+class LocalState:
+    """One process's limiter and lease table behind `FleetState`. Nothing here suspends."""
+
+    __slots__ = ("limiter", "leases")
+
+    def __init__(self, limiter: Limiter, leases: LeaseTable) -> None:
+        self.limiter = limiter
+        self.leases = leases
+
+    async def place(self, pairs: Sequence[Pair]) -> Slot | Waiter | None:
+        return self.limiter.place(pairs)
+
+    def watcher(self) -> Waiter:
+        return self.limiter.waiter()
+
+    def watch(self, waiter: InLine, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
+        assert isinstance(waiter, Waiter), "a local watch needs a local waiter"
+        self.limiter.watch(waiter, pairs, accept)
+
+    def wake(self, host: str) -> None:
+        self.limiter.wake(host)
+
+    async def find_lease(self, key: LeaseKey) -> str | None:
+        return self.leases.find(key)
+
+    async def keep_lease(self, key: LeaseKey, host: str, ttl: float) -> None:
+        self.leases.keep(key, host, ttl)
+
+    def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:
+        self.limiter.configure(host, model, parallel, queue_max)
+
+    def remove(self, host: str, model: str) -> None:
+        self.limiter.remove(host, model)
+
+    def drop_host(self, host: str) -> None:
+        self.leases.drop_host(host)
+
+    def free_for(self, host: str, model: str) -> int:
+        return self.limiter.free_for(host, model)
+
+    def free_slots(self, host: str) -> int:
+        return self.limiter.free_slots(host)
+
+    def queued(self, host: str, model: str) -> int:
+        return self.limiter.queued(host, model)
+
+    def in_flight(self, host: str, model: str) -> int:
+        return self.limiter.in_flight(host, model)
+
+    def snapshot(self) -> list[PairSnapshot]:
+        return self.limiter.snapshot()
+
+    def leases_held(self, host: str, model: str | None = None) -> int:
+        return self.leases.held(host, model)
+
+    def leases_by_host(self) -> dict[str, int]:
+        return self.leases.held_by_host()

@@ -1,0 +1,316 @@
+"""`FleetState` in Redis: what placement uses, shared by every gateway process.
+
+`SharedState` puts `RedisSlots`, `RedisLeases` and `RedisClients` behind the same shape as the
+in-process `LocalState` (routing/core/state.py), so placement and the proxy are the same code
+with one process or many. What differs, and why:
+
+- `place` is one atomic script (one round trip): the host order comes from this process's
+  ranking, and the script takes the first pair in that order with a free slot, else the
+  first line with room. So `parallel` holds and lines are FIFO across processes; only the
+  ranking's counts may be up to a tick old (they are refreshed every tick, and this
+  process's own grants and releases count at once).
+- A place in line hears of its grant by pub/sub (routing/shared/slots.py), never by polling.
+- Watches (a spill after the route's patience, a fallback) are given only the pairs usable
+  when they begin: Redis cannot ask this process whether a freed slot may go to a request.
+  A slot granted on a host that went down meanwhile is found out by the request itself,
+  which is then placed again (routing/proxy/passage.py).
+- There are no watch-only places: a route with a fallback whose hosts are all down refuses
+  at once (503) instead of waiting for one to come back.
+- `release` and the clean-up of a wait run in tasks of their own: they are called from
+  synchronous code (a relay's end, a cancelled wait) and never raise; an unreachable Redis
+  gets them at its next tick (RedisSlots' reconcile), so nothing leaks.
+
+Redis unreachable: `place`, `find_lease` and `admit` raise `StateUnavailable` (503
+`state_unavailable` with Retry-After); a lease write that fails is logged and the request
+goes on, since it holds its slot already and a lease is only where its cache is warm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any
+
+from routing.core.clients import ClientSpec
+from routing.core.leases import LeaseKey
+from routing.core.limiter import Pair, PairSnapshot
+from routing.core.state import InLine
+from routing.shared.clients import RedisClientPass, RedisClients
+from routing.shared.leases import RedisLeases
+from routing.shared.slots import Grant, Queued, RedisSlots
+from routing.shared.state import Shared, StateUnavailable
+
+__all__ = ["SharedPlace", "SharedSlot", "SharedState"]
+
+log = logging.getLogger("crossbar.shared")
+
+# A lease read this recently by the same key needs no second write to stay (the read slid it).
+_SLID_FOR = 1.0
+
+
+class SharedSlot:
+    """One slot held in Redis. `release()` is idempotent and returns at once."""
+
+    __slots__ = ("host", "model", "_state", "_grant")
+
+    def __init__(self, state: SharedState, grant: Grant) -> None:
+        self.host = grant.host
+        self.model = grant.model
+        self._state = state
+        self._grant = grant
+
+    def release(self) -> None:
+        self._state._released(self._grant)
+
+    def __repr__(self) -> str:
+        return f"<SharedSlot {self.host}/{self.model} {self._grant.id}>"
+
+
+class SharedPlace:
+    """A place in one pair's line in Redis; `granted` resolves when a release hands it a slot.
+
+    `position` is the place it was given when it joined (later moves are not followed: that
+    would cost a round trip per change per waiter).
+    """
+
+    __slots__ = ("granted", "_state", "queued", "_task", "_changed")
+
+    def __init__(self, state: SharedState, queued: Queued) -> None:
+        loop = asyncio.get_running_loop()
+        self.granted: asyncio.Future[SharedSlot] = loop.create_future()
+        self._state = state
+        self.queued = queued
+        self._changed: asyncio.Event | None = None
+        self._task = loop.create_task(self._wait(), name="crossbar-shared-wait")
+        self.granted.add_done_callback(self._on_done)
+
+    @property
+    def host(self) -> str:
+        return self.queued.host
+
+    @property
+    def position(self) -> int:
+        return 0 if self.granted.done() else self.queued.position
+
+    def changes(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+            if self.granted.done():
+                self._changed.set()
+        return self._changed
+
+    def cancel(self) -> SharedSlot | None:
+        granted = self.granted
+        if granted.done():
+            if granted.cancelled() or granted.exception() is not None:
+                return None
+            return granted.result()
+        granted.cancel()  # _on_done leaves the line in Redis
+        return None
+
+    def fail(self, error: BaseException) -> None:
+        if not self.granted.done():
+            self.granted.set_exception(error)
+
+    async def _wait(self) -> None:
+        slots = self._state.slots
+        try:
+            grant = await slots.wait(self.queued)
+        except asyncio.CancelledError:
+            return  # the wait ended here first; _on_done cleans up
+        except Exception as exc:  # StateUnavailable: the place was lost
+            self.fail(exc)
+            return
+        self._state._granted(grant)
+        if self.granted.done():  # ended meanwhile (a deadline, a cancel): hand the slot on
+            self._state._released(grant)
+            return
+        self.granted.set_result(SharedSlot(self._state, grant))
+
+    def _on_done(self, granted: asyncio.Future[SharedSlot]) -> None:
+        if self._changed is not None:
+            self._changed.set()
+        if granted.cancelled() or granted.exception() is not None:
+            self._task.cancel()
+            self._state.slots.cancel_soon(self.queued)
+
+
+class SharedState:
+    """Slots, lines, leases and client counts in Redis, for one process and event loop."""
+
+    def __init__(self, url: str, *, hold_ttl: float) -> None:
+        self.shared = Shared(url, hold_ttl=hold_ttl)
+        self.slots = RedisSlots(self.shared)
+        self.leases = RedisLeases(self.shared)
+        self.clients = RedisClients(self.shared)
+        self._pairs: dict[Pair, PairSnapshot] = {}
+        self._mine: dict[Pair, int] = {}  # this process's grants less releases since the refresh
+        self._lease_counts: dict[str, int] = {}
+        self._slid: dict[LeaseKey, tuple[str, float]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.shared.on_tick(self._refresh)
+
+    @property
+    def available(self) -> bool:
+        """Whether the last round trip to Redis went through."""
+        return self.shared.available
+
+    @property
+    def where(self) -> str:
+        return self.shared.where
+
+    async def start(self) -> None:
+        """Begin the liveness beat and the grant listener; never raises for Redis being away
+        (requests then get 503 state_unavailable until it answers)."""
+        await self.shared.start()
+        await self.slots.start(patience=2.0)
+
+    async def aclose(self) -> None:
+        await self.slots.aclose()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.shared.aclose()
+
+    # -- placing ------------------------------------------------------------------------
+
+    async def place(self, pairs: Sequence[Pair]) -> SharedSlot | SharedPlace | None:
+        if not pairs:
+            return None
+        got = await self.slots.place(pairs)
+        if got is None:
+            return None
+        if isinstance(got, Grant):
+            self._granted(got)
+            return SharedSlot(self, got)
+        return SharedPlace(self, got)
+
+    def watcher(self) -> None:
+        return None
+
+    def watch(self, waiter: InLine, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
+        assert isinstance(waiter, SharedPlace), "a shared watch needs a shared place"
+        usable = [pair for pair in pairs if accept(pair)]
+        if usable and not waiter.granted.done():
+            self._spawn(self._watch(waiter, usable))
+
+    def wake(self, host: str) -> None:
+        """Nothing to do: a shared line is handed slots by releases, which every host has."""
+
+    async def _watch(self, waiter: SharedPlace, pairs: list[Pair]) -> None:
+        try:
+            await self.slots.watch(waiter.queued, pairs)  # a grant also reaches waiter's wait
+        except ValueError:
+            pass  # granted or cancelled meanwhile
+        except StateUnavailable as exc:
+            waiter.fail(exc)
+
+    # -- leases -------------------------------------------------------------------------
+
+    async def find_lease(self, key: LeaseKey) -> str | None:
+        # Reading slides the lease by a minute at least; `keep_lease` sets the route's TTL.
+        host = await self.leases.slide(key, 60.0)
+        if host is not None:
+            self._slid[key] = (host, time.monotonic())
+        return host
+
+    async def keep_lease(self, key: LeaseKey, host: str, ttl: float) -> None:
+        slid = self._slid.pop(key, None)
+        if slid is not None and slid[0] == host and time.monotonic() - slid[1] < _SLID_FOR:
+            if ttl <= 60.0:
+                return  # the read just now slid it at least as far
+        if len(self._slid) > 1024:
+            self._slid.clear()  # reads whose request never kept: forget them
+        try:
+            await self.leases.keep(key, host, ttl)
+        except StateUnavailable as exc:
+            log.warning("lease not kept (%s): the conversation may move next turn", exc)
+
+    # -- client keys --------------------------------------------------------------------
+
+    async def admit(self, client: ClientSpec, route: str) -> RedisClientPass:
+        return await self.clients.admit(client, route)
+
+    # -- configuration ------------------------------------------------------------------
+
+    def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:
+        self.slots.configure_soon(host, model, parallel, queue_max)
+
+    def remove(self, host: str, model: str) -> None:
+        self.slots.remove_soon(host, model)
+
+    def drop_host(self, host: str) -> None:
+        async def drop() -> None:
+            try:
+                await self.leases.drop_host(host)
+            except StateUnavailable:
+                pass  # its leases expire by themselves
+
+        self._spawn(drop())
+
+    # -- counts (ranking, dashboard): refreshed every tick ------------------------------
+
+    def free_for(self, host: str, model: str) -> int:
+        snap = self._pairs.get((host, model))
+        if snap is None:
+            return 1
+        return max(0, snap.parallel - snap.in_flight - self._mine.get((host, model), 0))
+
+    def free_slots(self, host: str) -> int:
+        return sum(self.free_for(snap.host, snap.model) for snap in self._pairs.values()
+                   if snap.host == host)  # fmt: skip
+
+    def queued(self, host: str, model: str) -> int:
+        snap = self._pairs.get((host, model))
+        return snap.queued if snap is not None else 0
+
+    def in_flight(self, host: str, model: str) -> int:
+        snap = self._pairs.get((host, model))
+        base = snap.in_flight if snap is not None else 0
+        return max(0, base + self._mine.get((host, model), 0))
+
+    def snapshot(self) -> list[PairSnapshot]:
+        return [
+            PairSnapshot(
+                snap.host,
+                snap.model,
+                snap.parallel,
+                snap.queue_max,
+                self.in_flight(snap.host, snap.model),
+                snap.queued,
+            )  # fmt: skip
+            for snap in self._pairs.values()
+        ]
+
+    def leases_held(self, host: str, model: str | None = None) -> int:
+        # Redis counts leases per host only; per model this over-counts, which makes a
+        # router-mode host look busier (it then avoids unloading a model), never idler.
+        return self._lease_counts.get(host, 0)
+
+    def leases_by_host(self) -> dict[str, int]:
+        return dict(self._lease_counts)
+
+    async def _refresh(self) -> None:
+        pairs = await self.slots.snapshot()
+        leases = await self.leases.held_by_host()
+        self._pairs = {(snap.host, snap.model): snap for snap in pairs}
+        self._mine.clear()
+        self._lease_counts = leases
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _granted(self, grant: Grant) -> None:
+        pair = (grant.host, grant.model)
+        self._mine[pair] = self._mine.get(pair, 0) + 1
+
+    def _released(self, grant: Grant) -> None:
+        if self.slots.release_soon(grant):
+            pair = (grant.host, grant.model)
+            self._mine[pair] = self._mine.get(pair, 0) - 1
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
