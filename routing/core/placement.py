@@ -146,7 +146,9 @@ class Placer(Generic[RouteT]):
         Raises QueueFull (every usable host full), NoHealthyHost or PinnedHostDown (when the
         route has no fallback to wait for).
         """
-        home = await self.fleet.state.find_lease(self.key) if self.key is not None else None
+        home = None
+        if self.key is not None:
+            home = await self.fleet.state.find_lease(self.key, self.route.lease_ttl)
         self._home = None
         if home is not None:
             if self.fleet.usable(self.route, self.model, home):

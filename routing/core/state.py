@@ -70,7 +70,9 @@ class FleetState(Protocol):
         """The host became usable: offer its free slots to the requests watching it."""
         ...
 
-    async def find_lease(self, key: LeaseKey) -> str | None: ...
+    async def find_lease(self, key: LeaseKey, ttl: float) -> str | None:
+        """The lease's host, if live; a shared lease's TTL slides to `ttl` as it is read."""
+        ...
     async def keep_lease(self, key: LeaseKey, host: str, ttl: float) -> None: ...
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None: ...
@@ -108,8 +110,8 @@ class LocalState:
     def wake(self, host: str) -> None:
         self.limiter.wake(host)
 
-    async def find_lease(self, key: LeaseKey) -> str | None:
-        return self.leases.find(key)
+    async def find_lease(self, key: LeaseKey, ttl: float) -> str | None:
+        return self.leases.find(key)  # `keep_lease` slides it once the request is placed
 
     async def keep_lease(self, key: LeaseKey, host: str, ttl: float) -> None:
         self.leases.keep(key, host, ttl)

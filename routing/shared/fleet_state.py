@@ -209,9 +209,8 @@ class SharedState:
 
     # -- leases -------------------------------------------------------------------------
 
-    async def find_lease(self, key: LeaseKey) -> str | None:
-        # Reading slides the lease by a minute at least; `keep_lease` sets the route's TTL.
-        host = await self.leases.slide(key, 60.0)
+    async def find_lease(self, key: LeaseKey, ttl: float) -> str | None:
+        host = await self.leases.slide(key, ttl)  # the read slides it: no write to keep it
         if host is not None:
             self._slid[key] = (host, time.monotonic())
         return host
@@ -219,8 +218,7 @@ class SharedState:
     async def keep_lease(self, key: LeaseKey, host: str, ttl: float) -> None:
         slid = self._slid.pop(key, None)
         if slid is not None and slid[0] == host and time.monotonic() - slid[1] < _SLID_FOR:
-            if ttl <= 60.0:
-                return  # the read just now slid it at least as far
+            return  # the read just now slid it
         if len(self._slid) > 1024:
             self._slid.clear()  # reads whose request never kept: forget them
         try:

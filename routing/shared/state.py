@@ -75,6 +75,14 @@ Script = Callable[..., Awaitable[Any]]
 Hook = Callable[[], Awaitable[None]]
 
 
+def url_problem(url: str) -> str:
+    """What is wrong with a Redis URL, in one line without the URL (it may hold a password);
+    "" when nothing is."""
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        return "CROSSBAR_REDIS_URL must start with redis://, rediss:// or unix://"
+    return ""
+
+
 class Shared:
     """The connection, identity and liveness of one process. Use it on one event loop.
 
@@ -93,9 +101,10 @@ class Shared:
     ) -> None:
         if not hold_ttl > 0:
             raise ValueError(f"the hold TTL must be a positive number of seconds, not {hold_ttl}")
+        problem = url_problem(url)
+        if problem:
+            raise ValueError(problem)
         parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError("the Redis URL must start with redis://, rediss:// or unix://")
         # Where Redis is, for messages: never the whole URL, which may carry a password.
         where = f"{parts.hostname}:{parts.port or 6379}"
         self.where = parts.path if parts.scheme == "unix" else where

@@ -42,6 +42,15 @@ def test_workers_without_redis_are_refused_with_one_line_saying_why(tmp_path):
     ]
 
 
+def test_a_redis_url_of_another_kind_is_refused_with_one_line_without_the_url(tmp_path):
+    done = crossbar_serve(tmp_path, CROSSBAR_REDIS_URL="http://user:secret@cache.internal")
+
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "CommandError: CROSSBAR_REDIS_URL must start with redis://, rediss:// or unix://"
+    ]
+
+
 @pytest.mark.parametrize("value", ["0", "two", "65", "-1"])
 def test_a_bad_number_of_workers_is_refused_with_one_line(tmp_path, value):
     done = crossbar_serve(tmp_path, CROSSBAR_WORKERS=value, CROSSBAR_REDIS_URL="redis://x")

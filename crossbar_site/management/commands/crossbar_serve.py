@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 
 class Command(BaseCommand):
@@ -26,5 +26,8 @@ class Command(BaseCommand):
         self, *args: object, bind: str, port: int, grace: float | None, **options: object
     ) -> None:
         from crossbar_site.serve import serve
+        from routing.shared.state import url_problem
 
+        if settings.REDIS_URL and (problem := url_problem(settings.REDIS_URL)):
+            raise CommandError(problem)
         serve(bind, port, grace=settings.CROSSBAR["SHUTDOWN_GRACE"] if grace is None else grace)
