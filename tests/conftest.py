@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -128,11 +129,28 @@ def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
 
 @pytest.fixture(scope="session")
 def gateway(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Gateway]:
-    """One gateway for the whole session; each test's fleet reaches it through `sync()`."""
-    with django_db_blocker.unblock():
+    """One gateway for the whole session; each test's fleet reaches it through `sync()`.
+
+    With CROSSBAR_TEST_SHARED=1 in the environment it keeps its state in a redis-server of its
+    own (`CROSSBAR_REDIS_URL`), so the same tests check the shared state's behaviour.
+    """
+    with django_db_blocker.unblock(), contextlib.ExitStack() as stack:
         log_dir = tmp_path_factory.mktemp("gateway")
-        with running_gateway(log_dir) as gw:
-            yield gw
+        settings: dict[str, str] = {}
+        if os.environ.get("CROSSBAR_TEST_SHARED") == "1":
+            from tests.shared.conftest import RedisServer
+
+            binary = shutil.which("redis-server")
+            if binary is None:
+                pytest.fail(
+                    "CROSSBAR_TEST_SHARED=1 needs redis-server (apt-get install redis-server)"
+                )
+            redis = RedisServer(binary, tmp_path_factory.mktemp("redis"))
+            redis.start()
+            stack.callback(redis.stop)
+            settings["CROSSBAR_REDIS_URL"] = redis.url
+        gw = stack.enter_context(running_gateway(log_dir, **settings))
+        yield gw
 
 
 @pytest.fixture

@@ -253,8 +253,8 @@ class Placer(Generic[RouteT]):
         self, got: Held | InLine, reason: Reason, lease: LeaseOutcome
     ) -> Placement | Waiting:
         if _is_held(got):
-            waited = asyncio.get_running_loop().time() - self.started
-            return Placement(got, reason, lease, self.route.name, self.model, waited)
+            # A slot at once spent no time in a line (a shared state's round trips are not one).
+            return Placement(got, reason, lease, self.route.name, self.model, 0.0)
         waiter = cast(InLine, got)
         return Waiting(waiter, waiter.host, reason, lease)
 

@@ -14,8 +14,10 @@ with one process or many. What differs, and why:
   when they begin: Redis cannot ask this process whether a freed slot may go to a request.
   A slot granted on a host that went down meanwhile is found out by the request itself,
   which is then placed again (routing/proxy/passage.py).
-- There are no watch-only places: a route with a fallback whose hosts are all down refuses
-  at once (503) instead of waiting for one to come back.
+- A request of a route with a fallback that finds none of its hosts usable waits in no
+  line (`SharedWatcher`): a host of it becoming usable here (`wake`), or the fallback's
+  hosts once `fallback_after` has passed, make it try to place itself there; it then takes a
+  free slot, or else a place in that line.
 - `release` and the clean-up of a wait run in tasks of their own: they are called from
   synchronous code (a relay's end, a cancelled wait) and never raise; an unreachable Redis
   gets them at its next tick (RedisSlots' reconcile), so nothing leaks.
@@ -42,7 +44,7 @@ from routing.shared.leases import RedisLeases
 from routing.shared.slots import Grant, Queued, RedisSlots
 from routing.shared.state import Shared, StateUnavailable
 
-__all__ = ["SharedPlace", "SharedSlot", "SharedState"]
+__all__ = ["SharedPlace", "SharedSlot", "SharedState", "SharedWatcher"]
 
 log = logging.getLogger("crossbar.shared")
 
@@ -137,6 +139,124 @@ class SharedPlace:
             self._state.slots.cancel_soon(self.queued)
 
 
+class SharedWatcher:
+    """A request waiting in no line for one of the pairs it watches to become usable.
+
+    Each `watch` and each `wake` of a watched host tries to place it on the watched pairs
+    usable then (one round trip, one attempt at a time); a place in a line found so is
+    followed (`granted` resolves with its slot).
+    """
+
+    __slots__ = ("granted", "_state", "_pairs", "_accept", "_place", "_trying", "_again",
+                 "_changed")  # fmt: skip
+
+    def __init__(self, state: SharedState) -> None:
+        self.granted: asyncio.Future[SharedSlot] = asyncio.get_running_loop().create_future()
+        self._state = state
+        self._pairs: list[Pair] = []
+        self._accept: Callable[[Pair], bool] = lambda pair: True
+        self._place: SharedPlace | None = None
+        self._trying = False
+        self._again = False
+        self._changed: asyncio.Event | None = None
+        self.granted.add_done_callback(self._on_done)
+
+    @property
+    def host(self) -> str:
+        return ""
+
+    @property
+    def position(self) -> int:
+        return 0
+
+    def changes(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+            if self.granted.done():
+                self._changed.set()
+        return self._changed
+
+    def cancel(self) -> SharedSlot | None:
+        granted = self.granted
+        if granted.done():
+            if granted.cancelled() or granted.exception() is not None:
+                return None
+            return granted.result()
+        granted.cancel()
+        return None
+
+    def fail(self, error: BaseException) -> None:
+        if not self.granted.done():
+            self.granted.set_exception(error)
+
+    def watches(self, host: str) -> bool:
+        return self._place is None and any(pair[0] == host for pair in self._pairs)
+
+    def watch(self, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
+        self._accept = accept
+        self._pairs.extend(pair for pair in pairs if pair not in self._pairs)
+        self.try_now()
+
+    def try_now(self) -> None:
+        if self.granted.done() or self._place is not None:
+            return
+        if self._trying:
+            self._again = True  # something changed during the attempt: one more after it
+            return
+        self._trying = True
+        self._state._spawn(self._try())
+
+    async def _try(self) -> None:
+        try:
+            while True:
+                self._again = False
+                usable = [pair for pair in self._pairs if self._accept(pair)]
+                if usable and not self.granted.done():
+                    got = await self._state.place(usable)
+                    if got is not None:
+                        self._follow(got)
+                        return
+                if not self._again:
+                    return
+        except Exception as exc:  # StateUnavailable
+            self.fail(exc)
+        finally:
+            self._trying = False
+
+    def _follow(self, got: SharedSlot | SharedPlace) -> None:
+        if isinstance(got, SharedSlot):
+            if self.granted.done():
+                got.release()
+            else:
+                self.granted.set_result(got)
+            return
+        self._place = got
+        if self.granted.done():  # ended during the attempt: leave that line
+            got.cancel()
+            return
+        got.granted.add_done_callback(self._landed)
+
+    def _landed(self, inner: asyncio.Future[SharedSlot]) -> None:
+        if inner.cancelled():
+            return
+        error = inner.exception()
+        if error is not None:
+            self.fail(error)
+        elif self.granted.done():
+            inner.result().release()
+        else:
+            self.granted.set_result(inner.result())
+
+    def _on_done(self, granted: asyncio.Future[SharedSlot]) -> None:
+        self._state._watchers.discard(self)
+        if self._changed is not None:
+            self._changed.set()
+        if (granted.cancelled() or granted.exception() is not None) and self._place is not None:
+            late = self._place.cancel()
+            if late is not None:
+                late.release()
+
+
 class SharedState:
     """Slots, lines, leases and client counts in Redis, for one process and event loop."""
 
@@ -146,9 +266,12 @@ class SharedState:
         self.leases = RedisLeases(self.shared)
         self.clients = RedisClients(self.shared)
         self._pairs: dict[Pair, PairSnapshot] = {}
-        self._mine: dict[Pair, int] = {}  # this process's grants less releases since the refresh
+        # This process's grants less releases, and its new leases, since the last refresh.
+        self._mine: dict[Pair, int] = {}
         self._lease_counts: dict[str, int] = {}
+        self._new_leases: dict[str, int] = {}
         self._slid: dict[LeaseKey, tuple[str, float]] = {}
+        self._watchers: set[SharedWatcher] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.shared.on_tick(self._refresh)
 
@@ -187,17 +310,26 @@ class SharedState:
             return SharedSlot(self, got)
         return SharedPlace(self, got)
 
-    def watcher(self) -> None:
-        return None
+    def watcher(self) -> SharedWatcher:
+        watcher = SharedWatcher(self)
+        self._watchers.add(watcher)
+        return watcher
 
     def watch(self, waiter: InLine, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
+        if isinstance(waiter, SharedWatcher):
+            waiter.watch(pairs, accept)
+            return
         assert isinstance(waiter, SharedPlace), "a shared watch needs a shared place"
         usable = [pair for pair in pairs if accept(pair)]
         if usable and not waiter.granted.done():
             self._spawn(self._watch(waiter, usable))
 
     def wake(self, host: str) -> None:
-        """Nothing to do: a shared line is handed slots by releases, which every host has."""
+        """The host became usable here: requests waiting in no line for it try it now. (A
+        line's waiters need nothing: every slot of that host comes back by a release.)"""
+        for watcher in list(self._watchers):
+            if watcher.watches(host):
+                watcher.try_now()
 
     async def _watch(self, waiter: SharedPlace, pairs: list[Pair]) -> None:
         try:
@@ -225,6 +357,9 @@ class SharedState:
             await self.leases.keep(key, host, ttl)
         except StateUnavailable as exc:
             log.warning("lease not kept (%s): the conversation may move next turn", exc)
+            return
+        if slid is None or slid[0] != host:  # counted at once, so ties spread within a tick
+            self._new_leases[host] = self._new_leases.get(host, 0) + 1
 
     # -- client keys --------------------------------------------------------------------
 
@@ -240,6 +375,9 @@ class SharedState:
         self.slots.remove_soon(host, model)
 
     def drop_host(self, host: str) -> None:
+        self._lease_counts.pop(host, None)
+        self._new_leases.pop(host, None)
+
         async def drop() -> None:
             try:
                 await self.leases.drop_host(host)
@@ -285,17 +423,22 @@ class SharedState:
     def leases_held(self, host: str, model: str | None = None) -> int:
         # Redis counts leases per host only; per model this over-counts, which makes a
         # router-mode host look busier (it then avoids unloading a model), never idler.
-        return self._lease_counts.get(host, 0)
+        return self._lease_counts.get(host, 0) + self._new_leases.get(host, 0)
 
     def leases_by_host(self) -> dict[str, int]:
-        return dict(self._lease_counts)
+        hosts = self._lease_counts.keys() | self._new_leases.keys()
+        return {host: self.leases_held(host) for host in hosts}
 
     async def _refresh(self) -> None:
+        mine, new_leases = dict(self._mine), dict(self._new_leases)
         pairs = await self.slots.snapshot()
         leases = await self.leases.held_by_host()
         self._pairs = {(snap.host, snap.model): snap for snap in pairs}
-        self._mine.clear()
         self._lease_counts = leases
+        # Changes made while the snapshot was read stay counted: the snapshot may or may not
+        # hold them, and counting one twice for a tick beats missing a slot just taken.
+        self._mine = _since(self._mine, mine)
+        self._new_leases = _since(self._new_leases, new_leases)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -312,3 +455,8 @@ class SharedState:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _since(now: dict[Any, int], before: dict[Any, int]) -> dict[Any, int]:
+    """The counts of `now` less those of `before`, without the zeros."""
+    return {key: left for key, value in now.items() if (left := value - before.get(key, 0))}

@@ -37,6 +37,8 @@ log = logging.getLogger("crossbar.shared")
 DEFAULT_HOLD_TTL = 5.0
 DEFAULT_PREFIX = "crossbar:"
 # Errors that mean "Redis is not there (or not writable) right now", as opposed to a bug.
+POOL_SIZE = 32  # connections to Redis per process, the grant listener's included
+
 UNREACHABLE = (
     redis_errors.ConnectionError,  # refused, reset, authentication, still loading its data
     redis_errors.TimeoutError,
@@ -114,13 +116,20 @@ class Shared:
         self.proc = secrets.token_hex(6)
         # One retry on a dropped connection (a pooled connection that died with a restarted
         # Redis); every script is idempotent, so a retry after a lost reply changes nothing.
-        self.redis = aioredis.Redis.from_url(
+        # A blocking pool: past POOL_SIZE calls at once, a call waits (up to `timeout`) for a
+        # connection rather than failing, as redis-py's default pool does past 100; a script
+        # takes Redis tens of microseconds, so a few dozen connections serve thousands of
+        # requests a second.
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=POOL_SIZE,
+            timeout=timeout,
             decode_responses=True,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             retry=Retry(NoBackoff(), 1),
         )
+        self.redis = aioredis.Redis.from_pool(pool)
         self.available = False
         self._renew = self.script(_RENEW)
         self._restorers: list[Hook] = []

@@ -45,7 +45,9 @@ def test_a_model_to_load_goes_where_loading_it_unloads_nothing_busy(gateway):
         )
         holding.start()
         wait_until(lambda: busy.in_flight == 1, what="a request running on gpu1")
-        time.sleep(2.2)  # the leases expire; health polls tell the gateway what is loaded where
+        # The leases expire (a gateway sharing its state counts them once a second), and health
+        # polls tell the gateway what is loaded where.
+        time.sleep(3.2)
 
         placed = ask(gateway.url, "large")
         holding.join()

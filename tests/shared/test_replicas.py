@@ -214,3 +214,13 @@ def test_redis_gone_answers_503_state_unavailable_and_recovers_without_a_leaked_
     assert after == [200, 200, 200, 200]
     rows = Request.objects.filter(started__gte=since, code="state_unavailable")
     wait_until(lambda: rows.count() >= 1, what="the refusal's row")
+
+
+def test_more_requests_at_once_than_connections_to_redis_are_all_served(tmp_path, redis_url):
+    with FakeLlamaServer(slots=256, token_delay=0.01) as fake:
+        add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (256, 0)})])
+        with two_gateways(tmp_path, redis_url) as (first, _):
+            responses = asyncio.run(_burst([first.url + CHAT] * 160))
+
+    statuses = Counter(r.status_code for r in responses)
+    assert statuses == {200: 160}, [r.text for r in responses if r.status_code != 200][:3]
