@@ -5,9 +5,9 @@ httpx's API everywhere; the transport under it is a setting (`CROSSBAR_UPSTREAM_
 - `httpcore` (the default): httpx's own.
 - `aiohttp`: the same `httpx.AsyncClient` on the `httpx-aiohttp` transport. In `make bench` it
   cut crossbar's CPU per streamed request by 27-38% and nearly doubled what one process relays
-  (bench/README.md, "The levers"). It runs without keep-alive: aiohttp hands a pooled
-  connection to the next request without checking whether the host closed it, and
-  llama-server closes every connection after a stream while saying keep-alive.
+  (bench/README.md, "The levers"). Its exceptions are mapped to those httpcore raises for the
+  same failure, which the proxy reads (routing/upstream_aiohttp.py), and it runs without
+  keep-alive. tests/proxy/test_transports.py runs the key upstream faults on both transports.
 """
 
 from __future__ import annotations
@@ -29,20 +29,15 @@ def upstream_client(transport: str, connect_timeout: float) -> httpx.AsyncClient
         return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
     if transport == "aiohttp":
         try:
-            import aiohttp
-            from httpx_aiohttp import AiohttpTransport
-        except ImportError:
+            from routing.upstream_aiohttp import aiohttp_transport
+        except ModuleNotFoundError as exc:
+            if exc.name not in ("aiohttp", "httpx_aiohttp"):
+                raise
             raise RuntimeError(
                 "CROSSBAR_UPSTREAM_TRANSPORT=aiohttp needs httpx-aiohttp: "
                 ".venv/bin/pip install httpx-aiohttp"
             ) from None
-
-        def session() -> aiohttp.ClientSession:
-            connector = aiohttp.TCPConnector(limit=0, force_close=True)
-            return aiohttp.ClientSession(connector=connector)
-
-        on_aiohttp = AiohttpTransport(client=session)
-        return httpx.AsyncClient(timeout=timeout, transport=on_aiohttp, trust_env=False)
+        return httpx.AsyncClient(timeout=timeout, transport=aiohttp_transport(), trust_env=False)
     raise ValueError(
         f"CROSSBAR_UPSTREAM_TRANSPORT is one of {', '.join(TRANSPORTS)}, not {transport!r}"
     )

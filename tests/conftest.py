@@ -80,7 +80,9 @@ class Gateway:
 def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
     """crossbar as users run it (`manage.py crossbar_serve`) on a free port and the test database.
 
-    `settings` override the environment (e.g. CROSSBAR_HEALTH_INTERVAL="60").
+    `settings` override the environment (e.g. CROSSBAR_HEALTH_INTERVAL="60"), which the gateway
+    otherwise inherits: `CROSSBAR_UPSTREAM_TRANSPORT=aiohttp .venv/bin/python -m pytest ...` runs
+    the tests' gateways on the aiohttp transport.
     """
     port = free_port()
     log_path = log_dir / f"daphne-{port}.log"
