@@ -14,7 +14,10 @@ and drives them with `bench/loadgen.py` in a process of its own. At each concurr
 workload goes direct to the upstream, then through each target in turn (the order turning from
 one concurrency to the next), so "added" figures are each target's share alone and the noise
 of the machine falls on all of them alike. A target's
-CPU comes from /proc/<pid>/stat (all its threads), its RSS from /proc/<pid>/status.
+CPU comes from /proc/<pid>/stat (all its threads), its RSS from /proc/<pid>/status; for a
+target of several processes (`+workers2`), summed over the supervisor and its workers. A target
+with a Redis (`+redis`, `+workers2`) also reports the Redis commands and round trips per request
+of each phase, and the memory and keys Redis holds after the warm-up and at the end.
 
 Prints a table per target, then the targets side by side with their ratios to the floor and
 to direct, then the issue's targets; writes all of it, with the settings and the machine, to
@@ -38,7 +41,7 @@ from pathlib import Path
 import tables
 
 # This directory is on sys.path when the script runs.
-from loadgen import read_cpu_seconds
+from loadgen import read_cpu_seconds, read_tree_cpu, tree_cpu_between
 from processes import (
     BENCH,
     PYTHON,
@@ -50,6 +53,7 @@ from processes import (
     fake_upstream,
     litellm_version,
     machine,
+    redis_state,
     server_version,
     source_tree,
 )
@@ -75,7 +79,7 @@ def completions_url(target: Target, server: Server) -> str:
 
 def load(
     url: str,
-    pid: int,
+    server: Server,
     concurrency: int,
     requests: int,
     *,
@@ -83,7 +87,11 @@ def load(
     reconnect: bool = False,
     seconds: float = PHASE_SECONDS,
 ) -> dict:
-    command = [PYTHON, str(BENCH / "loadgen.py"), "--url", url, "--watch-pid", str(pid)]
+    command = [PYTHON, str(BENCH / "loadgen.py"), "--url", url, "--watch-pid", str(server.pid)]
+    if server.tree:
+        command.append("--watch-tree")
+    if server.redis_url:
+        command += ["--redis-url", server.redis_url]
     command += ["--concurrency", str(concurrency), "--requests", str(requests)]
     command += ["--chunks", str(chunks), "--max-seconds", str(seconds)]
     if reconnect:
@@ -116,6 +124,10 @@ def summarize(result: dict) -> dict:
     events = sum(s["events"] for s in good)
     n = len(samples)
     cpu = result.get("cpu_s", 0.0)
+    if "redis" in result:
+        redis = result["redis"]
+        for key in ("commands", "round_trips", "scripts"):
+            redis[key + "_per_request"] = redis[key] / n if n else float("nan")
     return {
         **result,
         "requests": n,
@@ -141,18 +153,29 @@ def added(phase: dict, direct: dict) -> dict:
     return phase
 
 
+def cpu_seconds(server: Server) -> dict[int, tuple[float, float]]:
+    """The CPU of the process, or of each process of its tree (loadgen.read_tree_cpu)."""
+    if server.tree:
+        return read_tree_cpu(server.pid)
+    return {server.pid: (read_cpu_seconds(server.pid), 0.0)}
+
+
 def run_plan(running: list[tuple[Target, Server]], upstream: Server) -> dict[str, dict]:
     """Every concurrency of the plan: direct first, then each target; reports by label."""
     reports: dict[str, dict] = {target.label: {"phases": []} for target, _ in running}
     print("warm-up", end="", flush=True)
     for target, server in running:
         # The first request builds crossbar's runtime and the connections.
-        load(completions_url(target, server), server.pid, 1, 1)
+        load(completions_url(target, server), server, 1, 1)
+    for target, server in running:
+        if server.redis_url:
+            reports[target.label]["redis_after_warmup"] = redis_state(server.redis_url)
     # Every target idles at once: the cost of its timers (health poller, config watcher).
-    before = {target.label: read_cpu_seconds(server.pid) for target, server in running}
+    before = {target.label: cpu_seconds(server) for target, server in running}
     time.sleep(IDLE_SECONDS)
     for target, server in running:
-        idle = (read_cpu_seconds(server.pid) - before[target.label]) * 1000 / IDLE_SECONDS
+        used = tree_cpu_between(before[target.label], cpu_seconds(server))
+        idle = sum(total for total, _ in used.values()) * 1000 / IDLE_SECONDS
         reports[target.label]["idle_cpu_ms_per_s"] = idle
     print("; concurrency", end="", flush=True)
     for step, (concurrency, requests) in enumerate(PLAN):
@@ -160,19 +183,22 @@ def run_plan(running: list[tuple[Target, Server]], upstream: Server) -> dict[str
         # llama-server closes the connection after every stream: so does the fake, and the
         # direct clients connect anew each time, the connect counting in their time.
         direct = load(
-            upstream.url + "/v1/chat/completions", upstream.pid, concurrency, requests,
+            upstream.url + "/v1/chat/completions", upstream, concurrency, requests,
             reconnect=True,
         )  # fmt: skip
         # The order turns at each concurrency: whoever runs right after direct (the fake still
         # closing its connections) or last (after the others) is not always the same target.
         turn = step % len(running)
         for target, server in running[turn:] + running[:turn]:
-            phase = load(completions_url(target, server), server.pid, concurrency, requests)
+            phase = load(completions_url(target, server), server, concurrency, requests)
             reports[target.label]["phases"].append(added(phase, direct))
     print("; per-request cost", end="", flush=True)
     for target, server in running:
         if target.kind != "litellm":  # ~40 ms a request: 320 more would take long
             reports[target.label]["split"] = cost_split(target, server, reports[target.label])
+    for target, server in running:
+        if server.redis_url:  # after all its load, the gateway still running
+            reports[target.label]["redis_end"] = redis_state(server.redis_url)
     print(" done", flush=True)
     return reports
 
@@ -180,7 +206,7 @@ def run_plan(running: list[tuple[Target, Server]], upstream: Server) -> dict[str
 def cost_split(target: Target, server: Server, report: dict) -> dict:
     """CPU per request and per chunk, from the same clients asking for 1 and for 64 tokens."""
     url = completions_url(target, server)
-    one = load(url, server.pid, SPLIT_CONCURRENCY, SPLIT_REQUESTS, chunks=1)
+    one = load(url, server, SPLIT_CONCURRENCY, SPLIT_REQUESTS, chunks=1)
     full = next(p for p in report["phases"] if p["concurrency"] == SPLIT_CONCURRENCY)
     per_chunk_ms = (full["cpu_ms_per_request"] - one["cpu_ms_per_request"]) / (CHUNKS - 1)
     return {
@@ -189,6 +215,7 @@ def cost_split(target: Target, server: Server, report: dict) -> dict:
         "cpu_ms_per_request": one["cpu_ms_per_request"] - per_chunk_ms,
         "cpu_us_per_chunk": per_chunk_ms * 1000,
         "one_token_errors": one["errors"],
+        **({"one_token_redis": one["redis"]} if "redis" in one else {}),
     }
 
 
@@ -201,9 +228,12 @@ def profile(target: Target, server: Server, out: Path, concurrency: int) -> None
     pyspy = shutil.which("py-spy", path=str(Path(PYTHON).parent)) or shutil.which("py-spy")
     if pyspy is None:
         sys.exit("py-spy is not installed: `.venv/bin/pip install -r bench/requirements.txt`")
+    if server.tree:
+        sys.exit(f"--profile follows one process; {target.label} runs several (profile"
+                 " crossbar+redis for the code they run)")  # fmt: skip
     raw = out.with_suffix(".txt")
     url = completions_url(target, server)
-    load(url, server.pid, concurrency, 1)  # the runtime and the connections
+    load(url, server, concurrency, 1)  # the runtime and the connections
     recorder = subprocess.Popen(
         [pyspy, "record", "--pid", str(server.pid), "--rate", str(PROFILE_RATE),
          "--format", "raw", "--threads", "--output", str(raw),
@@ -211,7 +241,7 @@ def profile(target: Target, server: Server, out: Path, concurrency: int) -> None
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     time.sleep(1.0)
-    phase = load(url, server.pid, concurrency, 10_000, seconds=PROFILE_SECONDS - 3)
+    phase = load(url, server, concurrency, 10_000, seconds=PROFILE_SECONDS - 3)
     _, error = recorder.communicate()
     if recorder.returncode != 0 or not raw.exists():
         sys.exit(f"py-spy failed: {error.decode(errors='replace')}")
@@ -322,9 +352,13 @@ def main(argv: list[str] | None = None) -> None:
                 for target, server in running:
                     if server.log.exists():
                         shutil.copy(server.log, RESULTS / f"{target.label}-{stamp}.log")
+                    if server.redis_log is not None and server.redis_log.exists():
+                        shutil.copy(server.redis_log, RESULTS / f"{target.label}-redis-{stamp}.log")
     for target in targets:
         reports[target.label]["target"] = {
             "kind": target.kind, "server": target.server, "levers": list(target.levers),
+            "processes": target.workers + (target.workers > 1),  # a supervisor with workers
+            "redis": target.has_redis,
         }  # fmt: skip
         if target.kind == "litellm":
             reports[target.label]["version"] = litellm_version()
@@ -345,6 +379,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nlogs: {len(problems)} error lines (bench/results/*-{stamp}.log)")
     for label, line in problems[:10]:
         print(f"  {label}: {line[:200]}")
+    warnings = [
+        (target.label, line)
+        for target in targets
+        if (log := RESULTS / f"{target.label}-{stamp}.log").exists()
+        for line in log.read_text(errors="replace").splitlines()
+        if " WARNING " in line
+    ]
+    if warnings:  # e.g. Redis unreachable for a moment, a worker replaced
+        print(f"logs: {len(warnings)} warning lines; the first:")
+        for label, line in warnings[:5]:
+            print(f"  {label}: {line[:200]}")
     kind = "compare" if any(t.kind == "litellm" for t in targets) else "bench"
     path = RESULTS / f"{kind}-{stamp}.json"
     path.write_text(json.dumps(results, indent=1, default=str))

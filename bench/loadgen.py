@@ -9,7 +9,11 @@ unmeasured warm-up request; then all start together and each sends up to `reques
 after the other, until `max_seconds` have passed. Prints one JSON document to stdout: every
 measured request's timings, this process's own CPU time (to show it is not the bottleneck), and,
 for `--watch-pid`, that process's CPU time and its peak RSS and thread count over the measured
-part.
+part. With `--watch-tree` too, those of the process and all its descendants (a supervisor and
+its workers): CPU summed over the processes that exist at both the start and the end of the
+measured part, RSS and threads summed over the tree at each sample. With `--redis-url`, the
+Redis server's `INFO commandstats` and `INFO stats` before and after the measured part (the
+commands it ran, and the requests it read: round trips), less this process's own INFO call.
 
 It speaks just enough HTTP/1.1 for a streamed response: a head, then a chunked or
 Content-Length body, in which it counts SSE `data:` events. Deliberately no httpx: a client
@@ -26,6 +30,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 SAMPLE_INTERVAL = 0.05  # seconds between RSS samples of the watched process
@@ -263,8 +268,53 @@ def read_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and all its descendants (through every thread's /proc/.../children list); those
+    that end while being read are left out."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            tasks = list(Path(f"/proc/{current}/task").iterdir())
+        except FileNotFoundError:
+            continue
+        found.append(current)
+        for task in tasks:
+            try:
+                pending += [int(child) for child in (task / "children").read_text().split()]
+            except FileNotFoundError:
+                pass
+    return found
+
+
+def read_tree_cpu(pid: int) -> dict[int, tuple[float, float]]:
+    """(utime + stime of all threads, of the main thread) of every process of `pid`'s tree."""
+    cpu = {}
+    for each in tree_pids(pid):
+        try:
+            cpu[each] = (read_cpu_seconds(each), main_thread_cpu_seconds(each))
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # it ended meanwhile
+    return cpu
+
+
+def tree_cpu_between(
+    before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]]
+) -> dict[int, tuple[float, float]]:
+    """CPU used between two readings by each process present in both (a process's own CPU:
+    a child that ended meanwhile is not counted anywhere, one started meanwhile neither)."""
+    return {
+        pid: (after[pid][0] - before[pid][0], after[pid][1] - before[pid][1])
+        for pid in before.keys() & after.keys()
+    }
+
+
 def read_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0  # a child that ended meanwhile
+    for line in status.splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
@@ -285,15 +335,52 @@ def main_thread_cpu_seconds(pid: int) -> float:
 
 
 def thread_count(pid: int) -> int:
-    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+    try:
+        return len(list(Path(f"/proc/{pid}/task").iterdir()))
+    except FileNotFoundError:
+        return 0  # a child that ended meanwhile
 
 
-async def watch(pid: int, peak: list[float]) -> None:
-    """Keep the peaks of RSS (MB) and of the number of threads in `peak`."""
+async def watch(pid: int, peak: list[float], tree: bool) -> None:
+    """Keep the peaks of RSS (MB) and of the number of threads in `peak`; with `tree`, of
+    their sums over the process tree (shared pages count in each process that maps them)."""
     while True:
-        peak[0] = max(peak[0], read_rss_mb(pid))
-        peak[1] = max(peak[1], thread_count(pid))
+        pids = tree_pids(pid) if tree else [pid]
+        peak[0] = max(peak[0], sum(read_rss_mb(each) for each in pids))
+        peak[1] = max(peak[1], sum(thread_count(each) for each in pids))
         await asyncio.sleep(SAMPLE_INTERVAL)
+
+
+# Commands only a client sends (a script cannot): each is one round trip of the gateway's.
+SCRIPT_CALLS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
+
+
+def redis_counters(client: Any) -> tuple[dict[str, int], int]:
+    """Calls per command (commands run by scripts included) and requests read so far."""
+    info = client.info("commandstats", "stats")
+    calls = {
+        key.removeprefix("cmdstat_"): int(value["calls"])
+        for key, value in info.items()
+        if key.startswith("cmdstat_")
+    }
+    return calls, int(info["total_reads_processed"])
+
+
+def redis_between(
+    before: tuple[dict[str, int], int], after: tuple[dict[str, int], int]
+) -> dict[str, object]:
+    """What Redis did between two `redis_counters`, less the first reading's own INFO (a
+    command counts in commandstats once it has run, so in the second reading; each INFO is one
+    read, and a reading counts its own read: the second's)."""
+    calls = {name: count - before[0].get(name, 0) for name, count in after[0].items()}
+    calls["info"] = calls.get("info", 0) - 1
+    calls = {name: count for name, count in calls.items() if count}
+    return {
+        "commands": sum(calls.values()),
+        "round_trips": after[1] - before[1] - 1,
+        "scripts": sum(calls.get(name, 0) for name in SCRIPT_CALLS),
+        "by_command": dict(sorted(calls.items(), key=lambda item: -item[1])),
+    }
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
@@ -311,13 +398,21 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     ]
     warmup = await asyncio.gather(*(client.send() for client in clients))
 
-    pid = args.watch_pid
+    pid, tree = args.watch_pid, args.watch_tree and bool(args.watch_pid)
     peak = [0.0, 0.0]
-    cpu_before = read_cpu_seconds(pid) if pid else 0.0
-    main_before = main_thread_cpu_seconds(pid) if pid else 0.0
+    redis_client = None
+    redis_before: tuple[dict[str, int], int] = ({}, 0)
+    if args.redis_url:
+        import redis  # only here: the load generator needs it for targets with a Redis
+
+        redis_client = redis.Redis.from_url(args.redis_url, socket_timeout=5)
+        redis_before = redis_counters(redis_client)
+    tree_before = read_tree_cpu(pid) if tree else {}
+    cpu_before = read_cpu_seconds(pid) if pid and not tree else 0.0
+    main_before = main_thread_cpu_seconds(pid) if pid and not tree else 0.0
     own_before = time.process_time()
     machine_before = machine_busy_seconds()
-    watcher = asyncio.create_task(watch(pid, peak)) if pid else None
+    watcher = asyncio.create_task(watch(pid, peak, tree)) if pid else None
     started = time.perf_counter()
     deadline = started + args.max_seconds
     samples: list[Sample] = []
@@ -344,9 +439,25 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     if pid:
         assert watcher is not None
         watcher.cancel()
-        peak[0] = max(peak[0], read_rss_mb(pid))
-        cpu = read_cpu_seconds(pid) - cpu_before
-        main_cpu = main_thread_cpu_seconds(pid) - main_before
+        if tree:
+            tree_after = read_tree_cpu(pid)
+            used = tree_cpu_between(tree_before, tree_after)
+            cpu = sum(total for total, _ in used.values())
+            main_cpu = sum(main for _, main in used.values())
+            result |= {
+                "processes": len(used),
+                # The root first (a supervisor), then its descendants.
+                "cpu_s_by_process": {
+                    str(each): used[each][0]
+                    for each in sorted(used, key=lambda each: (each != pid, each))
+                },  # fmt: skip
+                "processes_gone": len(tree_before.keys() - tree_after.keys()),
+                "processes_new": len(tree_after.keys() - tree_before.keys()),
+            }
+        else:
+            peak[0] = max(peak[0], read_rss_mb(pid))
+            cpu = read_cpu_seconds(pid) - cpu_before
+            main_cpu = main_thread_cpu_seconds(pid) - main_before
         result |= {
             "cpu_s": cpu,
             "rss_peak_mb": peak[0],
@@ -354,6 +465,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             "thread_cpu_s": {"main": main_cpu, "other": cpu - main_cpu},
             "threads_peak": int(peak[1]),
         }
+    if redis_client is not None:
+        result["redis"] = redis_between(redis_before, redis_counters(redis_client))
+        redis_client.close()
     for client in clients:
         client.close()
     return result
@@ -375,6 +489,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a new connection per request (llama-server closes one after every stream)",
     )
     parser.add_argument("--watch-pid", type=int, default=0, help="report this process's CPU")
+    parser.add_argument(
+        "--watch-tree",
+        action="store_true",
+        help="with --watch-pid: the CPU, RSS and threads of that process and its descendants",
+    )
+    parser.add_argument(
+        "--redis-url", default="", help="report what this Redis did during the measured part"
+    )
     return parser.parse_args(argv)
 
 

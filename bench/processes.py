@@ -1,8 +1,10 @@
-"""The processes a benchmark runs: the fake upstream, crossbar, the floors, LiteLLM.
+"""The processes a benchmark runs: the fake upstream, crossbar, the floors, LiteLLM, Redis.
 
 Each is a context manager that starts one server on a free port of 127.0.0.1, yields once it
 answers its readiness path, and stops it (SIGTERM, then SIGKILL after 15 s) when the block ends,
-its output kept in a log file of the work directory.
+its output kept in a log file of the work directory. A target with a Redis (`+redis`,
+`+workers2`) gets a redis-server of its own (`redis_server`), started before it and stopped
+after it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import io
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -106,6 +109,9 @@ class Server:
     url: str  # the base URL, without a path
     pid: int  # the process that serves (whose CPU is measured)
     log: Path
+    tree: bool = False  # its CPU is that of pid and all its descendants (a supervisor, workers)
+    redis_url: str = ""  # the target's own Redis, if it has one
+    redis_log: Path | None = None
 
 
 @contextlib.contextmanager
@@ -134,6 +140,94 @@ def serving(
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+# redis-server as docs/replicas.md says is enough: no persistence, nothing written to disk.
+REDIS_ARGS = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+
+
+@contextlib.contextmanager
+def redis_server(work: Path, name: str, timeout: float = 15.0) -> Iterator[str]:
+    """A redis-server of one target's own on a free port, its files in work/NAME-redis/ and its
+    log in work/NAME-redis.log, until the block ends; yields its URL."""
+    import redis  # the bench driver's own client (synchronous); only targets with a Redis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit(
+            "redis-server is not installed (Debian: apt-get install redis-server): the levers"
+            " +redis and +workers2 start one for their target"
+        )
+    directory = work / f"{name}-redis"
+    directory.mkdir(exist_ok=True)
+    port = free_port()
+    log = work / f"{name}-redis.log"
+    command = [binary, "--port", str(port), *REDIS_ARGS, "--dir", str(directory)]
+    url = f"redis://127.0.0.1:{port}/0"
+    with log.open("wb") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+            deadline = time.monotonic() + timeout
+            while True:
+                if process.poll() is not None:
+                    sys.exit(f"redis-server exited at start; its log ({log}):\n{log.read_text()}")
+                try:
+                    if client.ping():
+                        break
+                except redis.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    sys.exit(f"redis-server did not answer within {timeout:g} s; see {log}")
+                time.sleep(0.05)
+            client.close()
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def redis_state(url: str) -> dict[str, object]:
+    """What a Redis holds: used_memory (INFO memory), its keys (DBSIZE) and how many of each
+    kind (the key with its ids replaced by `*`)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5, decode_responses=True)
+    try:
+        memory = client.info("memory")
+        kinds: dict[str, int] = {}
+        for key in client.scan_iter(count=1000):
+            kind = key_kind(key)
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return {
+            "used_memory": int(memory["used_memory"]),
+            "used_memory_peak": int(memory["used_memory_peak"]),
+            "keys": int(client.dbsize()),
+            "key_kinds": dict(sorted(kinds.items())),
+        }
+    finally:
+        client.close()
+
+
+def key_kind(key: str) -> str:
+    """`crossbar:held:fake/test-model` -> itself; `crossbar:proc:3fa9c1d2e4b5` ->
+    `crossbar:proc:*`: each part with a digit in it stands for an id."""
+    return ":".join("*" if any(c.isdigit() for c in part) else part for part in key.split(":"))
+
+
+def gateway_processes(url: str) -> int:
+    """How many gateway processes have a liveness key in this Redis (routing/shared/state.py:
+    `<prefix>proc:<id>`, written once a process's runtime has started)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5, decode_responses=True)
+    try:
+        return sum(1 for _ in client.scan_iter(match="*proc:*", count=1000))
+    finally:
+        client.close()
 
 
 def fake_upstream(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from targets import Target, reference_floor
+from targets import WORKERS, Target, reference_floor
 
 LOADGEN_BUSY = 0.8  # of one core: above this, the load generator may be what limits
 SATURATED = (128, 512)  # concurrencies at which one process is saturated (bench/README.md)
@@ -60,6 +60,15 @@ def print_table(name: str, report: dict, token_delay: float) -> None:
             f" other threads {p['thread_cpu_s']['other']:.2f} s; {p['threads_peak']} threads)"
         )
     for p in report["phases"]:
+        if "cpu_s_by_process" in p:
+            shares = " + ".join(f"{cpu:.2f}" for cpu in p["cpu_s_by_process"].values())
+            changed = ""
+            if p["processes_gone"] or p["processes_new"]:
+                changed = (f"; {p['processes_gone']} processes ended and {p['processes_new']}"
+                           " started meanwhile: their CPU is not counted")  # fmt: skip
+            print(f"{p['concurrency']:>5} CPU by process, the supervisor first: {shares} s"
+                  f" ({p['processes']} processes{changed})")  # fmt: skip
+    for p in report["phases"]:
         if p["error_kinds"] or p["warmup_errors"]:
             print(f"  errors at concurrency {p['concurrency']}: {p['error_kinds']}", end="")
             print(f" (+{p['warmup_errors']} in warm-up)")
@@ -80,12 +89,50 @@ def print_table(name: str, report: dict, token_delay: float) -> None:
             f" {split['one_token_cpu_ms_per_request']:.2f} ms)"
         )
     print(f"idle: {report['idle_cpu_ms_per_s']:.1f} ms of CPU per second")
+    if "redis_end" in report:
+        print_redis(report)
+
+
+def _megabytes(state: dict) -> str:
+    return f"{state['used_memory'] / 1024**2:.2f} MB"
+
+
+def print_redis(report: dict) -> None:
+    """What the target's own Redis did per request in each phase, and what it holds."""
+    print(
+        "Redis, per measured request: round trips (requests Redis read, INFO stats), scripts"
+        " (EVALSHA), commands (INFO commandstats: the scripts' own included)"
+    )
+    print(f"{'conc':>5} {'trips':>7} {'scripts':>8} {'commands':>9}   most run, per request")
+    rows = [(p["concurrency"], p["redis"], p["requests"]) for p in report["phases"]]
+    if "one_token_redis" in report.get("split", {}):
+        rows.append(("1-tok", report["split"]["one_token_redis"], 0))
+    for concurrency, redis, requests in rows:
+        n = requests or redis["commands"] / redis["commands_per_request"]
+        top = list(redis["by_command"].items())[:5]
+        most = ", ".join(f"{name} {count / n:.2f}" for name, count in top)
+        print(
+            f"{concurrency:>5} {redis['round_trips_per_request']:>7.2f}"
+            f" {redis['scripts_per_request']:>8.2f} {redis['commands_per_request']:>9.2f}   {most}"
+        )
+    after, end = report["redis_after_warmup"], report["redis_end"]
+    kinds = ", ".join(f"{kind} {count}" for kind, count in end["key_kinds"].items())
+    print(
+        f"Redis used_memory {_megabytes(after)} after the warm-up, {_megabytes(end)} at the end"
+        f" (peak {end['used_memory_peak'] / 1024**2:.2f} MB); keys {after['keys']} then"
+        f" {end['keys']}: {kinds or 'none'}"
+    )
 
 
 # A row of the side-by-side table: label, unit, the value in a report, the value direct (None
 # when direct has none: CPU, which only a process in the middle spends), and whether its ratio
 # to the floor means something (the floor's own idle CPU or RSS do not bound crossbar's).
 Row = tuple[str, str, Callable[[dict], float], Callable[[dict], float] | None, bool]
+
+
+def chunks_per_cpu_second(report: dict) -> float:
+    """At 512, where every process of the target is saturated: 1 / CPU per chunk."""
+    return 1e6 / phase(report, 512)["cpu_us_per_chunk"]
 
 
 def _phase_value(concurrency: int, key: str) -> Callable[[dict], float]:
@@ -112,11 +159,21 @@ ROWS: tuple[Row, ...] = (
      True),
     ("saturated chunks/s (best of 128, 512)", "", lambda r: saturated(r)[0],
      lambda r: max(phase(r, c)["direct"]["chunks_per_s"] for c in SATURATED), True),
-    ("chunks per CPU-second at 512", "", lambda r: 1e6 / phase(r, 512)["cpu_us_per_chunk"],
-     None, True),
+    ("chunks per CPU-second at 512", "", lambda r: chunks_per_cpu_second(r), None, True),
     ("RSS at 512", "MB", _phase_value(512, "rss_peak_mb"), None, False),
     ("idle CPU", "ms/s", lambda r: r["idle_cpu_ms_per_s"], None, False),
     ("errors, all phases", "", lambda r: sum(p["errors"] for p in r["phases"]), None, False),
+    ("processes", "", lambda r: r["target"]["processes"], None, False),
+    ("Redis round trips per request at 8", "",
+     lambda r: phase(r, 8)["redis"]["round_trips_per_request"], None, False),
+    ("Redis round trips per request at 512", "",
+     lambda r: phase(r, 512)["redis"]["round_trips_per_request"], None, False),
+    ("Redis commands per request at 8", "",
+     lambda r: phase(r, 8)["redis"]["commands_per_request"], None, False),
+    ("Redis used_memory at the end", "MB",
+     lambda r: r["redis_end"]["used_memory"] / 1024**2, None, False),
+    ("Redis keys after the warm-up", "", lambda r: r["redis_after_warmup"]["keys"], None, False),
+    ("Redis keys at the end", "", lambda r: r["redis_end"]["keys"], None, False),
 )  # fmt: skip
 
 
@@ -146,7 +203,7 @@ def _value(value: Callable[[dict], float], report: dict) -> float:
 def print_side_by_side(targets: list[Target], reports: dict[str, dict]) -> None:
     width = max(12, *(len(t.label) + 2 for t in targets))
     labels = [t.label for t in targets]
-    print("\nside by side, same run (ms, µs, MB; chunks/s per process)")
+    print("\nside by side, same run (ms, µs, MB; CPU and RSS: all of a target's processes)")
     print(f"{'':<40}{'direct':>{width}}" + "".join(f"{name:>{width}}" for name in labels))
     first = reports[labels[0]]
     for label, unit, value, direct, _ in ROWS:
@@ -171,6 +228,38 @@ def print_side_by_side(targets: list[Target], reports: dict[str, dict]) -> None:
                 parts.append(f"{ratio(_value(value, report), _value(direct, report))} direct's")
             if parts:
                 print(f"  {label:<38}{'; '.join(parts)}")
+    print_workers(targets, reports)
+
+
+def single_process_peers(target: Target, targets: list[Target]) -> list[Target]:
+    """The run's targets that are `target` in one process: the same code, server and levers
+    but the workers lever (with `+redis` first: the same shared state, one process)."""
+    rest = {lever for lever in target.levers if lever not in WORKERS and lever != "redis"}
+    peers = [
+        other for other in targets
+        if other.kind == target.kind and other.rev == target.rev
+        and other.server == target.server and other.workers == 1
+        and {lever for lever in other.levers if lever != "redis"} == rest
+    ]  # fmt: skip
+    return sorted(peers, key=lambda other: not other.has_redis)
+
+
+def print_workers(targets: list[Target], reports: dict[str, dict]) -> None:
+    """For each target of several workers: its saturated chunks/s and chunks per CPU-second
+    against the same in one process, same run."""
+    for target in targets:
+        if target.workers == 1:
+            continue
+        report = reports[target.label]
+        chunks, at = saturated(report)
+        per_cpu = _value(chunks_per_cpu_second, report)
+        print(f"\n{target.label}: {target.workers} workers against one process, same run")
+        for peer in single_process_peers(target, targets):
+            theirs, their_at = saturated(reports[peer.label])
+            their_cpu = _value(chunks_per_cpu_second, reports[peer.label])
+            print(f"  saturated chunks/s {chunks:,.0f} (at {at}) against {peer.label}'s"
+                  f" {theirs:,.0f} (at {their_at}): {ratio(chunks, theirs)};"
+                  f" chunks per CPU-second at 512 {ratio(per_cpu, their_cpu)}")  # fmt: skip
 
 
 def print_targets(targets: list[Target], reports: dict[str, dict]) -> None:

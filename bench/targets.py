@@ -14,28 +14,51 @@ Kinds:
 - `notee`, `noaccounting` (crossbar only): bench/levers' other patches.
 - `log-info` (crossbar only): `CROSSBAR_LOG_LEVEL=INFO`, the default of `make run` (one line per
   request), instead of the benchmark's WARNING.
+- `redis` (crossbar only): `CROSSBAR_REDIS_URL` at a redis-server the bench starts for this
+  target alone (processes.redis_server: a free port, `--save "" --appendonly no`, in the run's
+  temporary directory, stopped after the target): slots, queues, leases and client counts in
+  Redis (routing/shared/). The results add what Redis did per request and what it holds at the
+  end.
+- `workers2` (crossbar on crossbar_serve only): `CROSSBAR_WORKERS=2`, a supervisor and two
+  worker processes on one port; implies `redis` (workers need it). Its CPU, RSS and threads are
+  those of the whole process tree.
 
 Examples: `crossbar`, `floor@uvicorn`, `floor+aiohttp`, `crossbar@uvicorn+aiohttp+notee`,
-`crossbar#HEAD~1`.
+`crossbar#HEAD~1`, `crossbar+redis`, `crossbar+workers2`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from processes import BENCH, SERVERS, Server, crossbar, floor, litellm
+from processes import (
+    BENCH,
+    SERVERS,
+    Server,
+    crossbar,
+    floor,
+    gateway_processes,
+    litellm,
+    redis_server,
+)
 
 KINDS = ("crossbar", "floor", "floor-django", "litellm")
 LEVERS = {
-    "crossbar": ("aiohttp", "notee", "noaccounting", "log-info"),
+    "crossbar": ("aiohttp", "notee", "noaccounting", "log-info", "redis", "workers2"),
     "floor": ("aiohttp",),
     "floor-django": ("aiohttp",),
     "litellm": (),
 }
 PATCHES = ("aiohttp", "notee", "noaccounting")  # crossbar's levers made by bench/levers
+WORKERS = {"workers2": 2}  # lever -> CROSSBAR_WORKERS
+READY_TIMEOUT = 60.0  # seconds for every worker's runtime to appear in Redis
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,15 @@ class Target:
     def is_gateway(self) -> bool:
         """crossbar itself, with or without levers: what the issue's targets judge."""
         return self.kind == "crossbar"
+
+    @property
+    def workers(self) -> int:
+        """The gateway processes it runs (CROSSBAR_WORKERS; 1 without a workers lever)."""
+        return max([1, *(WORKERS[lever] for lever in self.levers if lever in WORKERS)])
+
+    @property
+    def has_redis(self) -> bool:
+        return "redis" in self.levers or self.workers > 1
 
 
 def parse(spec: str, default_server: str) -> Target:
@@ -74,6 +106,10 @@ def parse(spec: str, default_server: str) -> Target:
     if len(set(levers)) != len(levers):
         raise ValueError(f"target {spec!r}: a lever named twice")
     server = server or default_server
+    if any(lever in WORKERS for lever in levers) and server != "crossbar_serve":
+        raise ValueError(f"target {spec!r}: CROSSBAR_WORKERS is crossbar_serve's (not {server})")
+    if len([lever for lever in levers if lever in WORKERS]) > 1:
+        raise ValueError(f"target {spec!r}: one workers lever at most")
     label = kind + (f"#{rev}" if rev else "") + (f"@{server}" if server != default_server else "")
     label += "".join(f"+{lever}" for lever in levers)
     return Target(kind, server, tuple(levers), label, rev or None)
@@ -102,11 +138,39 @@ def start(
             env["CROSSBAR_BENCH_LEVERS"] = ",".join(patches)
         if "log-info" in target.levers:
             env["CROSSBAR_LOG_LEVEL"] = "INFO"
+        if target.has_redis:
+            return _with_redis(target, work, upstream, source, name, env)
         return crossbar(work, upstream, source, target.server, name=name, env=env)
     transport = "aiohttp" if "aiohttp" in target.levers else "httpcore"
     django = target.kind == "floor-django"
     return floor(work, upstream, source, target.server, django=django, transport=transport,
                  name=name)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _with_redis(
+    target: Target, work: Path, upstream: Server, source: Path, name: str, env: dict[str, str]
+) -> Iterator[Server]:
+    """crossbar with a Redis of its own (started first, stopped last) and CROSSBAR_WORKERS;
+    ready once every gateway process has its liveness key in that Redis, since /health
+    answers as soon as one worker does."""
+    with redis_server(work, name) as url:
+        env = {**env, "CROSSBAR_REDIS_URL": url}
+        if target.workers > 1:
+            env["CROSSBAR_WORKERS"] = str(target.workers)
+        with crossbar(work, upstream, source, target.server, name=name, env=env) as main:
+            deadline = time.monotonic() + READY_TIMEOUT
+            while (found := gateway_processes(url)) < target.workers:
+                if time.monotonic() > deadline:
+                    sys.exit(
+                        f"{target.label}: {found} of {target.workers} gateway processes"
+                        f" registered in Redis within {READY_TIMEOUT:g} s (does this code read"
+                        f" CROSSBAR_REDIS_URL and CROSSBAR_WORKERS?); see {main.log}"
+                    )
+                time.sleep(0.1)
+            yield dataclasses.replace(
+                main, tree=target.workers > 1, redis_url=url, redis_log=work / f"{name}-redis.log"
+            )
 
 
 def reference_floor(target: Target, targets: list[Target]) -> Target | None:
