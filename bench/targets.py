@@ -10,7 +10,7 @@ Kinds:
 
 `@SERVER` is a key of processes.SERVERS (default: the run's `--server`). Levers:
 - `aiohttp` (any but litellm): the httpx-aiohttp transport instead of httpcore; in crossbar
-  through bench/levers (a patch at start, nothing under routing/ changes).
+  its own setting, `CROSSBAR_UPSTREAM_TRANSPORT=aiohttp`.
 - `notee`, `noaccounting` (crossbar only): bench/levers' other patches.
 - `log-info` (crossbar only): `CROSSBAR_LOG_LEVEL=INFO`, the default of `make run` (one line per
   request), instead of the benchmark's WARNING.
@@ -56,7 +56,7 @@ LEVERS = {
     "floor-django": ("aiohttp",),
     "litellm": (),
 }
-PATCHES = ("aiohttp", "notee", "noaccounting")  # crossbar's levers made by bench/levers
+PATCHES = ("notee", "noaccounting")  # crossbar's levers made by bench/levers
 WORKERS = {"workers2": 2}  # lever -> CROSSBAR_WORKERS
 READY_TIMEOUT = 60.0  # seconds for every worker's runtime to appear in Redis
 
@@ -136,6 +136,8 @@ def start(
         if patches:
             env["PYTHONPATH"] = os.pathsep.join([str(BENCH / "levers"), str(BENCH)])
             env["CROSSBAR_BENCH_LEVERS"] = ",".join(patches)
+        if "aiohttp" in target.levers:
+            env["CROSSBAR_UPSTREAM_TRANSPORT"] = "aiohttp"
         if "log-info" in target.levers:
             env["CROSSBAR_LOG_LEVEL"] = "INFO"
         if target.has_redis:

@@ -6,9 +6,7 @@ first in PYTHONPATH and `CROSSBAR_BENCH_LEVERS=LEVER,...`; Python imports this m
 is first imported. Nothing under routing/ or crossbar_site/ changes, and no other process (the
 tests, `make run`) sees any of it: only a process started with that environment does.
 
-Levers:
-- `aiohttp`: the upstream client on the httpx-aiohttp transport (bench/floor_app.py's
-  `aiohttp_client`) instead of httpcore; same API, timeouts, headers and streaming.
+Levers (crossbar's `aiohttp` lever is its own setting, CROSSBAR_UPSTREAM_TRANSPORT=aiohttp):
 - `notee`: the tee does not look at chunks (no token counts in the rows).
 - `noaccounting`: no row to the recorder and no Prometheus series per request (the log line
   stays, as the log level decides).
@@ -23,20 +21,6 @@ import sys
 from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
 from typing import Any
-
-
-# A patch's module is Any: it sets names ModuleType does not declare.
-def _aiohttp(module: Any) -> None:
-    import floor_app  # bench/, in PYTHONPATH beside this directory
-
-    original = module.httpx
-
-    class _Httpx(SimpleNamespace):
-        def __getattr__(self, name: str) -> Any:
-            return getattr(original, name)
-
-    # routing/runtime.py calls `httpx.AsyncClient(...)` once per runtime; only that name changes.
-    module.httpx = _Httpx(AsyncClient=floor_app.aiohttp_client)
 
 
 def _notee(module: ModuleType) -> None:
@@ -54,7 +38,6 @@ def _noaccounting(module: Any) -> None:
 
 # lever -> (the module it patches, the patch)
 LEVERS: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
-    "aiohttp": ("routing.runtime", _aiohttp),
     "notee": ("routing.core.tee", _notee),
     "noaccounting": ("routing.proxy.record", _noaccounting),
 }
