@@ -2,12 +2,15 @@
 
 httpx's API everywhere; the transport under it is a setting (`CROSSBAR_UPSTREAM_TRANSPORT`):
 
-- `httpcore` (the default): httpx's own.
-- `aiohttp`: the same `httpx.AsyncClient` on the `httpx-aiohttp` transport. In `make bench` it
-  cut crossbar's CPU per streamed request by 27-38% and nearly doubled what one process relays
-  (bench/README.md, "The levers"). Its exceptions are mapped to those httpcore raises for the
-  same failure, which the proxy reads (routing/upstream_aiohttp.py), and it runs without
-  keep-alive. tests/proxy/test_transports.py runs the key upstream faults on both transports.
+- `aiohttp` (the default): the same `httpx.AsyncClient` on the `httpx-aiohttp` transport. In
+  `make bench` it cut crossbar's CPU per streamed request by 29-38% and relayed 1.5x the
+  chunks per second of one process (bench/README.md). Its exceptions are mapped to those
+  httpcore raises for the same failure, which the proxy reads (routing/upstream_aiohttp.py),
+  and it runs without keep-alive.
+- `httpcore`: httpx's own transport.
+
+tests/proxy/test_transports.py runs the key upstream faults on both; CI runs the PostgreSQL
+suite on httpcore.
 """
 
 from __future__ import annotations

@@ -76,6 +76,22 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
 
+def _server_command(port: int, env: dict[str, str]) -> list[str]:
+    """The command `make run` serves with: crossbar_serve (daphne), or uvicorn when the
+    environment says CROSSBAR_TEST_SERVER=uvicorn (as `CROSSBAR_SERVER=uvicorn make run`)."""
+    server = env.get("CROSSBAR_TEST_SERVER", "daphne")
+    if server == "uvicorn":
+        grace = str(int(float(env.get("CROSSBAR_SHUTDOWN_GRACE", "30"))))
+        return [
+            sys.executable, "-m", "uvicorn", "crossbar_site.asgi:application",
+            "--host", "127.0.0.1", "--port", str(port), "--lifespan", "on",
+            "--timeout-graceful-shutdown", grace, "--no-access-log",
+        ]  # fmt: skip
+    assert server == "daphne", f"CROSSBAR_TEST_SERVER is daphne or uvicorn, not {server!r}"
+    return [sys.executable, "manage.py", "crossbar_serve", "--bind", "127.0.0.1", "--port",
+            str(port)]  # fmt: skip
+
+
 @contextlib.contextmanager
 def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
     """crossbar as users run it (`manage.py crossbar_serve`) on a free port and the test database.
@@ -101,8 +117,7 @@ def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
     }
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "crossbar_serve", "--bind", "127.0.0.1",
-             "--port", str(port)],
+            _server_command(port, env),
             cwd=ROOT,
             env=env,
             stdout=log_file,

@@ -26,8 +26,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def gateway(request, django_db_setup, django_db_blocker, tmp_path_factory):
     """A gateway on one transport; its health poller stays quiet, so only requests meet a fault."""
     transport = request.param
-    if transport == "aiohttp":
-        pytest.importorskip("httpx_aiohttp", reason="the aiohttp transport needs httpx-aiohttp")
     with django_db_blocker.unblock():
         log_dir = tmp_path_factory.mktemp(f"transport-{transport}")
         with running_gateway(

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import signal
+import threading
 from collections import Counter
 from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
 from django.utils import timezone
 
 from accounting.models import Request
@@ -224,3 +227,61 @@ def test_more_requests_at_once_than_connections_to_redis_are_all_served(tmp_path
 
     statuses = Counter(r.status_code for r in responses)
     assert statuses == {200: 160}, [r.text for r in responses if r.status_code != 200][:3]
+
+
+@pytest.mark.soak
+def test_a_soak_through_two_gateways_leaves_no_slot_place_or_stray_key_in_redis(
+    tmp_path, redis_url
+):
+    # The single-process soak's load and faults (tests/e2e/test_soak.py), through two gateways.
+    from tests.e2e.test_soak import Faults, load
+    from tests.invariants import Ledger, wait_until_free
+
+    with contextlib.ExitStack() as stack:
+        fakes = [stack.enter_context(FakeLlamaServer(slots=4, token_delay=0.002)) for _ in range(4)]
+        hosts = [
+            add_host(f"gpu{i}", fake.url, models={MODEL: (4, 8)}) for i, fake in enumerate(fakes)
+        ]
+        add_route("chat", hosts)
+        first, second = stack.enter_context(two_gateways(tmp_path, redis_url))
+        store = redis.Redis.from_url(redis_url, decode_responses=True)
+        stack.callback(store.close)
+        rng = random.Random(15)
+
+        async def both(ledger: Ledger, seconds: float) -> Counter[str]:
+            halves = await asyncio.gather(
+                load(first.url, ledger, seconds, rng), load(second.url, ledger, seconds, rng)
+            )
+            return halves[0] + halves[1]
+
+        with Ledger(first) as ledger:
+            asyncio.run(both(ledger, 1.0))  # warm up: pools, leases, scripts
+            wait_until_free(first.url)
+            memory_before = store.info("memory")["used_memory"]
+            faults = Faults(fakes, rng)
+            injector = threading.Thread(target=faults.run)
+            injector.start()
+            try:
+                outcomes = asyncio.run(both(ledger, 8.0))
+            finally:
+                faults.stop.set()
+                injector.join()
+            for gateway in (first, second):
+                wait_until_free(gateway.url, timeout=15)  # both read the shared state
+            ledger.settle(timeout=30)  # one row per request, whichever gateway served it
+            memory_after = store.info("memory")["used_memory"]
+            stray = [
+                key
+                for key in store.scan_iter(count=1000)
+                if any(part in key for part in (":waiter:", ":watch:", ":queue:", ":held:"))
+            ]
+
+    print(
+        f"\nreplica soak: {ledger.count} requests, outcomes {dict(outcomes)}, "
+        f"{faults.total()} faults {dict(faults.injected)}, Redis memory "
+        f"{memory_before / 2**20:.2f} -> {memory_after / 2**20:.2f} MiB"
+    )
+    assert outcomes["200"] > 0 and outcomes["left"] >= 1
+    assert stray == []  # no slot held, no place kept, no waiter left behind
+    # Leases of the soak's few hundred conversations are all that may grow.
+    assert memory_after - memory_before < 2 * 2**20
