@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_gateway.py             # make bench: crossbar and the floor
     .venv/bin/python bench/bench_gateway.py --compare   # make bench-compare: LiteLLM too
-    .venv/bin/python bench/bench_gateway.py --targets crossbar floor floor+aiohttp
+    .venv/bin/python bench/bench_gateway.py --targets crossbar floor floor+httpcore
     .venv/bin/python bench/bench_gateway.py --profile   # py-spy on the first target (c=32, or N)
     .venv/bin/python bench/bench_gateway.py --rev HEAD  # a commit instead of the working tree
     .venv/bin/python bench/bench_gateway.py --server uvicorn   # another ASGI server (SERVERS)

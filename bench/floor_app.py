@@ -13,9 +13,9 @@ what is left is the server, the client library and the event loop, which is all 
 this stack cannot avoid. `GET /health` is answered here, for readiness.
 
 `FLOOR_TRANSPORT=aiohttp` swaps httpx's default transport (httpcore, on anyio) for the
-`httpx-aiohttp` one (bench/requirements.txt): the same `httpx.AsyncClient` API on aiohttp's
-connection pool and parser. `aiohttp_client()` is that client; bench/levers puts it into
-crossbar for `bench_gateway.py --targets crossbar+aiohttp`.
+`httpx-aiohttp` one, crossbar's default: the same `httpx.AsyncClient` API on aiohttp's
+connection pool and parser (`aiohttp_client()`). bench/targets.py sets it for every floor but
+`floor+httpcore`.
 
 `django_application` is one rung up: the same pass-through as an async Django view returning a
 `StreamingHttpResponse`, served by crossbar's own proxy handler (`crossbar_site/handler.py`:

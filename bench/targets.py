@@ -9,8 +9,8 @@ Kinds:
 - `litellm`: LiteLLM's proxy (`make bench-compare` installs it); no server or lever applies.
 
 `@SERVER` is a key of processes.SERVERS (default: the run's `--server`). Levers:
-- `aiohttp` (any but litellm): the httpx-aiohttp transport instead of httpcore; in crossbar
-  its own setting, `CROSSBAR_UPSTREAM_TRANSPORT=aiohttp`.
+- `httpcore` (any but litellm): httpx's own transport instead of httpx-aiohttp's, crossbar's
+  default (`CROSSBAR_UPSTREAM_TRANSPORT`); `aiohttp` names the default explicitly.
 - `notee`, `noaccounting` (crossbar only): bench/levers' other patches.
 - `log-info` (crossbar only): `CROSSBAR_LOG_LEVEL=INFO`, the default of `make run` (one line per
   request), instead of the benchmark's WARNING.
@@ -23,7 +23,7 @@ Kinds:
   worker processes on one port; implies `redis` (workers need it). Its CPU, RSS and threads are
   those of the whole process tree.
 
-Examples: `crossbar`, `floor@uvicorn`, `floor+aiohttp`, `crossbar@uvicorn+aiohttp+notee`,
+Examples: `crossbar`, `floor@uvicorn`, `floor+httpcore`, `crossbar@uvicorn+httpcore+notee`,
 `crossbar#HEAD~1`, `crossbar+redis`, `crossbar+workers2`.
 """
 
@@ -51,9 +51,9 @@ from processes import (
 
 KINDS = ("crossbar", "floor", "floor-django", "litellm")
 LEVERS = {
-    "crossbar": ("aiohttp", "notee", "noaccounting", "log-info", "redis", "workers2"),
-    "floor": ("aiohttp",),
-    "floor-django": ("aiohttp",),
+    "crossbar": ("aiohttp", "httpcore", "notee", "noaccounting", "log-info", "redis", "workers2"),
+    "floor": ("aiohttp", "httpcore"),
+    "floor-django": ("aiohttp", "httpcore"),
     "litellm": (),
 }
 PATCHES = ("notee", "noaccounting")  # crossbar's levers made by bench/levers
@@ -103,6 +103,8 @@ def parse(spec: str, default_server: str) -> Target:
         if lever not in LEVERS[kind]:
             known = ", ".join(LEVERS[kind])
             raise ValueError(f"target {spec!r}: {kind}'s levers are {known}, not {lever!r}")
+    if {"aiohttp", "httpcore"} <= set(levers):
+        raise ValueError(f"target {spec!r}: one transport, aiohttp or httpcore")
     if len(set(levers)) != len(levers):
         raise ValueError(f"target {spec!r}: a lever named twice")
     server = server or default_server
@@ -136,15 +138,14 @@ def start(
         if patches:
             env["PYTHONPATH"] = os.pathsep.join([str(BENCH / "levers"), str(BENCH)])
             env["CROSSBAR_BENCH_LEVERS"] = ",".join(patches)
-        if "aiohttp" in target.levers:
-            env["CROSSBAR_UPSTREAM_TRANSPORT"] = "aiohttp"
+        env["CROSSBAR_UPSTREAM_TRANSPORT"] = transport_of(target)
         if "log-info" in target.levers:
             env["CROSSBAR_LOG_LEVEL"] = "INFO"
         if target.has_redis:
             return _with_redis(target, work, upstream, source, name, env)
         return crossbar(work, upstream, source, target.server, name=name, env=env)
-    transport = "aiohttp" if "aiohttp" in target.levers else "httpcore"
     django = target.kind == "floor-django"
+    transport = transport_of(target)
     return floor(work, upstream, source, target.server, django=django, transport=transport,
                  name=name)  # fmt: skip
 
@@ -175,11 +176,19 @@ def _with_redis(
             )
 
 
+def transport_of(target: Target) -> str:
+    """The upstream transport a target's httpx client runs on: aiohttp unless `+httpcore`."""
+    return "httpcore" if "httpcore" in target.levers else "aiohttp"
+
+
 def reference_floor(target: Target, targets: list[Target]) -> Target | None:
     """The floor a target is judged against: the bare floor on the same server with the same
-    client (`+aiohttp` or not), else none."""
-    client = tuple(lever for lever in target.levers if lever in LEVERS["floor"])
+    transport, else none."""
     for other in targets:
-        if other.kind == "floor" and other.server == target.server and other.levers == client:
+        if (
+            other.kind == "floor"
+            and other.server == target.server
+            and transport_of(other) == transport_of(target)
+        ):
             return other
     return None
