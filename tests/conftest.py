@@ -211,7 +211,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests that restart PostgreSQL last: a connection they kill may live on in another context
     (Playwright's greenlets keep their own), where no test can close it."""
     items.sort(key=lambda item: item.get_closest_marker("restarts_database") is not None)
+    on_uvicorn = os.environ.get("CROSSBAR_TEST_SERVER") == "uvicorn"
     for item in items:
+        daphne_only = item.get_closest_marker("daphne_only")
+        if on_uvicorn and daphne_only is not None:
+            why = daphne_only.args[0]
+            item.add_marker(pytest.mark.skip(reason=f"uvicorn lacks it (README): {why}"))
         module = getattr(item, "module", None)
         if (
             "gateway" in getattr(item, "fixturenames", ())

@@ -142,6 +142,7 @@ def test_a_slow_reader_holds_the_host_back_instead_of_filling_the_gateways_memor
     wait_until(lambda: ledger.rows().filter(status=200).exists(), what="the row")
 
 
+@pytest.mark.daphne_only("a client that reads nothing loses its slot after the idle timeout")
 def test_a_client_that_reads_nothing_is_disconnected_after_the_idle_timeout(gateway, ledger):
     with FloodServer(total=256 * MiB) as flood:
         add_route("chat", [add_host("gpu1", flood.url)])
