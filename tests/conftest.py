@@ -233,6 +233,38 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+def _flush_retrying_a_deadlock() -> None:
+    """Let a test's closing flush retry when PostgreSQL broke a deadlock by cancelling it.
+
+    A gateway under test keeps reading the configuration (a join over several tables) while a
+    `transaction=True` test ends by truncating every table, and TRUNCATE takes its locks table
+    by table: the two can deadlock, and PostgreSQL cancels one of them. When it cancels the
+    gateway's read, the gateway logs it and reads again; when it cancels the flush, the flush
+    must simply run again, or the next test starts with this one's rows.
+    """
+    from django.test import TransactionTestCase
+
+    teardown = TransactionTestCase._fixture_teardown  # type: ignore[attr-defined]  # private in django-stubs
+
+    def retrying(self: TransactionTestCase) -> None:
+        for attempt in range(3):
+            try:
+                return teardown(self)
+            except Exception as exc:
+                chain: list[str] = []
+                cause: BaseException | None = exc
+                while cause is not None:
+                    chain.append(str(cause))
+                    cause = cause.__cause__ or cause.__context__
+                if attempt == 2 or not any("deadlock detected" in text for text in chain):
+                    raise
+
+    TransactionTestCase._fixture_teardown = retrying  # type: ignore[attr-defined]  # private in django-stubs
+
+
+_flush_retrying_a_deadlock()
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Remove the SQLite test database's WAL files, which Django's teardown leaves behind."""
     from django.conf import settings

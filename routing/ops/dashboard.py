@@ -140,6 +140,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def _tick_forever(self) -> None:
         try:
             await self.send_history(replace=True)
+        except OSError:
+            return  # the browser left (uvicorn says so on send, before the disconnect event)
         except Exception:  # the database down must not end the dashboard
             log.exception("dashboard: cannot send the history")
         while True:
@@ -148,6 +150,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                 await self.send_history(replace=False)
             except asyncio.CancelledError:
                 raise
+            except OSError:
+                return  # the browser left: nothing to send to; `disconnect` cleans up
             except Exception:  # a reload failing (database down) must not end the dashboard
                 log.exception("dashboard: cannot send the state")
             await asyncio.sleep(TICK)

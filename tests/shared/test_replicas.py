@@ -285,3 +285,25 @@ def test_a_soak_through_two_gateways_leaves_no_slot_place_or_stray_key_in_redis(
     assert stray == []  # no slot held, no place kept, no waiter left behind
     # Leases of the soak's few hundred conversations are all that may grow.
     assert memory_after - memory_before < 2 * 2**20
+
+
+def test_a_keys_concurrency_limit_holds_across_gateways(tmp_path, redis_url):
+    from tests.proxy.test_client_keys import issue, post
+
+    with FakeLlamaServer(slots=4, token_delay=0.1) as fake:
+        add_route("chat", [add_host("gpu1", fake.url)])
+        key = issue("team-a", max_concurrent=1)
+        with two_gateways(tmp_path, redis_url) as (first, second):
+            holder = threading.Thread(
+                target=post, args=(first,), kwargs={"key": key, "stream": True, "max_tokens": 15}
+            )
+            holder.start()
+            wait_until(lambda: fake.in_flight == 1, what="the first request to run")
+            limited = post(second, key=key)
+            holder.join()
+            wait_until(  # its release reaches Redis in a task of its own
+                lambda: post(second, key=key).status_code == 200, what="the key's slot back"
+            )
+
+    assert limited.status_code == 429
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"
