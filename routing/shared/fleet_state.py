@@ -265,8 +265,9 @@ class SharedState:
         self.slots = RedisSlots(self.shared)
         self.leases = RedisLeases(self.shared)
         self.clients = RedisClients(self.shared)
-        self._pairs: dict[Pair, PairSnapshot] = {}
-        # This process's grants less releases, and its new leases, since the last refresh.
+        self._limits: dict[Pair, tuple[int, int]] = {}  # as configured here
+        self._others: dict[Pair, PairSnapshot] = {}  # other processes' slots, and the queues
+        # This process's slots held now (exact), and its new leases since the last refresh.
         self._mine: dict[Pair, int] = {}
         self._lease_counts: dict[str, int] = {}
         self._new_leases: dict[str, int] = {}
@@ -369,9 +370,11 @@ class SharedState:
     # -- configuration ------------------------------------------------------------------
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:
+        self._limits[(host, model)] = (max(1, parallel), max(0, queue_max))
         self.slots.configure_soon(host, model, parallel, queue_max)
 
     def remove(self, host: str, model: str) -> None:
+        self._limits.pop((host, model), None)
         self.slots.remove_soon(host, model)
 
     def drop_host(self, host: str) -> None:
@@ -386,38 +389,28 @@ class SharedState:
 
         self._spawn(drop())
 
-    # -- counts (ranking, dashboard): refreshed every tick ------------------------------
+    # -- counts (ranking, dashboard): other processes' refreshed every tick, ours exact --
 
     def free_for(self, host: str, model: str) -> int:
-        snap = self._pairs.get((host, model))
-        if snap is None:
-            return 1
-        return max(0, snap.parallel - snap.in_flight - self._mine.get((host, model), 0))
+        parallel, _ = self._limits.get((host, model), (1, 0))
+        return max(0, parallel - self.in_flight(host, model))
 
     def free_slots(self, host: str) -> int:
-        return sum(self.free_for(snap.host, snap.model) for snap in self._pairs.values()
-                   if snap.host == host)  # fmt: skip
+        return sum(self.free_for(*pair) for pair in self._limits if pair[0] == host)
 
     def queued(self, host: str, model: str) -> int:
-        snap = self._pairs.get((host, model))
-        return snap.queued if snap is not None else 0
+        others = self._others.get((host, model))
+        return others.queued if others is not None else 0
 
     def in_flight(self, host: str, model: str) -> int:
-        snap = self._pairs.get((host, model))
-        base = snap.in_flight if snap is not None else 0
-        return max(0, base + self._mine.get((host, model), 0))
+        others = self._others.get((host, model))
+        return (others.in_flight if others is not None else 0) + self._mine.get((host, model), 0)
 
     def snapshot(self) -> list[PairSnapshot]:
         return [
-            PairSnapshot(
-                snap.host,
-                snap.model,
-                snap.parallel,
-                snap.queue_max,
-                self.in_flight(snap.host, snap.model),
-                snap.queued,
-            )  # fmt: skip
-            for snap in self._pairs.values()
+            PairSnapshot(host, model, parallel, queue_max, self.in_flight(host, model),
+                         self.queued(host, model))  # fmt: skip
+            for (host, model), (parallel, queue_max) in sorted(self._limits.items())
         ]
 
     def leases_held(self, host: str, model: str | None = None) -> int:
@@ -430,14 +423,13 @@ class SharedState:
         return {host: self.leases_held(host) for host in hosts}
 
     async def _refresh(self) -> None:
-        mine, new_leases = dict(self._mine), dict(self._new_leases)
-        pairs = await self.slots.snapshot()
+        new_leases = dict(self._new_leases)
+        pairs = await self.slots.snapshot(others_only=True)
         leases = await self.leases.held_by_host()
-        self._pairs = {(snap.host, snap.model): snap for snap in pairs}
+        self._others = {(snap.host, snap.model): snap for snap in pairs}
         self._lease_counts = leases
-        # Changes made while the snapshot was read stay counted: the snapshot may or may not
-        # hold them, and counting one twice for a tick beats missing a slot just taken.
-        self._mine = _since(self._mine, mine)
+        # The snapshot counts other processes' slots only; ours are `_mine`, always current.
+        # New leases made while it was read stay counted (it may or may not hold them).
         self._new_leases = _since(self._new_leases, new_leases)
 
     # -- internals ----------------------------------------------------------------------

@@ -355,9 +355,10 @@ class RedisSlots:
         """The waiter's 1-based place in its queue now; 0 when no longer queued there."""
         return int(await self._position(queued.id, pair_id(queued.host, queued.model)))
 
-    async def snapshot(self) -> list[PairSnapshot]:
-        """In flight and queued per configured pair over every process, sorted."""
-        flat = await self._snapshot()
+    async def snapshot(self, *, others_only: bool = False) -> list[PairSnapshot]:
+        """In flight and queued per configured pair over every process (or, `others_only`,
+        over every other process), sorted."""
+        flat = await self._snapshot(self._shared.proc if others_only else "")
         states = []
         for i in range(0, len(flat), 5):
             host, model = split_pair(flat[i])

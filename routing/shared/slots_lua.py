@@ -318,16 +318,25 @@ end
 return 1
 """
 
-# ARGV: P. Reply: flat list of pair, parallel, queue_max, in flight, queued.
+# ARGV: P, a process whose slots not to count ('' for none). Reply: flat list of pair,
+# parallel, queue_max, in flight, queued.
 SNAPSHOT = PRELUDE + r"""
-local out = {}
+local out, skip = {}, ARGV[2]
 for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
   local parallel, queue_max = conf(pair)
   if parallel then
     table.insert(out, pair)
     table.insert(out, parallel)
     table.insert(out, queue_max)
-    table.insert(out, redis.call('HLEN', held_key(pair)))
+    local held = 0
+    if skip == '' then
+      held = redis.call('HLEN', held_key(pair))
+    else
+      for _, holder in ipairs(redis.call('HVALS', held_key(pair))) do
+        if holder ~= skip then held = held + 1 end
+      end
+    end
+    table.insert(out, held)
     table.insert(out, redis.call('LLEN', queue_key(pair)))
   end
 end
