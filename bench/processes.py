@@ -135,11 +135,16 @@ def serving(
             wait_for(url + ready_path, process, command[0], log, timeout)
             yield Server(url, process.pid, log)
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop(process)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 15 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 # redis-server as docs/replicas.md says is enough: no persistence, nothing written to disk.
@@ -183,11 +188,7 @@ def redis_server(work: Path, name: str, timeout: float = 15.0) -> Iterator[str]:
             client.close()
             yield url
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop(process)
 
 
 def redis_state(url: str) -> dict[str, object]:

@@ -70,31 +70,21 @@ class SharedSlot:
         return f"<SharedSlot {self.host}/{self.model} {self._grant.id}>"
 
 
-class SharedPlace:
-    """A place in one pair's line in Redis; `granted` resolves when a release hands it a slot.
+class _Awaiting:
+    """What a shared place in line and a shared watcher have alike: the future a slot
+    arrives by, and the `InLine` methods around it. `_on_done` cleans up in Redis."""
 
-    `position` is the place it was given when it joined (later moves are not followed: that
-    would cost a round trip per change per waiter).
-    """
+    __slots__ = ("granted", "_state", "_changed")
 
-    __slots__ = ("granted", "_state", "queued", "_task", "_changed")
-
-    def __init__(self, state: SharedState, queued: Queued) -> None:
-        loop = asyncio.get_running_loop()
-        self.granted: asyncio.Future[SharedSlot] = loop.create_future()
+    def __init__(self, state: SharedState) -> None:
+        self.granted: asyncio.Future[SharedSlot] = asyncio.get_running_loop().create_future()
         self._state = state
-        self.queued = queued
         self._changed: asyncio.Event | None = None
-        self._task = loop.create_task(self._wait(), name="crossbar-shared-wait")
         self.granted.add_done_callback(self._on_done)
 
-    @property
-    def host(self) -> str:
-        return self.queued.host
-
-    @property
-    def position(self) -> int:
-        return 0 if self.granted.done() else self.queued.position
+    def _on_done(self, granted: asyncio.Future[SharedSlot]) -> None:
+        if self._changed is not None:
+            self._changed.set()
 
     def changes(self) -> asyncio.Event:
         if self._changed is None:
@@ -109,12 +99,37 @@ class SharedPlace:
             if granted.cancelled() or granted.exception() is not None:
                 return None
             return granted.result()
-        granted.cancel()  # _on_done leaves the line in Redis
+        granted.cancel()  # _on_done cleans up
         return None
 
     def fail(self, error: BaseException) -> None:
         if not self.granted.done():
             self.granted.set_exception(error)
+
+
+class SharedPlace(_Awaiting):
+    """A place in one pair's line in Redis; `granted` resolves when a release hands it a slot.
+
+    `position` is the place it was given when it joined (later moves are not followed: that
+    would cost a round trip per change per waiter).
+    """
+
+    __slots__ = ("queued", "_task")
+
+    def __init__(self, state: SharedState, queued: Queued) -> None:
+        self.queued = queued
+        self._task = asyncio.get_running_loop().create_task(
+            self._wait(), name="crossbar-shared-wait"
+        )
+        super().__init__(state)
+
+    @property
+    def host(self) -> str:
+        return self.queued.host
+
+    @property
+    def position(self) -> int:
+        return 0 if self.granted.done() else self.queued.position
 
     async def _wait(self) -> None:
         slots = self._state.slots
@@ -132,14 +147,13 @@ class SharedPlace:
         self.granted.set_result(SharedSlot(self._state, grant))
 
     def _on_done(self, granted: asyncio.Future[SharedSlot]) -> None:
-        if self._changed is not None:
-            self._changed.set()
+        super()._on_done(granted)
         if granted.cancelled() or granted.exception() is not None:
             self._task.cancel()
             self._state.slots.cancel_soon(self.queued)
 
 
-class SharedWatcher:
+class SharedWatcher(_Awaiting):
     """A request waiting in no line for one of the pairs it watches to become usable.
 
     Each `watch` and each `wake` of a watched host tries to place it on the watched pairs
@@ -147,19 +161,15 @@ class SharedWatcher:
     followed (`granted` resolves with its slot).
     """
 
-    __slots__ = ("granted", "_state", "_pairs", "_accept", "_place", "_trying", "_again",
-                 "_changed")  # fmt: skip
+    __slots__ = ("_pairs", "_accept", "_place", "_trying", "_again")
 
     def __init__(self, state: SharedState) -> None:
-        self.granted: asyncio.Future[SharedSlot] = asyncio.get_running_loop().create_future()
-        self._state = state
         self._pairs: list[Pair] = []
         self._accept: Callable[[Pair], bool] = lambda pair: True
         self._place: SharedPlace | None = None
         self._trying = False
         self._again = False
-        self._changed: asyncio.Event | None = None
-        self.granted.add_done_callback(self._on_done)
+        super().__init__(state)
 
     @property
     def host(self) -> str:
@@ -168,26 +178,6 @@ class SharedWatcher:
     @property
     def position(self) -> int:
         return 0
-
-    def changes(self) -> asyncio.Event:
-        if self._changed is None:
-            self._changed = asyncio.Event()
-            if self.granted.done():
-                self._changed.set()
-        return self._changed
-
-    def cancel(self) -> SharedSlot | None:
-        granted = self.granted
-        if granted.done():
-            if granted.cancelled() or granted.exception() is not None:
-                return None
-            return granted.result()
-        granted.cancel()
-        return None
-
-    def fail(self, error: BaseException) -> None:
-        if not self.granted.done():
-            self.granted.set_exception(error)
 
     def watches(self, host: str) -> bool:
         return self._place is None and any(pair[0] == host for pair in self._pairs)
@@ -249,8 +239,7 @@ class SharedWatcher:
 
     def _on_done(self, granted: asyncio.Future[SharedSlot]) -> None:
         self._state._watchers.discard(self)
-        if self._changed is not None:
-            self._changed.set()
+        super()._on_done(granted)
         if (granted.cancelled() or granted.exception() is not None) and self._place is not None:
             late = self._place.cancel()
             if late is not None:

@@ -24,7 +24,7 @@ from tests.invariants import Ledger, rss_mib, wait_until_free
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.soak]
 
-LOAD_SECONDS = 15.0
+LOAD_SECONDS = 8.0
 CLIENTS = 32
 HOSTS = 4
 # (fail_mode, requests it applies to) and how often each is injected. "hang" costs a slot for

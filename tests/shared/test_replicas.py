@@ -262,7 +262,7 @@ def test_a_soak_through_two_gateways_leaves_no_slot_place_or_stray_key_in_redis(
             injector = threading.Thread(target=faults.run)
             injector.start()
             try:
-                outcomes = asyncio.run(both(ledger, 8.0))
+                outcomes = asyncio.run(both(ledger, 6.0))
             finally:
                 faults.stop.set()
                 injector.join()
