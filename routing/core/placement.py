@@ -309,7 +309,7 @@ class Placer(Generic[RouteT]):
         if self.key is None:
             return
         try:
-            await self.fleet.state.keep_lease(self.key, host, self.route.lease_ttl)
+            await self.fleet.state.keep_lease(self.key, host, self.route.lease_ttl, self._home)
         except BaseException:
             if _is_held(got):
                 got.release()

@@ -73,7 +73,10 @@ class FleetState(Protocol):
     async def find_lease(self, key: LeaseKey, ttl: float) -> str | None:
         """The lease's host, if live; a shared lease's TTL slides to `ttl` as it is read."""
         ...
-    async def keep_lease(self, key: LeaseKey, host: str, ttl: float) -> None: ...
+    async def keep_lease(self, key: LeaseKey, host: str, ttl: float, found: str | None) -> None:
+        """Lease the conversation to `host` for `ttl`; `found` is the host `find_lease` gave
+        this request (a shared lease read there needs no second write)."""
+        ...
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None: ...
     def remove(self, host: str, model: str) -> None: ...
@@ -113,8 +116,8 @@ class LocalState:
     async def find_lease(self, key: LeaseKey, ttl: float) -> str | None:
         return self.leases.find(key)  # `keep_lease` slides it once the request is placed
 
-    async def keep_lease(self, key: LeaseKey, host: str, ttl: float) -> None:
-        self.leases.keep(key, host, ttl)
+    async def keep_lease(self, key: LeaseKey, host: str, ttl: float, found: str | None) -> None:
+        self.leases.keep(key, host, ttl)  # `find_lease` slid nothing here
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:
         self.limiter.configure(host, model, parallel, queue_max)

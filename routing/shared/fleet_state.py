@@ -7,8 +7,8 @@ with one process or many. What differs, and why:
 - `place` is one atomic script (one round trip): the host order comes from this process's
   ranking, and the script takes the first pair in that order with a free slot, else the
   first line with room. So `parallel` holds and lines are FIFO across processes; only the
-  ranking's counts may be up to a tick old (they are refreshed every tick, and this
-  process's own grants and releases count at once).
+  ranking's counts of other processes may be up to a tick old (refreshed every tick; this
+  process's own slots are counted exactly, by RedisSlots).
 - A place in line hears of its grant by pub/sub (routing/shared/slots.py), never by polling.
 - Watches (a spill after the route's patience, a fallback) are given only the pairs usable
   when they begin: Redis cannot ask this process whether a freed slot may go to a request.
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
@@ -48,10 +47,6 @@ __all__ = ["SharedPlace", "SharedSlot", "SharedState", "SharedWatcher"]
 
 log = logging.getLogger("crossbar.shared")
 
-# A lease read this recently by the same key needs no second write to stay (the read slid it).
-_SLID_FOR = 1.0
-
-
 class SharedSlot:
     """One slot held in Redis. `release()` is idempotent and returns at once."""
 
@@ -64,7 +59,7 @@ class SharedSlot:
         self._grant = grant
 
     def release(self) -> None:
-        self._state._released(self._grant)
+        self._state.slots.release_soon(self._grant)
 
     def __repr__(self) -> str:
         return f"<SharedSlot {self.host}/{self.model} {self._grant.id}>"
@@ -140,9 +135,8 @@ class SharedPlace(_Awaiting):
         except Exception as exc:  # StateUnavailable: the place was lost
             self.fail(exc)
             return
-        self._state._granted(grant)
         if self.granted.done():  # ended meanwhile (a deadline, a cancel): hand the slot on
-            self._state._released(grant)
+            slots.release_soon(grant)
             return
         self.granted.set_result(SharedSlot(self._state, grant))
 
@@ -256,11 +250,8 @@ class SharedState:
         self.clients = RedisClients(self.shared)
         self._limits: dict[Pair, tuple[int, int]] = {}  # as configured here
         self._others: dict[Pair, PairSnapshot] = {}  # other processes' slots, and the queues
-        # This process's slots held now (exact), and its new leases since the last refresh.
-        self._mine: dict[Pair, int] = {}
         self._lease_counts: dict[str, int] = {}
-        self._new_leases: dict[str, int] = {}
-        self._slid: dict[LeaseKey, tuple[str, float]] = {}
+        self._new_leases: dict[str, int] = {}  # this process's, since the last refresh
         self._watchers: set[SharedWatcher] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.shared.on_tick(self._refresh)
@@ -296,7 +287,6 @@ class SharedState:
         if got is None:
             return None
         if isinstance(got, Grant):
-            self._granted(got)
             return SharedSlot(self, got)
         return SharedPlace(self, got)
 
@@ -332,24 +322,18 @@ class SharedState:
     # -- leases -------------------------------------------------------------------------
 
     async def find_lease(self, key: LeaseKey, ttl: float) -> str | None:
-        host = await self.leases.slide(key, ttl)  # the read slides it: no write to keep it
-        if host is not None:
-            self._slid[key] = (host, time.monotonic())
-        return host
+        return await self.leases.slide(key, ttl)  # the read slides it
 
-    async def keep_lease(self, key: LeaseKey, host: str, ttl: float) -> None:
-        slid = self._slid.pop(key, None)
-        if slid is not None and slid[0] == host and time.monotonic() - slid[1] < _SLID_FOR:
-            return  # the read just now slid it
-        if len(self._slid) > 1024:
-            self._slid.clear()  # reads whose request never kept: forget them
+    async def keep_lease(self, key: LeaseKey, host: str, ttl: float, found: str | None) -> None:
+        if found == host:
+            return  # `find_lease` slid it just now: no second round trip
         try:
             await self.leases.keep(key, host, ttl)
         except StateUnavailable as exc:
             log.warning("lease not kept (%s): the conversation may move next turn", exc)
             return
-        if slid is None or slid[0] != host:  # counted at once, so ties spread within a tick
-            self._new_leases[host] = self._new_leases.get(host, 0) + 1
+        # Counted at once, so conversations arriving within a tick spread over hosts.
+        self._new_leases[host] = self._new_leases.get(host, 0) + 1
 
     # -- client keys --------------------------------------------------------------------
 
@@ -393,7 +377,7 @@ class SharedState:
 
     def in_flight(self, host: str, model: str) -> int:
         others = self._others.get((host, model))
-        return (others.in_flight if others is not None else 0) + self._mine.get((host, model), 0)
+        return (others.in_flight if others is not None else 0) + self.slots.held_on(host, model)
 
     def snapshot(self) -> list[PairSnapshot]:
         return [
@@ -417,20 +401,11 @@ class SharedState:
         leases = await self.leases.held_by_host()
         self._others = {(snap.host, snap.model): snap for snap in pairs}
         self._lease_counts = leases
-        # The snapshot counts other processes' slots only; ours are `_mine`, always current.
+        # The snapshot counts other processes' slots only (ours: `slots.held_on`, exact).
         # New leases made while it was read stay counted (it may or may not hold them).
         self._new_leases = _since(self._new_leases, new_leases)
 
     # -- internals ----------------------------------------------------------------------
-
-    def _granted(self, grant: Grant) -> None:
-        pair = (grant.host, grant.model)
-        self._mine[pair] = self._mine.get(pair, 0) + 1
-
-    def _released(self, grant: Grant) -> None:
-        if self.slots.release_soon(grant):
-            pair = (grant.host, grant.model)
-            self._mine[pair] = self._mine.get(pair, 0) - 1
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)

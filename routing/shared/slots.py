@@ -128,6 +128,7 @@ class RedisSlots:
         self._configs: dict[str, tuple[int, int]] = {}
         self._unsent: set[str] = set()  # configure/remove calls Redis did not get
         self._held: dict[str, Grant] = {}
+        self._held_per_pair: dict[tuple[str, str], int] = {}  # the same grants, counted
         self._waits: dict[str, _Wait] = {}
         # Set when a call's outcome in Redis is unknown (Redis away, the call cancelled): the
         # next tick drops whatever Redis holds for this process that it no longer knows of.
@@ -170,33 +171,33 @@ class RedisSlots:
 
         Raising `parallel` grants waiters at once. Remembered locally first: when Redis is
         away the call raises StateUnavailable and is sent again at the next tick."""
-        if not host or "/" in host:
-            raise ValueError(f"a host name must be non-empty and without '/': {host!r}")
-        pair = pair_id(host, model)
-        self._configs[pair] = (max(1, parallel), max(0, queue_max))
-        await self._send_config(pair)
+        await self._send_config(self._remember(host, model, parallel, queue_max))
 
     async def remove(self, host: str, model: str) -> None:
         """Stop configuring the pair: slots held release cleanly, waiters keep their place,
         and it takes no new place; it is forgotten in Redis once idle."""
-        pair = pair_id(host, model)
-        self._configs.pop(pair, None)
-        await self._send_config(pair)
+        await self._send_config(self._forget(host, model))
 
     def configure_soon(self, host: str, model: str, parallel: int, queue_max: int) -> None:
         """`configure` from synchronous code: the limits apply here at once (places may be
         asked for), and reach Redis in a task of their own, or at the next tick."""
+        self._send_soon(self._remember(host, model, parallel, queue_max))
+
+    def remove_soon(self, host: str, model: str) -> None:
+        """`remove` from synchronous code."""
+        self._send_soon(self._forget(host, model))
+
+    def _remember(self, host: str, model: str, parallel: int, queue_max: int) -> str:
         if not host or "/" in host:
             raise ValueError(f"a host name must be non-empty and without '/': {host!r}")
         pair = pair_id(host, model)
         self._configs[pair] = (max(1, parallel), max(0, queue_max))
-        self._send_soon(pair)
+        return pair
 
-    def remove_soon(self, host: str, model: str) -> None:
-        """`remove` from synchronous code."""
+    def _forget(self, host: str, model: str) -> str:
         pair = pair_id(host, model)
         self._configs.pop(pair, None)
-        self._send_soon(pair)
+        return pair
 
     def _send_soon(self, pair: str) -> None:
         self._unsent.add(pair)
@@ -318,7 +319,7 @@ class RedisSlots:
     def release_soon(self, grant: Grant) -> bool:
         """`release` from synchronous code, in a task of its own. Whether the grant was held
         (False for a second call)."""
-        if self._held.pop(grant.id, None) is None:
+        if not self._unhold(grant):
             return False
         self._spawn(self._give_back(grant))
         return True
@@ -338,7 +339,7 @@ class RedisSlots:
 
         Idempotent. Never raises StateUnavailable: an unreachable Redis gets it at the next
         tick that reaches it."""
-        if self._held.pop(grant.id, None) is not None:
+        if self._unhold(grant):
             await self._give_back(grant)
 
     async def _give_back(self, grant: Grant) -> None:
@@ -369,6 +370,10 @@ class RedisSlots:
         """Grants of this instance not yet released (for tests and the shutdown log)."""
         return len(self._held)
 
+    def held_on(self, host: str, model: str) -> int:
+        """Grants of this instance on one pair not yet released: exact, no round trip."""
+        return self._held_per_pair.get((host, model), 0)
+
     # -- internals ----------------------------------------------------------------------
 
     def _new_id(self) -> str:
@@ -388,7 +393,18 @@ class RedisSlots:
     def _hold(self, gid: str, pair: str, waited: float) -> Grant:
         host, model = split_pair(pair)
         grant = self._held[gid] = Grant(host, model, gid, waited)
+        counted = self._held_per_pair
+        counted[(host, model)] = counted.get((host, model), 0) + 1
         return grant
+
+    def _unhold(self, grant: Grant) -> bool:
+        """Forget a held grant; whether it was held."""
+        if self._held.pop(grant.id, None) is None:
+            return False
+        left = self._held_per_pair.pop((grant.host, grant.model)) - 1
+        if left:
+            self._held_per_pair[(grant.host, grant.model)] = left
+        return True
 
     def _landed(self, entry: _Wait, pair: str) -> Grant:
         """A grant reached a pending waiter: count it held, wake whoever waits for it."""
