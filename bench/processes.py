@@ -301,7 +301,7 @@ def floor(
     server: str,
     *,
     django: bool = False,
-    transport: str = "httpcore",
+    transport: str = "aiohttp",
     name: str = "floor",
 ) -> Iterator[Server]:
     """bench/floor_app.py behind `server`: the bare pass-through, or with `django` its Django

@@ -29,7 +29,7 @@ from routing import signals
 from routing.config.reader import current_revision, load_fleet
 from routing.config.shape import Fleet, HostConfig, RouteConfig
 from routing.core.choose import Candidate
-from routing.core.clients import ClientGate
+from routing.core.clients import Admitted, ClientGate, ClientSpec
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
 from routing.core.running import RunningTable
@@ -277,6 +277,14 @@ class Runtime:
             )
             for upstream in running
         )
+
+    async def admit(self, client: ClientSpec, route: str) -> Admitted:
+        """Count a request of `client` on `route` against its key's limits: in this process,
+        or over every process when the state is shared. Raises what `ClientGate.admit` does
+        (and StateUnavailable)."""
+        if self.shared is None:
+            return self.clients.admit(client, route)
+        return await self.shared.clients.admit(client, route)
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

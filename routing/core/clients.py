@@ -25,7 +25,7 @@ from typing import Protocol
 
 from routing.core.errors import ClientLimited, InvalidKey, MissingKey, RouteNotAllowed
 
-__all__ = ["ClientGate", "ClientPass", "ClientSpec", "bearer_token"]
+__all__ = ["Admitted", "ClientGate", "ClientPass", "ClientSpec", "bearer_token"]
 
 WINDOW = 60.0
 

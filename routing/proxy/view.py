@@ -112,12 +112,7 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             client = runtime.clients.identify(_client_key(request))
             if client is not None:
                 trail = replace(trail, client=client.name)
-                admitted = (
-                    runtime.clients.admit(client, route.name)
-                    if runtime.shared is None
-                    else await runtime.shared.admit(client, route.name)
-                )
-                trail = replace(trail, client_pass=admitted)
+                trail = replace(trail, client_pass=await runtime.admit(client, route.name))
         if (request.method or "GET") not in METHODS:
             raise MethodNotAllowed(
                 f"method {(request.method or '')[:20]} not allowed: use {', '.join(METHODS)}"

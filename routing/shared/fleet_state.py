@@ -34,11 +34,10 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
-from routing.core.clients import ClientSpec
 from routing.core.leases import LeaseKey
 from routing.core.limiter import Pair, PairSnapshot
 from routing.core.state import InLine
-from routing.shared.clients import RedisClientPass, RedisClients
+from routing.shared.clients import RedisClients
 from routing.shared.leases import RedisLeases
 from routing.shared.slots import Grant, Queued, RedisSlots
 from routing.shared.state import Shared, StateUnavailable
@@ -334,11 +333,6 @@ class SharedState:
             return
         # Counted at once, so conversations arriving within a tick spread over hosts.
         self._new_leases[host] = self._new_leases.get(host, 0) + 1
-
-    # -- client keys --------------------------------------------------------------------
-
-    async def admit(self, client: ClientSpec, route: str) -> RedisClientPass:
-        return await self.clients.admit(client, route)
 
     # -- configuration ------------------------------------------------------------------
 
