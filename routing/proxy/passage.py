@@ -10,6 +10,7 @@ the route is `sticky = strict`, which answers `pinned_host_down`.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 import httpx
@@ -18,10 +19,14 @@ from routing.config.shape import RouteConfig
 from routing.core.choose import ranked
 from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown
 from routing.core.placement import Placement, Placer, Waiting
+from routing.proxy import upstream
 from routing.proxy.ask import Ask
 from routing.proxy.record import Trail
-from routing.proxy.upstream import forward
 from routing.runtime import Runtime
+
+Forward = Callable[[Runtime, Ask, "str | None", str], Awaitable[httpx.Response]]
+"""How a passage asks a host (`routing.proxy.upstream.forward`; a model of the request path
+in the tests stands in its own hosts)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,86 +54,102 @@ class Passage:
         trail: Trail,
         placer: Placer | None,
         first: Placement | Waiting | None,
+        forward: Forward = upstream.forward,
     ) -> None:
         self.runtime = runtime
+        self.forward = forward
         self.route = route
         self.ask = ask
         self.trail = trail
         self.placer = placer
-        self.waiting = first if isinstance(first, Waiting) else None
+        self.waiting: Waiting | None = None
         self._first = first
-        if self.waiting is not None:  # a row for a wait that fails names where it waited
-            self.trail = replace(
-                trail,
-                host=self.waiting.host,
-                lease=str(self.waiting.lease),
-                placement=str(self.waiting.reason),
-            )
+        if isinstance(first, Waiting):
+            self._waits(first)
 
     async def through(self) -> Answered:
+        """The host's response head. Each attempt owns the slot it was placed on: it hands it
+        to the `Answered` it returns, or gives it back on every other way out. A host that
+        fails before its head is marked down (by `forward`), so the next `now()` places the
+        request elsewhere, or makes it wait (a route with a fallback); nothing here counts
+        attempts, since the route's `queue_timeout` bounds how long a request may wait."""
         if self.placer is None:
             return await self._unplaced()
         placer, current = self.placer, self._first
         assert current is not None
-        # Each failed attempt marks a host down, so the hosts run out: a bounded loop.
-        for _ in range(len(self.route.hosts)):
-            if isinstance(current, Waiting):
-                self.waiting = current
-                placement = await placer.wait(current)
-                self.waiting = None
-            else:
-                placement = current
-            trail = self.trail.placed(placement)
-            self.trail = trail
+        while True:
+            placement = await self._slot(placer, current)
+            trail = self.trail = self.trail.placed(placement)
             try:
-                upstream = await forward(self.runtime, self.ask, placement.model, placement.host)
+                upstream = await self.forward(
+                    self.runtime, self.ask, placement.model, placement.host
+                )
             except HostDown as down:
                 placement.slot.release()
                 if self.route.strict:
                     raise PinnedHostDown(placement.host) from None
-                try:
-                    current = await placer.now()
-                except NoHealthyHost:
-                    raise down from None  # no other host: say which one failed, and how
+                current = await self._again(placer, down)
                 continue
             except BaseException:
                 placement.slot.release()
                 raise
             return Answered(upstream, placement, self._answered(trail))
-        raise NoHealthyHost()
+
+    async def _slot(self, placer: Placer[RouteConfig], current: Placement | Waiting) -> Placement:
+        """The attempt's slot: at once, or after waiting for it (shown on `waiting`)."""
+        if isinstance(current, Placement):
+            return current
+        self._waits(current)
+        try:
+            return await placer.wait(current)
+        finally:
+            self.waiting = None
+
+    async def _again(self, placer: Placer[RouteConfig], down: HostDown) -> Placement | Waiting:
+        """Placed again after `down`; with no other host (and no fallback to wait for), the
+        client hears which host failed, and how."""
+        try:
+            return await placer.now()
+        except NoHealthyHost:
+            raise down from None
 
     async def _unplaced(self) -> Answered:
         """A request that takes no slot: the best usable host (serving its model, if it names
-        one), no lease."""
+        one), no lease; a host found down is skipped for the next."""
+        if self.ask.host:  # an operator asking one host, whatever its health says
+            return await self._ask(self.ask.host)
         tried: set[str] = set()
+        if self._next_host(tried) is None:
+            await self.runtime.probe_down(self.route)  # a host may just have come back
         failure: HostDown | None = None
-        probed = False
-        while True:
-            if self.ask.host:  # an operator asking one host, whatever its health says
-                hosts = [self.ask.host] if self.ask.host not in tried else []
-            else:
-                hosts = [
-                    host
-                    for host in ranked(self.runtime.candidates(self.route, self.ask.model))
-                    if host not in tried
-                ]
-            if not hosts and not probed and failure is None:
-                probed = True
-                await self.runtime.probe_down(self.route)  # a host may just have come back
-                continue
-            if not hosts:
-                raise failure or NoHealthyHost()
-            host = hosts[0]
-            trail = self.trail = replace(self.trail, host=host)
-            if trail.running is not None:
-                trail.running.table.placed(trail.running, host, 0)
+        while (host := self._next_host(tried)) is not None:
             try:
-                upstream = await forward(self.runtime, self.ask, self.ask.model, host)
-            except HostDown as down:  # marked down: the next round ranks it out
+                return await self._ask(host)
+            except HostDown as down:  # marked down: the next ranking leaves it out
                 tried.add(host)
                 failure = down
-                continue
-            return Answered(upstream, None, self._answered(trail))
+        raise failure or NoHealthyHost()
+
+    def _next_host(self, tried: set[str]) -> str | None:
+        for host in ranked(self.runtime.candidates(self.route, self.ask.model)):
+            if host not in tried:
+                return host
+        return None
+
+    async def _ask(self, host: str) -> Answered:
+        trail = self.trail = replace(self.trail, host=host)
+        if trail.running is not None:
+            trail.running.table.placed(trail.running, host, 0)
+        upstream = await self.forward(self.runtime, self.ask, self.ask.model, host)
+        return Answered(upstream, None, self._answered(trail))
+
+    def _waits(self, waiting: Waiting) -> None:
+        """The request waits: a status view sees it, and a row for a wait that fails names
+        where it waited."""
+        self.waiting = waiting
+        self.trail = replace(
+            self.trail, host=waiting.host, lease=str(waiting.lease), placement=str(waiting.reason)
+        )
 
     def _answered(self, trail: Trail) -> Trail:
         return replace(trail, ttfb_ms=int((time.perf_counter() - trail.arrival.t0) * 1000))

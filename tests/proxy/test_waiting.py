@@ -280,3 +280,31 @@ def test_with_no_healthy_host_a_route_with_a_fallback_waits_for_it(gateway, fake
 
     assert response.status_code == 200
     assert response.headers["x-crossbar-fallback"] == "cpu"
+
+
+def test_a_route_with_a_fallback_waits_while_its_host_resets_and_gives_its_slot_back(
+    gateway, fake, fake2, ledger
+):
+    """Two resets before the head mark the only host down: the request waits (for the host to
+    come back, or the fallback) instead of answering no_healthy_host, and the slot it held is
+    not lost: the next request is served by the host, and nothing is held at the end."""
+    cpu_route = add_route("cpu", [add_host("cpu1", fake2.url, models={MODEL: (1, 0)})])
+    add_route(
+        "chat",
+        [add_host("gpu1", fake.url, models={MODEL: (1, 0)})],
+        fallback=cpu_route,
+        fallback_after=0.3,
+    )
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    fake.fail_mode = "reset_before_headers"
+    fake.fail_count = 2  # the gateway's first try and its retry on a fresh connection
+
+    waited = ledger.client.post(url, json=chat("first"))
+
+    assert waited.status_code == 200, waited.text
+    assert fake.fail_mode is None  # both resets were spent on it
+    wait_until(lambda: ledger.rows().count() == 1, what="the first row")
+    home = ledger.client.post(url, json=chat("second"))
+    assert home.status_code == 200, home.text
+    assert home.headers["x-crossbar-host"] == "gpu1"

@@ -1,0 +1,373 @@
+"""A model of the request path, checked against the code.
+
+Hypothesis drives the real `Passage` and `Placer` over a real `Limiter` and `LeaseTable`
+(`MemoryFleet`) through random sequences of what happens in production: requests arrive (new
+conversations, returning ones, none), hosts reset before their head, hang, go down, come back,
+drain; clients leave while queued, while waiting for the head, and mid-stream; hung hosts
+answer; `parallel` and `queue_max` are changed; time passes, so patience, `fallback_after`
+and `queue_timeout` fire. The one stand-in is how a host is asked (`Passage.forward`): a
+fake that answers as each host's mode says, and marks a resetting host down as the real one
+does. Time is virtual (the loop's clock moves only when a step says so), so a run is the same
+on a busy machine.
+
+After every step it checks what the gateway promises:
+- every held slot belongs to a live request (the limiter's in-flight count of each pair is
+  exactly the requests holding a slot there: asking the host, or streaming);
+- a pair never gets a new slot while it is at `parallel` (after a lower `parallel` it may stay
+  above it until requests end, never grow);
+- a request is refused (`queue_full`, `no_healthy_host`) only when every usable host of its
+  route is full, or none is usable and the route has no fallback to wait for;
+- a host's line is served in arrival order;
+and at the end, once every request has ended, that nothing is held and every slot can be taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown, QueueFull
+from routing.core.placement import Placer, Waiting
+from routing.proxy.ask import Ask
+from routing.proxy.passage import Answered, Passage
+from routing.proxy.record import Arrival, Trail
+from routing.runtime import Runtime
+from tests.core.test_placement import MODEL, MemoryFleet, Route, host
+
+HOSTS = ("gpu1", "gpu2")
+SMALL = "small"  # the fallback route's model
+MODES = ("ok", "reset", "hang")
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock moves only when the model says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@dataclass(eq=False)
+class Request:
+    """One client request as the model follows it."""
+
+    number: int
+    fingerprint: str
+    task: asyncio.Task[Answered]
+    line: str = ""  # the host whose line it joined on arrival
+    holding: tuple[str, str] | None = None  # the (host, model) whose slot it holds
+    answered: Answered | None = None
+    ended: bool = False
+
+
+@dataclass
+class Host:
+    mode: str = "ok"
+    hung: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+class RequestPath(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = VirtualLoop()
+        self.numbers = itertools.count(1)
+        self.requests: list[Request] = []
+        self.hosts = {name: Host() for name in (*HOSTS, "cpu1")}
+        # Requests in the line they joined on arrival, in arrival order (until they ask a host).
+        self.lines: dict[str, list[Request]] = {name: [] for name in self.hosts}
+        self.passages: dict[int, Passage] = {}
+        self.fleet: MemoryFleet
+        self.route: Route
+
+    # -- the fleet ----------------------------------------------------------------------
+
+    @initialize(
+        strict=st.booleans(),
+        patience=st.sampled_from([0.0, 1.0, 300.0]),
+        fallback=st.booleans(),
+        limits=st.lists(
+            st.tuples(st.integers(1, 2), st.integers(0, 2)), min_size=2, max_size=2
+        ),
+        modes=st.lists(st.sampled_from(MODES), min_size=2, max_size=2),
+    )
+    def build(
+        self,
+        strict: bool,
+        patience: float,
+        fallback: bool,
+        limits: list[tuple[int, int]],
+        modes: list[str],
+    ) -> None:
+        for name, mode in zip(HOSTS, modes, strict=True):
+            self.hosts[name].mode = mode
+        self.route = Route(
+            hosts=HOSTS,
+            strict=strict,
+            lease_patience=patience,
+            queue_timeout=20.0,
+            fallback="cpu" if fallback else "",
+            fallback_after=3.0,
+            fallback_model=SMALL,
+        )
+        cpu = Route(name="cpu", hosts=("cpu1",))
+        hosts = {name: host(parallel, queue_max) for name, (parallel, queue_max) in
+                 zip(HOSTS, limits, strict=True)}  # fmt: skip
+        hosts["cpu1"] = host(1, 1, model=SMALL)
+        self.fleet = MemoryFleet(hosts, self.route, cpu)
+
+    def settle(self) -> None:
+        """Run every task that can run now, and every timer that is due."""
+
+        async def rounds() -> None:
+            for _ in range(30):
+                await asyncio.sleep(0)
+
+        before = {pair: self.fleet.limiter.in_flight(*pair) for pair in self.pairs()}
+        self.loop.run_until_complete(rounds())
+        for request in self.requests:
+            if request.task.done() and not request.ended and request.answered is None:
+                self.took_its_end(request)
+        for pair, was in before.items():
+            parallel = self.parallel(pair)
+            now = self.fleet.limiter.in_flight(*pair)
+            assert now <= max(parallel, was), f"{pair} granted past parallel={parallel}"
+
+    def pairs(self) -> list[tuple[str, str]]:
+        return [*((name, MODEL) for name in HOSTS), ("cpu1", SMALL)]
+
+    def parallel(self, pair: tuple[str, str]) -> int:
+        host_name, model = pair
+        return int(self.fleet.hosts[host_name]["models"][model]["parallel"])
+
+    # -- how a host is asked ------------------------------------------------------------
+
+    async def forward(self, runtime: Any, ask: Any, model: str | None, name: str) -> Any:
+        request = cast(Request, ask.request)
+        assert model is not None
+        assert request.holding is None, "a request asked a host while holding another slot"
+        line = self.lines[name]
+        if request in line:  # served from its own line: everyone who joined before is gone
+            ahead = line[: line.index(request)]
+            assert not [r.number for r in ahead if self.still_in_line(r, name)], "not FIFO"
+        for joined in self.lines.values():
+            if request in joined:
+                joined.remove(request)  # out of line for good: a later line is not followed
+        request.holding = (name, model)
+        try:
+            mode = self.hosts[name].mode
+            if mode == "reset":
+                self.fleet.hosts[name]["healthy"] = False  # forward marks the host down
+                raise HostDown(f"host {name} closed the connection")
+            if mode == "hang":
+                answer = self.loop.create_future()
+                self.hosts[name].hung.append(answer)
+                await answer
+        except BaseException:
+            request.holding = None  # the passage gives the slot back, at once
+            raise
+        return object()
+
+    def still_in_line(self, request: Request, name: str) -> bool:
+        passage = self.passage_of(request)
+        waiting = passage.waiting if passage is not None else None
+        return waiting is not None and waiting.host == name and not request.task.done()
+
+    def passage_of(self, request: Request) -> Passage | None:
+        return self.passages.get(request.number)
+
+    # -- the rules ----------------------------------------------------------------------
+
+    @rule(conversation=st.sampled_from(["", "a", "b", "c", "d"]))
+    def arrive(self, conversation: str) -> None:
+        number = next(self.numbers)
+        placer = Placer(self.fleet, self.route, MODEL, conversation, self.loop.now)
+        try:
+            first = self.loop.run_until_complete(placer.now())
+        except (QueueFull, NoHealthyHost, PinnedHostDown) as refusal:
+            self.check_refusal(refusal, conversation)
+            return
+        request = Request(number, conversation, cast(asyncio.Task[Answered], None))
+        ask = cast(Ask, _Ask(request))
+        passage = Passage(
+            cast(Runtime, self.fleet), cast(Any, self.route), ask, Trail(Arrival()),
+            cast(Any, placer), first, forward=self.forward,
+        )  # fmt: skip
+        if isinstance(first, Waiting) and first.host:
+            request.line = first.host
+            self.lines[first.host].append(request)
+        self.passages[number] = passage
+        request.task = self.loop.create_task(passage.through())
+        self.requests.append(request)
+        self.settle()
+
+    def check_refusal(self, refusal: Exception, conversation: str) -> None:
+        usable = [
+            name for name in HOSTS if self.fleet.usable(self.route, MODEL, name)
+        ]
+        if isinstance(refusal, QueueFull):
+            for name in usable:
+                limiter = self.fleet.limiter
+                limits = self.fleet.hosts[name]["models"][MODEL]
+                assert limiter.free_for(name, MODEL) == 0, f"refused with a free slot on {name}"
+                assert limiter.queued(name, MODEL) >= limits["queue_max"], (
+                    f"refused with room in {name}'s line"
+                )
+        elif isinstance(refusal, NoHealthyHost):
+            assert not usable and not self.route.fallback, "refused with a host to go to"
+        else:  # PinnedHostDown: its home is not usable and the route may not move it
+            assert self.route.strict and not self.route.fallback
+
+    @rule(name=st.sampled_from([*HOSTS, "cpu1"]), mode=st.sampled_from(MODES))
+    def host_behaves(self, name: str, mode: str) -> None:
+        self.hosts[name].mode = mode
+
+    @rule(name=st.sampled_from([*HOSTS, "cpu1"]), healthy=st.booleans())
+    def host_health_changes(self, name: str, healthy: bool) -> None:
+        self.fleet.set_host(name, healthy=healthy)
+        self.settle()
+
+    @rule(name=st.sampled_from(HOSTS), draining=st.booleans())
+    def host_drains(self, name: str, draining: bool) -> None:
+        self.fleet.set_host(name, draining=draining)
+        self.settle()
+
+    @rule(name=st.sampled_from([*HOSTS, "cpu1"]))
+    def hung_host_answers(self, name: str) -> None:
+        hung, self.hosts[name].hung = self.hosts[name].hung, []
+        for answer in hung:
+            if not answer.done():
+                answer.set_result(None)
+        self.settle()
+
+    @precondition(lambda self: any(r.answered and not r.ended for r in self.requests))
+    @rule(data=st.data())
+    def stream_ends(self, data: st.DataObject) -> None:
+        streaming = [r for r in self.requests if r.answered is not None and not r.ended]
+        self.end_stream(data.draw(st.sampled_from(streaming)))
+        self.settle()
+
+    @precondition(lambda self: any(not r.ended for r in self.requests))
+    @rule(data=st.data())
+    def client_leaves(self, data: st.DataObject) -> None:
+        request = data.draw(st.sampled_from([r for r in self.requests if not r.ended]))
+        if request.answered is not None:
+            self.end_stream(request)  # mid-stream: the relay gives the slot back
+        else:
+            request.task.cancel()  # queued, or waiting for the host's head
+        self.settle()
+
+    @rule(
+        name=st.sampled_from(HOSTS), parallel=st.integers(1, 3), queue_max=st.integers(0, 2)
+    )
+    def config_reloads(self, name: str, parallel: int, queue_max: int) -> None:
+        self.fleet.hosts[name]["models"][MODEL] = {"parallel": parallel, "queue_max": queue_max}
+        self.fleet.limiter.configure(name, MODEL, parallel, queue_max)
+        self.settle()
+
+    @rule(seconds=st.sampled_from([0.5, 1.5, 4.0, 30.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.loop.now += seconds
+        self.settle()
+
+    # -- the checks ---------------------------------------------------------------------
+
+    def took_its_end(self, request: Request) -> None:
+        """The request's passage ended: with the host's head (it streams now), or not."""
+        task = request.task
+        if not task.cancelled() and task.exception() is None:
+            request.answered = task.result()
+            assert request.answered.placement is not None
+            slot = request.answered.placement.slot
+            assert request.holding == (slot.host, slot.model)
+        else:
+            if not task.cancelled():
+                error = task.exception()
+                assert not isinstance(error, AssertionError), error
+            assert request.holding is None
+            request.ended = True
+
+    def end_stream(self, request: Request) -> None:
+        assert request.answered is not None and request.answered.placement is not None
+        request.answered.placement.slot.release()
+        request.holding = None
+        request.ended = True
+
+    @invariant()
+    def every_held_slot_belongs_to_a_live_request(self) -> None:
+        if not hasattr(self, "fleet"):
+            return
+        for pair in self.pairs():
+            holders = [r.number for r in self.requests if r.holding == pair]
+            held = self.fleet.limiter.in_flight(*pair)
+            assert held == len(holders), f"{pair}: {held} slots held, by requests {holders}"
+
+    def teardown(self) -> None:
+        if hasattr(self, "fleet"):
+            for state in self.hosts.values():
+                state.mode = "ok"
+            for request in self.requests:
+                if not request.task.done():
+                    request.task.cancel()
+            self.settle()
+            for request in self.requests:
+                if request.answered is not None and not request.ended:
+                    self.end_stream(request)
+            self.settle()
+            self.every_held_slot_belongs_to_a_live_request()
+            for pair in self.pairs():
+                assert self.fleet.limiter.queued(*pair) == 0, f"{pair} still has a line"
+                slots = [self.fleet.occupy(*pair) for _ in range(self.parallel(pair))]
+                for slot in slots:
+                    slot.release()
+                assert self.fleet.limiter.in_flight(*pair) == 0, f"{pair} lost a slot"
+        self.loop.close()
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What the passage hands to `forward`: here, the model's own request."""
+
+    request: Request
+    model: str | None = MODEL
+    host: str = ""
+
+
+RequestPath.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_the_request_path_keeps_every_promise = RequestPath.TestCase
+
+
+def test_a_request_whose_hosts_all_reset_waits_and_leaves_no_slot_behind() -> None:
+    """The sequence the model found once by chance, kept as a plain test: both hosts reset
+    before their head, the route has a fallback, so the request waits; a host coming back
+    serves it, and no slot is left held by anyone."""
+    model = RequestPath()
+    model.build(strict=False, patience=300.0, fallback=True, limits=[(1, 0), (1, 0)],
+                modes=["reset", "reset"])  # fmt: skip
+    model.arrive("a")
+    model.host_behaves("gpu1", "ok")
+    model.host_health_changes("gpu1", True)
+
+    model.every_held_slot_belongs_to_a_live_request()
+    (request,) = model.requests
+    assert request.answered is not None and request.holding == ("gpu1", MODEL)
+    model.teardown()
