@@ -29,7 +29,7 @@ from routing.ops.dashboard import DashboardConsumer  # noqa: E402
 from routing.runtime import STOPPING, close_runtime  # noqa: E402
 
 # First path segments served by the site; everything else is the gateway's.
-SITE_PREFIXES = ("/admin", "/static/", "/dashboard", "/metrics", "/api/", "/favicon.ico")
+SITE_PREFIXES = ("/admin", "/static/", "/dashboard", "/metrics", "/favicon.ico")
 
 
 gateway_app = GatewayHandler()

@@ -361,6 +361,7 @@ def _unsent() -> int:
 
 
 def _start_runtime() -> None:
+    from routing.core.background import spawn
     from routing.runtime import get_runtime
 
     async def start() -> None:
@@ -369,7 +370,7 @@ def _start_runtime() -> None:
         except Exception as exc:  # e.g. the database is down: the first request tries again
             log.warning("gateway runtime not started yet: %s", exc)
 
-    asyncio.ensure_future(start())
+    spawn(start(), "crossbar-start-runtime")
 
 
 async def _close_runtime() -> None:

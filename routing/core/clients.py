@@ -55,11 +55,10 @@ class Admitted(Protocol):
 class ClientPass:
     """An admitted request of one client. `release` is idempotent."""
 
-    __slots__ = ("client", "_gate", "_usage", "_released")
+    __slots__ = ("client", "_usage", "_released")
 
-    def __init__(self, gate: ClientGate, client: ClientSpec, usage: _Usage) -> None:
+    def __init__(self, client: ClientSpec, usage: _Usage) -> None:
         self.client = client
-        self._gate = gate
         self._usage = usage
         self._released = False
 
@@ -150,7 +149,7 @@ class ClientGate:
                 )
             admitted.append(now)
         usage.in_flight += 1
-        return ClientPass(self, client, usage)
+        return ClientPass(client, usage)
 
     def in_flight(self, name: str) -> int:
         """Requests of the named client admitted and not yet released."""

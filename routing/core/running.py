@@ -76,10 +76,6 @@ class RunningTable:
         entry.host = host
         entry.queued_ms = queued_ms
 
-    def token(self, entry: RunningRequest, count: int = 1) -> None:
-        """`count` more completion tokens (SSE events) went to the client."""
-        entry.tokens += count
-
     def finish(self, entry: RunningRequest) -> None:
         """The request ended, however; calling it again does nothing."""
         with self._lock:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 
 from hosts.describe import ModelState
 from routing.core import sse
+from routing.core.background import spawn
 from routing.core.errors import Answer, answer_for
 from routing.proxy.passage import Answered, Passage
 from routing.proxy.record import finish
@@ -65,7 +66,7 @@ class StatusStream:
                 answered = task.result()  # a host answered just as the client left
                 if answered.placement is not None:
                     answered.placement.slot.release()
-                asyncio.get_running_loop().create_task(answered.upstream.aclose())
+                spawn(answered.upstream.aclose(), "crossbar-close-upstream")
         finish(self._passage.trail, 499, "client disconnected while queued", "client_disconnected")
 
     async def _run(self) -> AsyncIterator[bytes]:

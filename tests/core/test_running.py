@@ -41,16 +41,6 @@ def test_a_waiting_request_has_no_host_and_no_queue_time_until_it_is_placed() ->
     assert (running.host, running.queued_ms, running.elapsed_ms) == ("gpu1", 1500, 3500)
 
 
-def test_tokens_add_up_per_event_seen() -> None:
-    table = RunningTable()
-    entry = table.add("chat", "llama3", "")
-
-    table.token(entry)
-    table.token(entry, 3)
-
-    assert table.snapshot()[0].tokens == 4
-
-
 def test_finishing_twice_does_nothing_the_second_time() -> None:
     table = RunningTable()
     first = table.add("chat", "m", "")

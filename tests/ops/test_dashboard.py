@@ -342,7 +342,7 @@ async def test_running_requests_show_with_their_host_wait_and_tokens_until_they_
     waiting = runtime.running.add("chat", MODEL, "team-b")
     streaming = runtime.running.add("chat", MODEL, "")
     runtime.running.placed(streaming, "gpu-run", 250)
-    runtime.running.token(streaming, 7)
+    streaming.tokens = 7  # as the relay counts them
 
     shown = await receive_until(communicator, lambda m: len(m.get("running", [])) == 2)
     runtime.running.finish(waiting)
