@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from ipaddress import IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
+from ipaddress import (
+    IPv4Address,
+    IPv4Network,
+    IPv6Address,
+    IPv6Network,
+    ip_address,
+    ip_network,
+)
 
 # The client's forwarding headers: never passed on as they came.
 FORWARDING = frozenset({"x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "forwarded"})
@@ -56,22 +63,26 @@ def forwarding_headers(
 
 @functools.lru_cache(maxsize=1024)  # a gateway sees a few proxies and clients, many times each
 def _is_trusted(peer: str, trusted: Networks) -> bool:
+    address = _address(peer)
+    return address is not None and any(address in network for network in trusted)
+
+
+def _address(peer: str) -> IPv4Address | IPv6Address | None:
+    """The peer's IP address; an IPv4 peer as a dual-stack socket shows it (`::ffff:a.b.c.d`)
+    as IPv4. None when the peer has no IP address (a Unix socket)."""
     try:
         address = ip_address(peer)
     except ValueError:
-        return False
+        return None
     if isinstance(address, IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 peer
-    return any(address in network for network in trusted)
+        return address.ipv4_mapped
+    return address
 
 
 def _node(peer: str) -> str:
-    """The peer as a chain entry: its address, or `unknown` (RFC 7239 6.1) when there is
-    none (a Unix socket)."""
-    try:
-        return str(ip_address(peer))
-    except ValueError:
-        return "unknown"
+    """The peer as a chain entry: its address, or `unknown` (RFC 7239 6.1)."""
+    address = _address(peer)
+    return "unknown" if address is None else str(address)
 
 
 def _quoted(node: str) -> str:

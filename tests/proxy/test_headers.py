@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from routing.core.forwarding import forwarding_headers, trusted_networks
 from tests import wire
 from tests.conftest import Gateway, running_gateway
 from tests.fakes.llama_server import FakeLlamaServer
@@ -103,3 +104,32 @@ def test_behind_a_trusted_proxy_the_chain_is_kept_and_the_proxy_appended(trustin
     assert seen["forwarded"] == "for=203.0.113.7;proto=https, for=127.0.0.1"
     assert seen["x-forwarded-host"] == "bank.example"
     assert seen["x-forwarded-proto"] == "https"
+
+
+@pytest.mark.parametrize(
+    ("peer", "trusted", "expected"),
+    [
+        # RFC 7239 6: an IPv6 node is bracketed and quoted.
+        (
+            "2001:db8::7",
+            "",
+            [("X-Forwarded-For", "2001:db8::7"), ("Forwarded", 'for="[2001:db8::7]"')],
+        ),
+        # A dual-stack socket shows an IPv4 proxy as ::ffff:a.b.c.d: still that proxy.
+        (
+            "::ffff:10.0.0.5",
+            "10.0.0.0/8",
+            [("X-Forwarded-For", "198.51.100.1, 10.0.0.5"), ("Forwarded", "for=10.0.0.5")],
+        ),
+        # No address (a Unix socket): the node is `unknown`, and nothing is believed.
+        ("", "0.0.0.0/0", [("X-Forwarded-For", "unknown"), ("Forwarded", "for=unknown")]),
+    ],
+)
+def test_the_peer_is_written_as_the_forwarding_headers_spell_it(peer, trusted, expected):
+    claims = {"X-Forwarded-For": "198.51.100.1"}
+
+    written = forwarding_headers(
+        peer, claims, trusted_networks(trusted.split(",") if trusted else [])
+    )
+
+    assert written == expected
