@@ -132,4 +132,4 @@ def test_the_peer_is_written_as_the_forwarding_headers_spell_it(peer, trusted, e
         peer, claims, trusted_networks(trusted.split(",") if trusted else [])
     )
 
-    assert written == expected
+    assert list(written) == expected
