@@ -22,10 +22,12 @@ setup: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py crossbar_setup
 
+# uvicorn runs with --no-proxy-headers: by default it takes the client's address from the
+# X-Forwarded-For of any loopback peer; CROSSBAR_TRUSTED_PROXIES decides whom to believe.
 run: setup
 ifeq ($(SERVER),uvicorn)
 	@test "$(or $(CROSSBAR_WORKERS),1)" = 1 || { echo "make run: CROSSBAR_WORKERS is for crossbar_serve (daphne); with CROSSBAR_SERVER=uvicorn run one replica per process (docs/replicas.md)" >&2; exit 2; }
-	$(VENV)/bin/uvicorn crossbar_site.asgi:application --host $(HOST) --port $(PORT) --lifespan on --timeout-graceful-shutdown $(firstword $(subst ., ,$(GRACE))) --no-access-log
+	$(VENV)/bin/uvicorn crossbar_site.asgi:application --host $(HOST) --port $(PORT) --lifespan on --timeout-graceful-shutdown $(firstword $(subst ., ,$(GRACE))) --no-access-log --no-proxy-headers
 else ifeq ($(SERVER),daphne)
 	$(PY) manage.py crossbar_serve --bind $(HOST) --port $(PORT)
 else

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import environ
 
+from routing.core.forwarding import trusted_networks
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -141,6 +143,9 @@ CROSSBAR = {
     "SHUTDOWN_GRACE": env.float("CROSSBAR_SHUTDOWN_GRACE", default=30.0),
     # Proxy requests need a client key when this is set or any enabled key exists.
     "REQUIRE_KEY": env.bool("CROSSBAR_REQUIRE_KEY", default=False),
+    # Reverse proxies whose X-Forwarded-For / Forwarded the gateway extends (IPs or CIDRs);
+    # from any other peer a client's forwarding headers are dropped (routing/core/forwarding.py).
+    "TRUSTED_PROXIES": trusted_networks(env.list("CROSSBAR_TRUSTED_PROXIES", default=[])),
     # /metrics answers 401 without `Authorization: Bearer <token>` when this is set.
     "METRICS_TOKEN": env.str("CROSSBAR_METRICS_TOKEN", default=""),
     # With CROSSBAR_REDIS_URL: how long a process's slots outlive it (routing/shared/state.py).

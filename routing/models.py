@@ -11,6 +11,7 @@ from django.db import models
 from django.utils import timezone
 
 from hosts.models import Host
+from routing.core.cors import not_origins
 
 # First path segments the gateway itself answers; a route may not shadow them.
 RESERVED_ROUTE_NAMES = frozenset(
@@ -28,6 +29,14 @@ def validate_route_name(value: str) -> None:
     if value.lower() in RESERVED_ROUTE_NAMES:
         raise ValidationError(
             f"“{value}” is reserved for the gateway's own pages; choose another route name."
+        )
+
+
+def validate_origins(value: str) -> None:
+    if wrong := not_origins(value):
+        raise ValidationError(
+            f"“{wrong[0]}” is not an origin: write scheme://host[:port] (no path, no trailing "
+            "slash), or * for any origin without credentials."
         )
 
 
@@ -102,6 +111,15 @@ class Route(models.Model):
         default=False,
         help_text="Let clients load and unload models on router-mode hosts (/models/load, "
         "/models/unload). Off: only operators, from the host admin.",
+    )
+    cors_origins = models.CharField(
+        max_length=1000,
+        blank=True,
+        validators=[validate_origins],
+        help_text="Web pages (origins, e.g. https://chat.example.com) whose scripts may call the "
+        "route from a browser, with credentials, separated by spaces or commas; * adds every "
+        "other origin, without credentials. Empty: pages on this machine's localhost only, "
+        "without credentials (llama-server's default once its tools are enabled).",
     )
     hosts: models.ManyToManyField[Host, RouteHost] = models.ManyToManyField(
         Host, through="RouteHost", related_name="routes"

@@ -85,7 +85,7 @@ def _server_command(port: int, env: dict[str, str]) -> list[str]:
         return [
             sys.executable, "-m", "uvicorn", "crossbar_site.asgi:application",
             "--host", "127.0.0.1", "--port", str(port), "--lifespan", "on",
-            "--timeout-graceful-shutdown", grace, "--no-access-log",
+            "--timeout-graceful-shutdown", grace, "--no-access-log", "--no-proxy-headers",
         ]  # fmt: skip
     assert server == "daphne", f"CROSSBAR_TEST_SERVER is daphne or uvicorn, not {server!r}"
     return [sys.executable, "manage.py", "crossbar_serve", "--bind", "127.0.0.1", "--port",

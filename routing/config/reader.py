@@ -6,6 +6,7 @@ from django.db import close_old_connections
 
 from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig
 from routing.core.clients import ClientSpec
+from routing.core.cors import parse_origins
 
 
 def load_fleet() -> Fleet:
@@ -47,6 +48,7 @@ def load_fleet() -> Fleet:
             pass_credentials=route.pass_credentials,
             map_unknown_models=route.map_unknown_models,
             manage_models=route.manage_models,
+            cors_origins=parse_origins(route.cors_origins),
         )
         for route in Route.objects.select_related("fallback").prefetch_related(
             "route_hosts__host"

@@ -48,6 +48,7 @@ class RouteConfig:
     pass_credentials: bool = False
     map_unknown_models: bool = False
     manage_models: bool = False
+    cors_origins: frozenset[str] = frozenset()  # lower-cased; routing.core.cors
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,4 +1,9 @@
-"""The HTTP answers the proxy sends: its own errors, and the host's response streamed through."""
+"""The HTTP answers the proxy sends: its own errors, and the host's response streamed through.
+
+Every answer names the page's origin for the browser only as the route's CORS rule allows
+(`routing.core.cors`): the preflight, the gateway's own errors, and the host's answers, whose
+own `Access-Control-*` headers are dropped (a host's permissive CORS must not widen the rule).
+"""
 
 from __future__ import annotations
 
@@ -6,23 +11,22 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils.cache import patch_vary_headers
 
+from routing.core.cors import grant
 from routing.core.errors import Answer
+from routing.proxy.ask import resolve_route
 from routing.proxy.passage import Answered
 from routing.proxy.record import Trail
+from routing.runtime import current_runtime
 
 METHODS = ("GET", "HEAD", "POST", "OPTIONS")  # what llama-server takes; the rest is 405
-# What llama-server answers to a CORS preflight, so browser clients (its own web UI among them)
-# can use a route; the origin is echoed.
-_PREFLIGHT = (
-    ("Access-Control-Allow-Credentials", "true"),
-    ("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"),
-    ("Access-Control-Allow-Headers", "*"),
-)
+_PREFLIGHT_METHODS = "GET, POST, DELETE, OPTIONS"
 
 _RESPONSE_DROP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "upgrade", "trailer", "proxy-authenticate"}
 )
+_HOST_CORS = "access-control-"  # the host's CORS headers: the route's rule replaces them
 
 
 class Body(Protocol):
@@ -48,20 +52,28 @@ class StreamedResponse(StreamingHttpResponse):
 
 
 def preflight_response(request: HttpRequest) -> HttpResponse:
-    """A CORS preflight, answered as llama-server answers it."""
+    """A CORS preflight for a route the view has resolved: 200, with the methods and the
+    headers the page asked for when the route's rule allows its origin, and no
+    `Access-Control-*` header at all when it does not."""
+    runtime = current_runtime()
+    route = resolve_route(request, runtime.fleet)[0].name if runtime is not None else ""
     response = HttpResponse(status=200)
-    response["Access-Control-Allow-Origin"] = request.headers.get("Origin", "")
-    for name, value in _PREFLIGHT:
-        response[name] = value
+    if _allow_origin(response, route, request.headers.get("Origin")):
+        response["Access-Control-Allow-Methods"] = _PREFLIGHT_METHODS
+        # Echoed rather than `*`: a `*` covers neither Authorization nor, with credentials,
+        # any header at all (Fetch standard, CORS protocol).
+        asked = request.headers.get("Access-Control-Request-Headers")
+        if asked:
+            response["Access-Control-Allow-Headers"] = asked
+            patch_vary_headers(response, ("Access-Control-Request-Headers",))
     return response
 
 
 def error_response(answer: Answer, trail: Trail, origin: str | None = None) -> HttpResponse:
-    """The gateway's own answer for a failure, in OpenAI's error shape; a browser client may
-    read it (its origin is echoed, as llama-server does)."""
+    """The gateway's own answer for a failure, in OpenAI's error shape; a page at `origin` may
+    read it as the route's CORS rule allows (the default rule before a route is known)."""
     response = JsonResponse(answer.body(), status=answer.status)
-    if origin is not None:
-        response["Access-Control-Allow-Origin"] = origin
+    _allow_origin(response, trail.route, origin)
     if answer.retry_after is not None:
         response["Retry-After"] = str(answer.retry_after)
     if answer.status == 401:
@@ -74,16 +86,38 @@ def error_response(answer: Answer, trail: Trail, origin: str | None = None) -> H
 
 
 def streamed(answered: Answered, body: Body) -> StreamedResponse:
-    """The host's response: its status and headers (hop-by-hop ones dropped), our headers."""
+    """The host's response: its status and headers (hop-by-hop and CORS ones dropped), our
+    headers, and CORS headers by the route's rule for the origin the client sent."""
     upstream = answered.upstream
     response = StreamedResponse(body, status=upstream.status_code)
     del response["Content-Type"]
     for name, value in upstream.headers.multi_items():
-        if name.lower() not in _RESPONSE_DROP:
+        lowered = name.lower()
+        if lowered not in _RESPONSE_DROP and not lowered.startswith(_HOST_CORS):
             response.headers[name] = value
+    # The Origin the host was asked with is the client's own (it is forwarded unchanged).
+    _allow_origin(response, answered.trail.route, upstream.request.headers.get("Origin"))
     set_placement_headers(response, answered.trail)
     response["X-Crossbar-Queued-Ms"] = str(answered.trail.queued_ms)
     return response
+
+
+def _allow_origin(
+    response: HttpResponse | StreamingHttpResponse, route: str, origin: str | None
+) -> bool:
+    """Name `origin` on `response` (with credentials when the route lists it) if the CORS
+    rule of `route` allows it; True when it does. `route` "" (none known yet) or one this
+    process does not serve lists no origins."""
+    if not origin:
+        return False
+    patch_vary_headers(response, ("Origin",))  # the answer depends on it: caches must know
+    allowed = grant(_listed(route), origin)
+    if allowed is None:
+        return False
+    response["Access-Control-Allow-Origin"] = allowed.origin
+    if allowed.credentials:
+        response["Access-Control-Allow-Credentials"] = "true"
+    return True
 
 
 def set_placement_headers(response: HttpResponse | StreamingHttpResponse, trail: Trail) -> None:
@@ -94,3 +128,11 @@ def set_placement_headers(response: HttpResponse | StreamingHttpResponse, trail:
         response["X-Crossbar-Lease"] = trail.lease
     if trail.fallback:
         response["X-Crossbar-Fallback"] = trail.fallback
+
+
+def _listed(route: str) -> frozenset[str]:
+    """The origins `route` lists. The view hands over the route by name (in the trail), so
+    the fleet this process serves (its one event loop's runtime) is asked."""
+    runtime = current_runtime()
+    config = runtime.fleet.routes.get(route) if runtime is not None and route else None
+    return config.cors_origins if config is not None else frozenset()

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import httpx
+from django.conf import settings
 from django.http import HttpRequest
 
 from routing.core.errors import (
@@ -15,18 +16,20 @@ from routing.core.errors import (
     UpstreamUnreachable,
     describe_error,
 )
+from routing.core.forwarding import FORWARDING, forwarding_headers
 from routing.proxy.ask import Ask
 from routing.runtime import Runtime
 
 # Never forwarded upstream: hop-by-hop headers (RFC 9110 7.6.1), what httpx sets itself, the
-# client's credentials (a host's own key replaces them), and the gateway's own headers.
-# Accept-Encoding is replaced by identity so the tee can read token counts.
+# client's credentials (a host's own key replaces them), the gateway's own headers, and the
+# client's forwarding headers (the gateway writes its own). Accept-Encoding is replaced by
+# identity so the tee can read token counts.
 _REQUEST_DROP = frozenset(
     {
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
         "x-api-key", "cookie", "accept-encoding", "x-crossbar-route", "x-crossbar-session",
-        "x-crossbar-wait-status",
+        "x-crossbar-wait-status", *FORWARDING,
     }
 )  # fmt: skip
 
@@ -35,13 +38,21 @@ _CREDENTIALS = frozenset({"authorization", "x-api-key"})
 
 
 def _headers(request: HttpRequest, api_key: str, credentials: bool) -> list[tuple[str, str]]:
-    """The client's headers as the host gets them: its credentials only when the route passes
-    them through; otherwise the host's own key."""
+    """The client's headers as the host gets them: none that its `Connection` header names
+    (they were for the gateway alone, RFC 9110 7.6.1); its credentials only when the route
+    passes them through, otherwise the host's own key; forwarding headers naming the client
+    as the gateway saw it (`routing.core.forwarding`)."""
+    connection = request.headers.get("Connection")
+    hop = {name.strip().lower() for name in connection.split(",")} if connection else ()
     headers = [
         (name, value)
         for name, value in request.headers.items()
-        if name.lower() not in _REQUEST_DROP or (credentials and name.lower() in _CREDENTIALS)
+        if (lowered := name.lower()) not in hop
+        and (lowered not in _REQUEST_DROP or (credentials and lowered in _CREDENTIALS))
     ]
+    headers += forwarding_headers(
+        request.META.get("REMOTE_ADDR", ""), request.headers, settings.CROSSBAR["TRUSTED_PROXIES"]
+    )
     headers.append(("Accept-Encoding", "identity"))
     if api_key and not credentials:
         headers.append(("Authorization", f"Bearer {api_key}"))

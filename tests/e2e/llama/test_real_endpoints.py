@@ -80,17 +80,14 @@ def test_a_real_hosts_own_state_is_reachable(base, path):
     assert response.headers["x-crossbar-host"] == "llama1"
 
 
-def test_a_browser_preflight_gets_what_the_real_host_would_answer(base, llama):
+def test_a_browser_preflight_follows_the_routes_rule_not_the_real_hosts(base, llama):
     asked = {"Origin": "http://app.test", "Access-Control-Request-Method": "POST"}
 
     gateway_answer = httpx.options(f"{base}/v1/chat/completions", headers=asked)
     host_answer = httpx.options(f"{llama.url}/v1/chat/completions", headers=asked)
 
     assert gateway_answer.status_code == host_answer.status_code == 200
-    for name in (
-        "access-control-allow-origin",
-        "access-control-allow-methods",
-        "access-control-allow-headers",
-        "access-control-allow-credentials",
-    ):
-        assert gateway_answer.headers[name] == host_answer.headers[name], name
+    # A llama-server without tools names any origin; the route lists none, so only pages on
+    # localhost are named (tests/proxy/test_cors.py), and http://app.test is not one.
+    assert "access-control-allow-origin" not in gateway_answer.headers
+    assert "access-control-allow-credentials" not in gateway_answer.headers
