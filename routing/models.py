@@ -103,6 +103,13 @@ class Route(models.Model):
         help_text="Let clients load and unload models on router-mode hosts (/models/load, "
         "/models/unload). Off: only operators, from the host admin.",
     )
+    open_host_controls = models.BooleanField(
+        default=False,
+        help_text="Let clients reach the hosts' controls through this route: /slots (every "
+        "user's prompts), /metrics, /lora-adapters (reading and changing adapter scales), "
+        "POST /props and /cors-proxy (which makes a host fetch any URL a client names). Off: "
+        "only operators (the CROSSBAR_METRICS_TOKEN bearer, or staff signed in at /admin/).",
+    )
     hosts: models.ManyToManyField[Host, RouteHost] = models.ManyToManyField(
         Host, through="RouteHost", related_name="routes"
     )

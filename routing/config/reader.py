@@ -47,6 +47,7 @@ def load_fleet() -> Fleet:
             pass_credentials=route.pass_credentials,
             map_unknown_models=route.map_unknown_models,
             manage_models=route.manage_models,
+            open_host_controls=route.open_host_controls,
         )
         for route in Route.objects.select_related("fallback").prefetch_related(
             "route_hosts__host"

@@ -48,6 +48,7 @@ class RouteConfig:
     pass_credentials: bool = False
     map_unknown_models: bool = False
     manage_models: bool = False
+    open_host_controls: bool = False
 
 
 @dataclass(slots=True, frozen=True)

@@ -93,6 +93,7 @@ class RouteSpec:
     pass_credentials: bool = False
     map_unknown_models: bool = False
     manage_models: bool = False
+    open_host_controls: bool = False
     hosts: list[str] = field(default_factory=list)
 
     @classmethod
