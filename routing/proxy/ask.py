@@ -127,8 +127,8 @@ def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str,
 
 def named_host(route: RouteConfig, path: str) -> tuple[str, str] | None:
     """For `/hosts/<name>/<endpoint>` (an operator asking one host of the route about itself:
-    `slots`, `metrics`, `props`, `health`, `lora-adapters`): the host and the endpoint's path.
-    None for any other path. Raises NotFound for a host the route does not have."""
+    its state and controls, `slots`, `metrics`, `props`, ...): the host and the endpoint's
+    path. None for any other path. Raises NotFound for a host the route does not have."""
     pinned = _split_host(path)
     if pinned is not None and pinned[0] not in route.hosts:
         raise NotFound(f"not found: route “{route.name}” has no host “{pinned[0][:64]}”")

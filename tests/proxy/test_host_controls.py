@@ -176,9 +176,8 @@ def test_an_operator_token_never_reaches_the_host_even_where_the_route_passes_cr
     guarded.sync()
 
     with httpx.Client(base_url=guarded.url) as client:
-        answer = ask(client, "GET", "/chat/slots", Authorization=f"Bearer {TOKEN}")
+        response, mark = ask(client, "GET", "/chat/slots", Authorization=f"Bearer {TOKEN}")
 
-    response, mark = answer
     assert response.status_code == 200
     (sent,) = arrived(host, mark)
     assert "authorization" not in sent.headers
@@ -198,9 +197,8 @@ def keyed_fleet(gateway, host) -> str:
 
 def test_one_hosts_slots_are_refused_to_a_request_without_a_key(gateway, host, keyed_fleet):
     with httpx.Client(base_url=gateway.url) as client:
-        answer = ask(client, "GET", "/chat/hosts/gpu1/slots")
+        response, mark = ask(client, "GET", "/chat/hosts/gpu1/slots")
 
-    response, mark = answer
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "operator_only"
     assert not arrived(host, mark)
