@@ -121,6 +121,13 @@ class Route(models.Model):
         "other origin, without credentials. Empty: pages on this machine's localhost only, "
         "without credentials (llama-server's default once its tools are enabled).",
     )
+    open_host_controls = models.BooleanField(
+        default=False,
+        help_text="Let clients reach the hosts' controls through this route: /slots (every "
+        "user's prompts), /metrics, /lora-adapters (reading and changing adapter scales), "
+        "POST /props and /cors-proxy (which makes a host fetch any URL a client names). Off: "
+        "only operators (the CROSSBAR_METRICS_TOKEN bearer, or staff signed in at /admin/).",
+    )
     hosts: models.ManyToManyField[Host, RouteHost] = models.ManyToManyField(
         Host, through="RouteHost", related_name="routes"
     )

@@ -49,6 +49,7 @@ def load_fleet() -> Fleet:
             map_unknown_models=route.map_unknown_models,
             manage_models=route.manage_models,
             cors_origins=parse_origins(route.cors_origins),
+            open_host_controls=route.open_host_controls,
         )
         for route in Route.objects.select_related("fallback").prefetch_related(
             "route_hosts__host"

@@ -49,6 +49,7 @@ class RouteConfig:
     map_unknown_models: bool = False
     manage_models: bool = False
     cors_origins: frozenset[str] = frozenset()  # lower-cased; routing.core.cors
+    open_host_controls: bool = False
 
 
 @dataclass(slots=True, frozen=True)

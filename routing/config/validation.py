@@ -94,6 +94,7 @@ class RouteSpec:
     map_unknown_models: bool = False
     manage_models: bool = False
     cors_origins: str = ""
+    open_host_controls: bool = False
     hosts: list[str] = field(default_factory=list)
 
     @classmethod

@@ -1,77 +1,150 @@
-"""llama-server's endpoints, as the gateway treats each one.
+"""llama-server's endpoints: each one's class, and who may reach it. One table, `ENDPOINTS`.
 
-Every path llama-server serves passes through a route; what the gateway does with it depends on
-its kind:
+Every path llama-server serves passes through a route. The table gives each path its class for
+reads (GET, HEAD) and for writes (POST), and each class has one rule for who may reach it:
 
-- `GENERATE`: the request runs a model (completion, chat, infill, responses, Anthropic messages,
-  embeddings, rerank). It takes a slot of the model its body names (or the route's default) and,
-  where the body names a conversation, a lease.
-- `INSPECT`: the request reads the model without running it (tokenize, detokenize,
-  apply-template, token counts). No slot; it goes to a usable host serving the model.
-- `HOST`: about the host itself (health, props, slots, metrics, LoRA adapters). No body is
-  read; it goes to a usable host of the route (or, per host, to the one an operator names).
-- `MODELS`: the model list, answered by the gateway from its configuration: what a client may
-  send, over every host of the route.
-- `MANAGE`: loading and unloading models on a router-mode host (`/models/load`,
-  `/models/unload`): an operator's action, open to clients only where the route says so.
+- *generate*: runs a model (completion, chat, infill, responses, Anthropic messages,
+  embeddings, rerank). It takes a slot of the model its body names (or the route's default)
+  and, where the body names a conversation, a lease. A client.
+- *inspect*: reads the model without running it (tokenize, detokenize, apply-template, token
+  counts). No slot; a usable host serving the model. A client.
+- *host state*: the host's health and settings, read only and harmless (`/health`,
+  `GET /props`). No body read; a usable host of the route. A client.
+- *host control*: exposes or changes a host's state for every user (`/slots` shows other
+  users' prompts; `POST /props`, `POST /lora-adapters` and model load/unload change what
+  every user gets; `/cors-proxy` makes the host fetch any URL). An operator only, unless the
+  route opens it (the route setting the endpoint's `opened_by` names).
+- *models*: the model list, answered by the gateway from its configuration. A client.
 
-Any other path is refused (404), and so are path tricks (empty, `.` or `..` segments). Pure.
+"A client" is anyone while client keys are not in use, else a request with a valid key. One
+host's own endpoints (`/<route>/hosts/<host>/...`: host state and host control) are always an
+operator's. The gateway applies the rules (`routing.proxy.access`); this module only says which
+applies. Any path not in the table is refused (404), and so are path tricks (empty, `.` or `..`
+segments), which match no entry. Pure.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-__all__ = ["Kind", "kind_of"]
+__all__ = ["ENDPOINTS", "READS", "Endpoint", "Kind", "Opener", "endpoint_of"]
+
+READS = frozenset({"GET", "HEAD"})  # the methods that use an entry's first column
 
 
 class Kind(enum.Enum):
+    """An endpoint's class."""
+
     GENERATE = "generate"
     INSPECT = "inspect"
-    HOST = "host"
+    HOST_STATE = "host state"
+    HOST_CONTROL = "host control"
     MODELS = "models"
-    MANAGE = "manage"
 
 
-_OPENAI = {
-    "chat/completions": Kind.GENERATE,
-    "completions": Kind.GENERATE,
-    "embeddings": Kind.GENERATE,
-    "responses": Kind.GENERATE,
-    "rerank": Kind.GENERATE,
-    "reranking": Kind.GENERATE,
-    "models": Kind.MODELS,
+class Opener(enum.Enum):
+    """The route setting that opens a host control to clients (its value is the setting)."""
+
+    HOST_CONTROLS = "open_host_controls"
+    MODEL_MANAGEMENT = "manage_models"
+
+
+@dataclass(slots=True, frozen=True)
+class Endpoint:
+    """What the gateway does with one endpoint, and who may reach it.
+
+    `names_model`: the body names the model, so the gateway reads it and asks a host serving
+    that model. `opened_by` and `why` are a host control's: the route setting that opens it to
+    clients, and what a client could do with it (said when one is refused).
+    """
+
+    kind: Kind
+    names_model: bool = False
+    opened_by: Opener | None = None
+    why: str = ""
+
+    @property
+    def operators_only(self) -> bool:
+        """Only an operator may reach it, unless the route opens it."""
+        return self.kind is Kind.HOST_CONTROL
+
+    @property
+    def about_the_host(self) -> bool:
+        """An operator may ask one named host for it (`/hosts/<host>/...`)."""
+        return self.kind in (Kind.HOST_STATE, Kind.HOST_CONTROL) and not self.names_model
+
+
+GENERATE = Endpoint(Kind.GENERATE, names_model=True)
+INSPECT = Endpoint(Kind.INSPECT, names_model=True)
+STATE = Endpoint(Kind.HOST_STATE)
+MODELS = Endpoint(Kind.MODELS)
+SHOWS = Endpoint(
+    Kind.HOST_CONTROL,
+    opened_by=Opener.HOST_CONTROLS,
+    why="it shows the host's own state, other users' requests included",
+)
+CHANGES = Endpoint(
+    Kind.HOST_CONTROL,
+    opened_by=Opener.HOST_CONTROLS,
+    why="it changes the host's state for every user",
+)
+LOADS = Endpoint(
+    Kind.HOST_CONTROL,
+    names_model=True,
+    opened_by=Opener.MODEL_MANAGEMENT,
+    why="it loads or unloads a model for every user",
+)
+FETCHES = Endpoint(
+    Kind.HOST_CONTROL,
+    opened_by=Opener.HOST_CONTROLS,
+    why="it would let any client make the host fetch any URL",
+)
+
+# path: (GET and HEAD, POST). A generating path asked with GET keeps its class: the host
+# answers it (llama-server: 404), as it would answer a client talking to it directly.
+ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
+    "/v1/chat/completions": (GENERATE, GENERATE),
+    "/chat/completions": (GENERATE, GENERATE),
+    "/v1/completions": (GENERATE, GENERATE),
+    "/completions": (GENERATE, GENERATE),
+    "/completion": (GENERATE, GENERATE),
+    "/infill": (GENERATE, GENERATE),
+    "/v1/responses": (GENERATE, GENERATE),
+    "/responses": (GENERATE, GENERATE),
+    "/v1/messages": (GENERATE, GENERATE),
+    "/v1/embeddings": (GENERATE, GENERATE),
+    "/embeddings": (GENERATE, GENERATE),
+    "/embedding": (GENERATE, GENERATE),
+    "/v1/rerank": (GENERATE, GENERATE),
+    "/rerank": (GENERATE, GENERATE),
+    "/v1/reranking": (GENERATE, GENERATE),
+    "/reranking": (GENERATE, GENERATE),
+    "/tokenize": (INSPECT, INSPECT),
+    "/detokenize": (INSPECT, INSPECT),
+    "/apply-template": (INSPECT, INSPECT),
+    "/v1/messages/count_tokens": (INSPECT, INSPECT),
+    "/v1/chat/completions/input_tokens": (INSPECT, INSPECT),
+    "/chat/completions/input_tokens": (INSPECT, INSPECT),
+    "/v1/responses/input_tokens": (INSPECT, INSPECT),
+    "/health": (STATE, STATE),
+    "/props": (STATE, CHANGES),
+    "/slots": (SHOWS, SHOWS),
+    "/metrics": (SHOWS, SHOWS),
+    "/lora-adapters": (SHOWS, CHANGES),
+    "/models/load": (LOADS, LOADS),
+    "/models/unload": (LOADS, LOADS),
+    "/cors-proxy": (FETCHES, FETCHES),
+    "/v1/models": (MODELS, MODELS),
+    "/models": (MODELS, MODELS),
 }
-_V1_ONLY = {
-    "messages": Kind.GENERATE,
-    "messages/count_tokens": Kind.INSPECT,
-    "chat/completions/input_tokens": Kind.INSPECT,
-    "responses/input_tokens": Kind.INSPECT,
-}
-_NATIVE = {
-    "completion": Kind.GENERATE,
-    "infill": Kind.GENERATE,
-    "embedding": Kind.GENERATE,
-    "chat/completions/input_tokens": Kind.INSPECT,
-    "tokenize": Kind.INSPECT,
-    "detokenize": Kind.INSPECT,
-    "apply-template": Kind.INSPECT,
-    "health": Kind.HOST,
-    "props": Kind.HOST,
-    "slots": Kind.HOST,
-    "metrics": Kind.HOST,
-    "lora-adapters": Kind.HOST,
-    "models/load": Kind.MANAGE,
-    "models/unload": Kind.MANAGE,
-}
 
 
-def kind_of(path: str) -> Kind | None:
-    """The kind of an upstream path such as `/v1/chat/completions`; None when not served."""
-    if not path.startswith("/") or path.startswith("/hosts/"):
+def endpoint_of(method: str, path: str) -> Endpoint | None:
+    """The endpoint a request for an upstream path such as `/v1/chat/completions` reaches;
+    None when llama-server serves no such path."""
+    entry = ENDPOINTS.get(path)
+    if entry is None:
         return None
-    rest = path[1:]
-    if rest.startswith("v1/"):
-        tail = rest[3:]
-        return _OPENAI.get(tail) or _V1_ONLY.get(tail)
-    return _OPENAI.get(rest) or _NATIVE.get(rest)
+    return entry[0] if method in READS else entry[1]

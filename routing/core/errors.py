@@ -7,7 +7,8 @@
     │   └── NotARoute                  404 unknown_route, no row
     ├── MethodNotAllowed               405            ├── BodyTooLarge     413
     ├── MissingKey, InvalidKey         401            ├── RouteNotAllowed  403
-    ├── ManagementNotAllowed           403 model_management_not_allowed
+    ├── OperatorOnly                   403 operator_only (401 when a token would get in)
+    │   └── ManagementNotAllowed       403 model_management_not_allowed (likewise)
     ├── ClientLimited                  429 (+ Retry-After)
     ├── QueueFull                      503 queue_full (+ Retry-After 1)
     ├── NoHealthyHost                  503 no_healthy_host (+ Retry-After 2)
@@ -169,10 +170,24 @@ class InvalidKey(GatewayError):
     code = "invalid_api_key"
 
 
-class ManagementNotAllowed(GatewayError):
-    """The route does not let clients load or unload models."""
+class OperatorOnly(GatewayError):
+    """An operator's endpoint (a host control the route does not open, or one named host's own
+    endpoint), asked by someone who is not an operator.
+
+    403, or 401 (`status`) where sending the operators' token would get in.
+    """
 
     status = 403
+    code = "operator_only"
+
+    def __init__(self, message: str, *, status: int = 403) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ManagementNotAllowed(OperatorOnly):
+    """Model load or unload, which the route does not open to clients, from a client."""
+
     code = "model_management_not_allowed"
 
 

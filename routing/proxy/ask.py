@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
 from routing.config.shape import Fleet, RouteConfig
-from routing.core.clients import bearer_token
-from routing.core.endpoints import Kind, kind_of
+from routing.core.endpoints import Endpoint, Kind, endpoint_of
 from routing.core.errors import (
     BadBody,
     BadHostHeader,
     BodyTooLarge,
     ConflictingRoute,
-    InvalidKey,
-    ManagementNotAllowed,
-    MissingKey,
     MissingRoute,
     NotARoute,
     NotFound,
@@ -89,22 +83,9 @@ def check_host(request: HttpRequest) -> None:
         raise BadHostHeader(f"invalid Host header: “{raw[:100]}” is not served here")
 
 
-def check_operator(request: HttpRequest) -> None:
-    """Refuse a request for one host's own state unless it carries the operators' token
-    (`CROSSBAR_METRICS_TOKEN`, as `/metrics` does), when one is set. Raises MissingKey or
-    InvalidKey; the token is never in a message."""
-    token = settings.CROSSBAR["METRICS_TOKEN"]
-    if not token:
-        return
-    presented = bearer_token(request.headers.get("Authorization"))
-    if not presented:
-        raise MissingKey("missing operator token: send CROSSBAR_METRICS_TOKEN as a bearer token")
-    if not hmac.compare_digest(presented.encode(), token.encode()):
-        raise InvalidKey("invalid operator token")
-
-
-def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str, Kind]:
-    """The route, the upstream path and its kind.
+def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str, Endpoint]:
+    """The route, the upstream path (`/hosts/<name>/...` for one named host) and the endpoint
+    it reaches (for one named host: the host's endpoint, one about the host).
 
     Raises MissingRoute, ConflictingRoute, UnknownRoute or NotFound.
     """
@@ -135,45 +116,56 @@ def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str,
         raise refusal(f"unknown route: “{name[:64]}”")
     if not route.enabled:
         raise UnknownRoute(f"unknown route: “{name}” is disabled")
-    kind = Kind.HOST if rest.startswith(HOSTS_PREFIX) else kind_of(rest)
-    if kind is None:
+    pinned = _split_host(rest)
+    endpoint = endpoint_of(request.method or "GET", pinned[1] if pinned else rest)
+    if endpoint is None:
         raise NotFound(f"not found: {rest[:200]}")
-    return route, rest, kind
+    if pinned and not endpoint.about_the_host:
+        raise NotFound(f"not found: {pinned[1][:100]} is not an endpoint about a host")
+    return route, rest, endpoint
 
 
 def named_host(route: RouteConfig, path: str) -> tuple[str, str] | None:
     """For `/hosts/<name>/<endpoint>` (an operator asking one host of the route about itself:
-    `slots`, `metrics`, `props`, `health`, `lora-adapters`): the host and the endpoint's path.
-    None for any other path. Raises NotFound for a host the route does not have, or an
-    endpoint that is not about the host."""
+    its state and controls, `slots`, `metrics`, `props`, ...): the host and the endpoint's
+    path. None for any other path. Raises NotFound for a host the route does not have."""
+    pinned = _split_host(path)
+    if pinned is not None and pinned[0] not in route.hosts:
+        raise NotFound(f"not found: route “{route.name}” has no host “{pinned[0][:64]}”")
+    return pinned
+
+
+def _split_host(path: str) -> tuple[str, str] | None:
+    """`/hosts/gpu1/slots` as ("gpu1", "/slots"); None for a path not about one named host."""
     if not path.startswith(HOSTS_PREFIX):
         return None
-    name, _, endpoint = path[len(HOSTS_PREFIX):].partition("/")
-    if name not in route.hosts:
-        raise NotFound(f"not found: route “{route.name}” has no host “{name[:64]}”")
-    if kind_of("/" + endpoint) is not Kind.HOST:
-        raise NotFound(f"not found: /{endpoint[:100]} is not an endpoint about a host")
+    name, _, endpoint = path[len(HOSTS_PREFIX) :].partition("/")
     return name, "/" + endpoint
 
 
 def read_ask(
-    request: HttpRequest, route: RouteConfig, path: str, kind: Kind, models: Collection[str]
+    request: HttpRequest,
+    route: RouteConfig,
+    path: str,
+    endpoint: Endpoint,
+    models: Collection[str],
+    *,
+    operator: bool = False,
 ) -> Ask:
     """Read the body when the gateway needs what it names (the model, the conversation).
 
-    `models` are those the route serves. Requests about the host, and GETs, pass with their
-    body unread. Raises BodyTooLarge, ManagementNotAllowed, or BadBody with the reason.
+    `models` are those the route serves. Endpoints whose body names no model, and GETs, pass
+    with their body unread. The client's credentials go to the host where the route says so,
+    never an operator's (the `CROSSBAR_METRICS_TOKEN` bearer). Raises BodyTooLarge, or BadBody
+    with the reason.
     """
     method = request.method or "GET"
-    credentials = route.pass_credentials
-    if kind is Kind.MANAGE and not route.manage_models:
-        raise ManagementNotAllowed(
-            f"route “{route.name}” does not let clients load or unload models"
-        )
+    kind = endpoint.kind
+    credentials = route.pass_credentials and not operator
     if method in _LOCAL_METHODS:
         return Ask(request, path, kind, b"", None, None, credentials=credentials)
-    body = _read_body(request)
-    if kind is Kind.HOST or kind is Kind.MODELS:
+    body = read_body(request)
+    if not endpoint.names_model:
         return Ask(request, path, kind, body, None, None, credentials=credentials)
     payload = _parse_payload(body)
     model = _model_of(payload, route, models)
@@ -201,7 +193,8 @@ def wants_wait_status(ask: Ask, route: RouteConfig) -> bool:
     return route.wait_status
 
 
-def _read_body(request: HttpRequest) -> bytes:
+def read_body(request: HttpRequest) -> bytes:
+    """The request body. Raises BodyTooLarge past MAX_BODY."""
     try:
         body = request.body
     except (RequestDataTooBig, RawPostDataException):

@@ -19,9 +19,7 @@ from dataclasses import replace
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from accounting.keys import hash_key
 from routing.config.shape import RouteConfig
-from routing.core.clients import bearer_token
 from routing.core.endpoints import Kind
 from routing.core.errors import (
     MethodNotAllowed,
@@ -31,11 +29,11 @@ from routing.core.errors import (
     answer_for,
 )
 from routing.core.placement import Placer, Waiting
+from routing.proxy.access import check_access
 from routing.proxy.ask import (
     ROUTE_HEADER,
     Ask,
     check_host,
-    check_operator,
     named_host,
     read_ask,
     resolve_route,
@@ -100,27 +98,25 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
     try:
         runtime = await get_runtime()
         await runtime.refresh()
-        route, path, kind = resolve_route(request, runtime.fleet)
+        route, path, endpoint = resolve_route(request, runtime.fleet)
         if request.method == "OPTIONS":
             return preflight_response(request)  # a browser asking first: no row, no host
         trail = replace(trail, route=route.name)
         check_host(request)
         pinned = named_host(route, path)
-        if pinned is not None:
-            check_operator(request)  # one host's own state is for operators, not clients
-        else:
-            client = runtime.clients.identify(_client_key(request))
-            if client is not None:
-                trail = replace(trail, client=client.name)
-                trail = replace(trail, client_pass=await runtime.admit(client, route.name))
+        caller = await check_access(request, runtime.clients, route, endpoint, path)
+        if caller.client is not None:
+            trail = replace(trail, client=caller.client.name)
+            trail = replace(trail, client_pass=await runtime.admit(caller.client, route.name))
         if (request.method or "GET") not in METHODS:
             raise MethodNotAllowed(
                 f"method {(request.method or '')[:20]} not allowed: use {', '.join(METHODS)}"
             )
-        if kind is Kind.MODELS and request.method in ("GET", "HEAD"):
+        if endpoint.kind is Kind.MODELS and request.method in ("GET", "HEAD"):
             finish(trail, 200)
             return models_response(runtime, route)
-        ask = read_ask(request, route, path, kind, runtime.fleet.route_models(route))
+        models = runtime.fleet.route_models(route)
+        ask = read_ask(request, route, path, endpoint, models, operator=caller.operator)
         if pinned is not None:
             ask = replace(ask, host=pinned[0], path=pinned[1])
         running = runtime.running.add(route.name, ask.model or "", trail.client)
@@ -181,11 +177,3 @@ def _waiting_response(runtime: Runtime, passage: Passage, waiting: Waiting) -> S
     response["Cache-Control"] = "no-cache"
     set_placement_headers(response, passage.trail)
     return response
-
-
-def _client_key(request: HttpRequest) -> str | None:
-    """The sha256 of the client key the request presents, as `Authorization: Bearer` or as
-    `X-Api-Key` (Anthropic's clients send that); None when it presents none."""
-    token = bearer_token(request.headers.get("Authorization"))
-    token = token or request.headers.get("X-Api-Key", "").strip()
-    return hash_key(token) if token else None

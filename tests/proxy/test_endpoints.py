@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import closing
 from datetime import datetime
 
 import httpx
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.conftest import wait_until
+from tests.conftest import signed_in, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, add_host, add_route
 
@@ -106,8 +108,13 @@ def test_endpoints_that_only_read_the_model_take_no_slot(gateway, path, body):
 
 
 @pytest.mark.parametrize("path", ["/health", "/props", "/slots", "/metrics", "/lora-adapters"])
-def test_endpoints_about_the_host_pass_through_with_the_hosts_answer(chat_route, fake, path):
-    response = httpx.get(f"{chat_route}{path}")
+def test_endpoints_about_the_host_pass_through_with_the_hosts_answer(gateway, fake, path):
+    # Host controls (/slots, /metrics, /lora-adapters) are the operator's unless the route
+    # opens them (tests/proxy/test_host_controls.py); this route does.
+    add_route("chat", [add_host("gpu1", fake.url)], default_model=MODEL, open_host_controls=True)
+    gateway.sync()
+
+    response = httpx.get(f"{gateway.url}/chat{path}")
 
     assert response.status_code == 200
     assert response.headers["x-crossbar-host"] == "gpu1"
@@ -132,10 +139,14 @@ def test_a_body_the_gateway_must_read_is_refused_clearly_on_every_endpoint(chat_
     assert [seen for seen in fake.seen if seen.method == "POST"] == []
 
 
-def test_a_body_the_gateway_need_not_read_passes_untouched(chat_route, fake):
+def test_a_body_the_gateway_need_not_read_passes_untouched(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url)], open_host_controls=True)  # POST /props
+    gateway.sync()
     raw = b'{"n_ctx":  4096 , "weird":true}'
 
-    httpx.post(f"{chat_route}/props", content=raw, headers={"content-type": "application/json"})
+    httpx.post(
+        f"{gateway.url}/chat/props", content=raw, headers={"content-type": "application/json"}
+    )
 
     assert fake.requests_to("/props")[-1].body == raw
 
@@ -192,12 +203,14 @@ def test_a_host_that_comes_back_serves_at_once_not_after_the_next_poll(tmp_path,
 
 def test_an_operator_reaches_one_named_host_of_the_route(gateway, fake, fake2):
     add_route("chat", [add_host("gpu1", fake.url), add_host("gpu2", fake2.url)])
+    get_user_model().objects.create_user("admin", password="password", is_staff=True)
     gateway.sync()
 
-    slots = httpx.get(f"{gateway.url}/chat/hosts/gpu2/slots")
-    metrics = httpx.get(f"{gateway.url}/chat/hosts/gpu2/metrics")
-    unknown = httpx.get(f"{gateway.url}/chat/hosts/gpu9/slots")
-    not_about_the_host = httpx.post(f"{gateway.url}/chat/hosts/gpu2/completion", json={})
+    with closing(signed_in(gateway)) as operator:  # no token set: staff sessions are operators
+        slots = operator.get("/chat/hosts/gpu2/slots")
+        metrics = operator.get("/chat/hosts/gpu2/metrics")
+        unknown = operator.get("/chat/hosts/gpu9/slots")
+        not_about_the_host = operator.post("/chat/hosts/gpu2/completion", json={})
 
     assert (slots.status_code, slots.headers["x-crossbar-host"]) == (200, "gpu2")
     assert metrics.status_code == 200 and "llamacpp:" in metrics.text

@@ -4,12 +4,15 @@ client sees them, and the row the gateway writes. Skips without a llama-server b
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import httpx
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.conftest import wait_until
+from tests.conftest import signed_in, wait_until
 from tests.e2e.llama.locate import NOT_BUILT, binary_expected
 from tests.e2e.llama.server import ALIAS
 from tests.fleet import add_host, add_route
@@ -73,8 +76,11 @@ def test_a_real_hosts_tokenizer_answers_through_the_route(base, path, body, key)
 
 
 @pytest.mark.parametrize("path", ["/slots", "/props", "/hosts/llama1/slots", "/hosts/llama1/props"])
-def test_a_real_hosts_own_state_is_reachable(base, path):
-    response = httpx.get(f"{base}{path}", timeout=30)
+def test_a_real_hosts_own_state_is_reachable_by_an_operator(base, gateway, path):
+    get_user_model().objects.create_user("admin", password="password", is_staff=True)
+
+    with closing(signed_in(gateway)) as operator:  # host controls are the operator's
+        response = operator.get(f"{base}{path}", timeout=30)
 
     assert response.status_code == 200, response.text
     assert response.headers["x-crossbar-host"] == "llama1"

@@ -1,0 +1,133 @@
+"""The endpoint table: each endpoint's class and who may reach it, and the docs that show it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from routing.core.endpoints import ENDPOINTS, Endpoint, Kind, Opener, endpoint_of
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+METHODS = ("GET", "HEAD", "POST")
+
+
+def served(method: str, path: str) -> Endpoint:
+    endpoint = endpoint_of(method, path)
+    assert endpoint is not None, f"{method} {path} is not served"
+    return endpoint
+
+
+def classes(kind: Kind) -> set[tuple[str, str]]:
+    """Every (method, path) of the class (HEAD is GET's)."""
+    return {
+        (method, path)
+        for path in ENDPOINTS
+        for method in ("GET", "POST")
+        if served(method, path).kind is kind
+    }
+
+
+def test_host_state_is_only_health_and_reading_props() -> None:
+    assert classes(Kind.HOST_STATE) == {
+        ("GET", "/health"),
+        ("POST", "/health"),
+        ("GET", "/props"),
+    }
+
+
+def test_every_control_that_shows_or_changes_a_host_is_a_host_control() -> None:
+    assert classes(Kind.HOST_CONTROL) == {
+        (method, path)
+        for path in (
+            "/slots", "/metrics", "/lora-adapters", "/models/load", "/models/unload",
+            "/cors-proxy",
+        )
+        for method in ("GET", "POST")
+    } | {("POST", "/props")}  # fmt: skip
+
+
+def test_model_load_and_unload_open_with_manage_models_and_the_rest_with_host_controls() -> None:
+    openers = {
+        (method, path): served(method, path).opened_by
+        for method, path in classes(Kind.HOST_CONTROL)
+    }
+
+    for (method, path), opener in openers.items():
+        expected = Opener.MODEL_MANAGEMENT if path.startswith("/models/") else Opener.HOST_CONTROLS
+        assert opener is expected, (method, path)
+    assert Opener.HOST_CONTROLS.value == "open_host_controls"
+    assert Opener.MODEL_MANAGEMENT.value == "manage_models"
+
+
+def test_only_host_controls_are_an_operators_and_each_says_why() -> None:
+    for path, entry in ENDPOINTS.items():
+        for endpoint in entry:
+            assert endpoint.operators_only == (endpoint.kind is Kind.HOST_CONTROL), path
+            assert bool(endpoint.why) == endpoint.operators_only, path
+    assert "fetch any URL" in served("GET", "/cors-proxy").why
+
+
+def test_head_is_answered_as_get() -> None:
+    for path in ENDPOINTS:
+        assert endpoint_of("HEAD", path) is endpoint_of("GET", path), path
+
+
+def test_one_named_host_serves_its_state_and_controls_but_not_model_loading() -> None:
+    about = {path for path in ENDPOINTS if served("GET", path).about_the_host}
+
+    assert about == {"/health", "/props", "/slots", "/metrics", "/lora-adapters", "/cors-proxy"}
+
+
+def test_the_body_names_the_model_where_the_gateway_must_read_it() -> None:
+    reads = {path for path in ENDPOINTS if served("POST", path).names_model}
+
+    assert reads == {
+        path for path in ENDPOINTS if served("POST", path).kind in (Kind.GENERATE, Kind.INSPECT)
+    } | {"/models/load", "/models/unload"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v2/chat", "/v1/completion", "/hosts/gpu1/slots", "//v1/models", "/v1/../slots", "/slots/",
+     "/slots/0", "", "slots", "/", "/admin"],
+)  # fmt: skip
+def test_paths_llama_server_does_not_serve_have_no_endpoint(path: str) -> None:
+    assert all(endpoint_of(method, path) is None for method in METHODS)
+
+
+def documented_table() -> dict[str, list[str]]:
+    """docs/architecture.md's endpoint table, "One request" step 1: class -> its endpoints."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    step = text[text.index("1. **Route.**") : text.index("2. **Client.**")]
+    rows = [line.strip() for line in step.splitlines() if line.strip().startswith("|")]
+    table: dict[str, list[str]] = {}
+    for row in rows[2:]:  # past the head and its rule
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        table[cells[0]] = re.findall(r"`([^`]+)`", cells[1])
+    return table
+
+
+def expand(written: str) -> set[tuple[str, str]]:
+    """`GET /props` -> {(GET, /props)}; `(/v1)/models` -> both paths; no method: GET and POST."""
+    method, _, path = written.rpartition(" ")
+    methods = (method,) if method else ("GET", "POST")
+    paths = [path.replace("(/v1)", "/v1"), path.replace("(/v1)", "")]
+    return {(m, p) for m in methods for p in dict.fromkeys(paths)}
+
+
+def test_the_architecture_docs_table_is_the_codes() -> None:
+    documented = {
+        (method, path): kind
+        for kind, endpoints in documented_table().items()
+        for written in endpoints
+        for method, path in expand(written)
+    }
+
+    assert set(documented.values()) == {kind.value for kind in Kind}
+    assert documented == {
+        (method, path): served(method, path).kind.value
+        for path in ENDPOINTS
+        for method in ("GET", "POST")
+    }
