@@ -15,10 +15,8 @@ from django.utils.cache import patch_vary_headers
 
 from routing.core.cors import grant
 from routing.core.errors import Answer
-from routing.proxy.ask import resolve_route
 from routing.proxy.passage import Answered
 from routing.proxy.record import Trail
-from routing.runtime import current_runtime
 
 METHODS = ("GET", "HEAD", "POST", "OPTIONS")  # what llama-server takes; the rest is 405
 _PREFLIGHT_METHODS = "GET, POST, DELETE, OPTIONS"
@@ -51,14 +49,12 @@ class StreamedResponse(StreamingHttpResponse):
         self.closed = True
 
 
-def preflight_response(request: HttpRequest) -> HttpResponse:
+def preflight_response(request: HttpRequest, origins: frozenset[str]) -> HttpResponse:
     """A CORS preflight for a route the view has resolved: 200, with the methods and the
     headers the page asked for when the route's rule allows its origin, and no
     `Access-Control-*` header at all when it does not."""
-    runtime = current_runtime()
-    route = resolve_route(request, runtime.fleet)[0].name if runtime is not None else ""
     response = HttpResponse(status=200)
-    if _allow_origin(response, route, request.headers.get("Origin")):
+    if allow_origin(response, origins, request.headers.get("Origin")):
         response["Access-Control-Allow-Methods"] = _PREFLIGHT_METHODS
         # Echoed rather than `*`: a `*` covers neither Authorization nor, with credentials,
         # any header at all (Fetch standard, CORS protocol).
@@ -69,11 +65,13 @@ def preflight_response(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def error_response(answer: Answer, trail: Trail, origin: str | None = None) -> HttpResponse:
+def error_response(
+    answer: Answer, trail: Trail, origin: str | None, origins: frozenset[str] = frozenset()
+) -> HttpResponse:
     """The gateway's own answer for a failure, in OpenAI's error shape; a page at `origin` may
     read it as the route's CORS rule allows (the default rule before a route is known)."""
     response = JsonResponse(answer.body(), status=answer.status)
-    _allow_origin(response, trail.route, origin)
+    allow_origin(response, origins, origin)
     if answer.retry_after is not None:
         response["Retry-After"] = str(answer.retry_after)
     if answer.status == 401:
@@ -85,7 +83,7 @@ def error_response(answer: Answer, trail: Trail, origin: str | None = None) -> H
     return response
 
 
-def streamed(answered: Answered, body: Body) -> StreamedResponse:
+def streamed(answered: Answered, body: Body, origins: frozenset[str]) -> StreamedResponse:
     """The host's response: its status and headers (hop-by-hop and CORS ones dropped), our
     headers, and CORS headers by the route's rule for the origin the client sent."""
     upstream = answered.upstream
@@ -96,22 +94,22 @@ def streamed(answered: Answered, body: Body) -> StreamedResponse:
         if lowered not in _RESPONSE_DROP and not lowered.startswith(_HOST_CORS):
             response.headers[name] = value
     # The Origin the host was asked with is the client's own (it is forwarded unchanged).
-    _allow_origin(response, answered.trail.route, upstream.request.headers.get("Origin"))
+    allow_origin(response, origins, upstream.request.headers.get("Origin"))
     set_placement_headers(response, answered.trail)
     response["X-Crossbar-Queued-Ms"] = str(answered.trail.queued_ms)
     return response
 
 
-def _allow_origin(
-    response: HttpResponse | StreamingHttpResponse, route: str, origin: str | None
+def allow_origin(
+    response: HttpResponse | StreamingHttpResponse, origins: frozenset[str], origin: str | None
 ) -> bool:
     """Name `origin` on `response` (with credentials when the route lists it) if the CORS
-    rule of `route` allows it; True when it does. `route` "" (none known yet) or one this
-    process does not serve lists no origins."""
+    rule of a route listing `origins` allows it; True when it does. Before a route is known,
+    no origins are listed (the default rule)."""
     if not origin:
         return False
     patch_vary_headers(response, ("Origin",))  # the answer depends on it: caches must know
-    allowed = grant(_listed(route), origin)
+    allowed = grant(origins, origin)
     if allowed is None:
         return False
     response["Access-Control-Allow-Origin"] = allowed.origin
@@ -129,10 +127,3 @@ def set_placement_headers(response: HttpResponse | StreamingHttpResponse, trail:
     if trail.fallback:
         response["X-Crossbar-Fallback"] = trail.fallback
 
-
-def _listed(route: str) -> frozenset[str]:
-    """The origins `route` lists. The view hands over the route by name (in the trail), so
-    the fleet this process serves (its one event loop's runtime) is asked."""
-    runtime = current_runtime()
-    config = runtime.fleet.routes.get(route) if runtime is not None and route else None
-    return config.cors_origins if config is not None else frozenset()

@@ -45,6 +45,7 @@ from routing.proxy.relay import Relay
 from routing.proxy.respond import (
     METHODS,
     StreamedResponse,
+    allow_origin,
     error_response,
     preflight_response,
     set_placement_headers,
@@ -95,12 +96,14 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         return await gateway_health()
     trail = Trail(Arrival())
     passage: Passage | None = None  # once placed, the passage's trail is the request's
+    origins: frozenset[str] = frozenset()  # the route's CORS origins, once it is known
     try:
         runtime = await get_runtime()
         await runtime.refresh()
         route, path, endpoint = resolve_route(request, runtime.fleet)
+        origins = route.cors_origins
         if request.method == "OPTIONS":
-            return preflight_response(request)  # a browser asking first: no row, no host
+            return preflight_response(request, origins)  # a browser asking first: no row, no host
         trail = replace(trail, route=route.name)
         check_host(request)
         pinned = named_host(route, path)
@@ -114,7 +117,9 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             )
         if endpoint.kind is Kind.MODELS and request.method in ("GET", "HEAD"):
             finish(trail, 200)
-            return models_response(runtime, route)
+            models_list = models_response(runtime, route)
+            allow_origin(models_list, origins, request.headers.get("Origin"))
+            return models_list
         models = runtime.fleet.route_models(route)
         ask = read_ask(request, route, path, endpoint, models, operator=caller.operator)
         if pinned is not None:
@@ -129,7 +134,9 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             await runtime.probe_down(route)  # a host that just came back serves at once
             passage = await _place(runtime, route, ask, trail)
         if isinstance(passage.waiting, Waiting) and wants_wait_status(ask, route):
-            return _waiting_response(runtime, passage, passage.waiting)
+            status = _waiting_response(runtime, passage, passage.waiting)
+            allow_origin(status, origins, request.headers.get("Origin"))
+            return status
         answered = await passage.through()
     except asyncio.CancelledError:
         ended = passage.trail if passage is not None else trail
@@ -143,10 +150,10 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         if answer.status == 500:
             log.exception("unexpected error serving %s", request.path[:200])
         finish(ended, answer.status, answer.message, answer.code)
-        return error_response(answer, ended, request.headers.get("Origin"))
+        return error_response(answer, ended, request.headers.get("Origin"), origins)
     placement = answered.placement
     relay = Relay(answered.upstream, placement.slot if placement else None, answered.trail, runtime)
-    return streamed(answered, relay)
+    return streamed(answered, relay, origins)
 
 
 async def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -> Passage:
