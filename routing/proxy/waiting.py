@@ -19,7 +19,7 @@ from routing.core import sse
 from routing.core.errors import Answer, answer_for
 from routing.proxy.passage import Answered, Passage
 from routing.proxy.record import finish
-from routing.proxy.relay import Relay
+from routing.proxy.relay import Relay, close_soon
 from routing.runtime import Runtime
 
 
@@ -65,7 +65,7 @@ class StatusStream:
                 answered = task.result()  # a host answered just as the client left
                 if answered.placement is not None:
                     answered.placement.slot.release()
-                asyncio.get_running_loop().create_task(answered.upstream.aclose())
+                close_soon(answered.upstream)
         finish(self._passage.trail, 499, "client disconnected while queued", "client_disconnected")
 
     async def _run(self) -> AsyncIterator[bytes]:
