@@ -1,15 +1,19 @@
 """Serving crossbar with daphne: backpressure, a bounded request body, and a graceful stop.
 
 `manage.py crossbar_serve` (what `make run` runs) serves the ASGI application through
-`GatewayServer`, daphne's `Server` with four changes:
+`GatewayServer`, daphne's `Server` with five changes:
 
 - **Backpressure.** Daphne's `send` writes into Twisted's transport and returns at once, so a
   client that reads slowly makes the gateway buffer the whole upstream response in memory (a
   long generation read by a stalled client: hundreds of MB). Here `send` of a body chunk returns
   only once the connection's write buffer is below Twisted's high-water mark (64 KiB), using
-  Twisted's own push-producer protocol; the proxy then stops reading from the host, and TCP
-  slows the host down. A client that reads nothing at all for `stall_timeout` seconds is
-  disconnected, which frees its slot like any other client that leaves.
+  Twisted's own push-producer protocol, as uvicorn's does; the proxy meanwhile reads the host
+  into its own bounded buffer (routing/proxy/relay.py), and cuts a client that falls further
+  behind. A client that reads nothing at all for `stall_timeout` seconds is disconnected, like
+  any other client that leaves.
+- **Unfinished responses end the connection.** An application that returns before its
+  response's end (the proxy cuts a client that fell too far behind its host) gets the
+  connection aborted, as uvicorn closes it; daphne alone would keep it open.
 - **Short bodies end the connection.** When a host fails in the middle of a whole (non-SSE)
   answer, the proxy ends the body early; the response already declared the host's
   Content-Length, so a finished response would leave the client waiting for bytes that never
@@ -225,6 +229,20 @@ class GatewayServer(Server):
         self.ports.append(port)
         address = port.getHost()
         log.info("listening on http://%s:%s", address.host, address.port)  # type: ignore[attr-defined]  # a TCP port's IAddress is an IPv4Address or IPv6Address
+
+    def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
+        queue = super().create_application(protocol, scope)
+        instance = self.connections.get(protocol, {}).get("application_instance")
+        if instance is not None and isinstance(protocol, WebRequest):
+            instance.add_done_callback(lambda _: self._returned(protocol))
+        return queue
+
+    def _returned(self, protocol: WebRequest) -> None:
+        """An application that returned before its response's end (the proxy cut a client that
+        fell too far behind) leaves a connection daphne would keep open: close it, without
+        waiting for a client that may read nothing to take what its write buffer holds."""
+        if self._responses.pop(protocol, None) is not None and protocol.channel is not None:
+            protocol.channel.transport.abortConnection()
 
     def _counting(self, application: Any) -> Any:
         async def counted(scope: dict[str, Any], receive: Any, send: Any) -> None:

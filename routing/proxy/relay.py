@@ -1,14 +1,17 @@
-"""The upstream body on its way to the client, chunk for chunk."""
+"""The upstream body on its way to the client, chunk for chunk, at the host's pace."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from dataclasses import replace
+from typing import Any
 
 import httpx
 
 from routing.core import sse
+from routing.core.background import spawn
 from routing.core.errors import Answer, describe_error
 from routing.core.running import data_events
 from routing.core.state import Held
@@ -16,25 +19,55 @@ from routing.core.tee import Tee
 from routing.proxy.record import Trail, finish
 from routing.runtime import Runtime
 
+# How far a client may fall behind its host: bytes read from the host that the client's
+# connection has not taken yet (the server's write buffer, 64 KiB, and the kernel's socket
+# buffers hold more, uncounted). A whole completion fits, so a slow reader does not hold the
+# host's slot: llama-server's chat SSE events are 150-250 bytes per token (one token's delta,
+# the id, the model's name, the timestamp), so 1 MiB holds 4,000-7,000 tokens. It is also what
+# one stream whose client lags can cost in memory; a client further behind is cut.
+BUFFER_BYTES = 1 << 20
+# A client whose server `send` has not come back for this long (its connection's buffers are
+# full) gets a pump: a task that reads the host into the buffer meanwhile. Until then the
+# client's own task reads the host, so a client that keeps up pays no task switch per chunk.
+# The socket buffers between the host and the gateway take seconds of a generation meanwhile.
+AWAY = 0.5
+
+def close_soon(upstream: httpx.Response) -> None:
+    """Close a host's response in a held background task (for a caller that cannot await)."""
+    spawn(upstream.aclose(), "crossbar-close-upstream")
+
 
 class Relay:
     """The upstream body as an async iterator for StreamingHttpResponse.
 
-    Yields each upstream chunk unchanged (the tee only looks) and enforces the idle timeout
-    between chunks. The request ends exactly once, from whichever comes first: the body's end,
-    a failure, the client's disconnect (the read is cancelled), or `close()` (the response is
-    closed by the handler without having been read to the end). Ending frees the slot, closes
-    the upstream response and finishes the record.
+    Yields the host's chunks unchanged and in order (the tee only looks) and enforces the idle
+    timeout on reads of the host. The request ends exactly once, from whichever comes first:
+    the body's end, a failure, the client's disconnect (the read is cancelled), `close()` (the
+    response is closed by the handler without having been read to its end), or a client too
+    slow to read. Ending frees the slot, closes the upstream response and finishes the record.
 
-    The idle timeout is a watchdog timer, not an `asyncio.timeout` per read (which cost ~9 µs
-    per chunk in `make bench`): each read only notes when it started, and the timer, which
-    wakes about once per idle period, cancels the read that has waited too long. Time the
-    client takes to accept a chunk does not count: that is backpressure, not a stalled host.
+    The host is read at its own pace, not the client's. While the client keeps up, its own task
+    reads the host and each chunk goes out as it arrives. A client away in the server's `send`
+    for `AWAY` (its connection full) gets a pump task that reads the host into a buffer of up
+    to `BUFFER_BYTES` meanwhile; the client's task then takes chunks from the buffer. When the
+    host's stream ends, its slot is freed at once while the client still reads the buffer; the
+    row is written when the client has it all (or leaves), with the host's outcome. A client
+    that falls further behind than the buffer is cut: the upstream is closed, the slot freed,
+    a 499 `client_too_slow` row written, and the client's task cancelled, so that its server
+    closes the connection (its `send` may wait on a client that reads nothing at all).
+
+    One watchdog timer does all the watching, not an `asyncio.timeout` per read (which cost
+    ~9 µs per chunk in `make bench`): each read only notes when it started and each call for
+    the next chunk clears a mark, and the timer, waking every `AWAY` until there is a pump and
+    about once per idle period after, cancels a read that has waited too long and starts the
+    pump for a client that stayed away from one wake to the next. Time the client takes to
+    accept a chunk never counts as a stalled host.
     """
 
     __slots__ = (
         "_upstream", "_chunks", "_slot", "_tee", "_trail", "_idle", "_loop", "_status",
-        "_closed", "_task", "_read_since", "_watchdog", "_stalled", "_running",
+        "_closed", "_client", "_read_since", "_watchdog", "_stalled", "_running", "_away",
+        "_pump", "_buffer", "_buffered", "_more", "_outcome",
     )  # fmt: skip
 
     def __init__(
@@ -48,13 +81,19 @@ class Relay:
         self._idle = runtime.stream_idle_timeout
         self._loop = asyncio.get_running_loop()
         self._status = upstream.status_code
-        self._closed = False
-        self._task: asyncio.Task[object] | None = None
+        self._closed = False  # the request has ended: its row is written
+        self._client: asyncio.Task[Any] | None = None  # the task that iterates this body
         self._read_since: float | None = None  # when the pending read began; None between reads
         self._watchdog: asyncio.TimerHandle | None = None
         self._stalled = False
-        # Tokens so far, for the dashboard's running requests: one per SSE event passed on.
+        self._away = False  # the client's task was away in `send` at the watchdog's last look
+        # Tokens so far, for the dashboard's running requests: one per SSE event read.
         self._running = trail.running if self._tee.streamed else None
+        self._pump: asyncio.Task[None] | None = None
+        self._buffer: deque[bytes] = deque()  # read from the host by the pump, not yet passed on
+        self._buffered = 0
+        self._more: asyncio.Future[None] | None = None  # the client's task waits for the pump
+        self._outcome: tuple[int, str, str] | None = None  # how the host's stream ended (pump)
 
     @property
     def streamed(self) -> bool:
@@ -67,46 +106,145 @@ class Relay:
     async def __anext__(self) -> bytes:
         if self._closed:
             raise StopAsyncIteration
+        self._away = False
+        if self._pump is not None:
+            return await self._buffered_chunk()
         self._read_since = self._loop.time()
         if self._watchdog is None:
-            self._task = asyncio.current_task()
-            self._watchdog = self._loop.call_at(self._read_since + self._idle, self._watch)
+            self._client = asyncio.current_task()
+            self._watchdog = self._loop.call_at(
+                self._read_since + min(self._idle, AWAY), self._watch
+            )
         try:
             chunk = await anext(self._chunks)
         except StopAsyncIteration:
             await self._close(self._status)
             raise
         except httpx.HTTPError as exc:
-            message = f"host {self._trail.host} failed mid-stream: {describe_error(exc)}"
-            return await self._fail(502, message)
+            return await self._fail(502, self._broken(exc))
         except asyncio.CancelledError:
-            if self._stalled and self._task is not None and self._task.uncancel() == 0:
-                message = f"host {self._trail.host} sent nothing for {self._idle:g} s mid-stream"
-                return await self._fail(504, message)
-            self._abandon(499, "client disconnected mid-stream")
+            if self._stalled and self._client is not None and self._client.uncancel() == 0:
+                return await self._fail(504, self._silent())
+            self._abandon("client disconnected mid-stream")
             raise
         self._read_since = None
-        self._tee.feed(chunk)
-        if self._running is not None:
-            self._running.tokens += data_events(chunk)
+        self._look(chunk)
         return chunk
 
     def close(self) -> None:
         """The response is done with, read to its end or not (Django's resource closer)."""
-        self._abandon(499, "client disconnected")
+        self._abandon("client disconnected")
+
+    def _look(self, chunk: bytes) -> None:
+        self._tee.feed(chunk)
+        if self._running is not None:
+            self._running.tokens += data_events(chunk)
 
     def _watch(self) -> None:
-        """The watchdog: cancel a read that has waited the idle timeout, else look again."""
-        if self._closed:
+        """The watchdog: cancel a read that has waited the idle timeout, start the pump for a
+        client that has stayed away since the last look, else look again."""
+        if self._closed or self._outcome is not None:
             return
         now = self._loop.time()
         since = self._read_since
-        if since is None or now - since < self._idle:
-            self._watchdog = self._loop.call_at((since or now) + self._idle, self._watch)
+        if since is not None and now - since >= self._idle:
+            self._stalled = True
+            reader = self._pump or self._client
+            if reader is not None:
+                reader.cancel()
             return
-        self._stalled = True
-        if self._task is not None:
-            self._task.cancel()
+        if self._pump is None and since is None:
+            if self._away:
+                self._start_pump()
+            else:
+                self._away = True
+        then = (since or now) + self._idle
+        if self._pump is None:
+            then = min(then, now + AWAY)
+        self._watchdog = self._loop.call_at(then, self._watch)
+
+    def _start_pump(self) -> None:
+        self._pump = spawn(self._pump_host(), "crossbar-pump")
+
+    async def _pump_host(self) -> None:
+        """Read the rest of the host's stream into the buffer, as fast as the host writes it."""
+        try:
+            while True:
+                self._read_since = self._loop.time()
+                try:
+                    chunk = await anext(self._chunks)
+                except StopAsyncIteration:
+                    self._host_done(self._status)
+                    return
+                except httpx.HTTPError as exc:
+                    self._host_done(502, self._broken(exc), "upstream_failed")
+                    return
+                except asyncio.CancelledError:
+                    pump = self._pump
+                    if not (self._stalled and pump is not None and pump.uncancel() == 0):
+                        raise  # the request ended: the client left, or the server stops
+                    self._host_done(504, self._silent(), "upstream_failed")
+                    return
+                self._read_since = None
+                self._look(chunk)
+                self._buffer.append(chunk)
+                self._buffered += len(chunk)
+                self._wake()
+                if self._buffered > BUFFER_BYTES:
+                    self._cut()
+                    return
+        finally:
+            self._free_host()
+            await self._upstream.aclose()
+
+    def _host_done(self, status: int, error: str = "", code: str = "") -> None:
+        """The host's stream ended: the request's outcome, once the client has the buffer."""
+        if error and self._tee.streamed:
+            self._buffer.append(sse.error_event(Answer(status, error, "server_error", code)))
+        self._outcome = (status, error, code)
+        self._wake()
+
+    def _cut(self) -> None:
+        """End the request of a client further behind than the buffer."""
+        self._buffer.clear()
+        message = f"client too slow: fell more than {BUFFER_BYTES / 2**20:g} MiB behind the host"
+        self._end(499, message, "client_too_slow")
+        if self._client is not None:
+            # Its task waits in the server's `send`, maybe for a client that reads nothing: the
+            # cancel ends the response unfinished, and the server closes the connection.
+            self._client.cancel()
+
+    def _wake(self) -> None:
+        more = self._more
+        if more is not None and not more.done():
+            more.set_result(None)
+
+    async def _buffered_chunk(self) -> bytes:
+        """The next chunk the pump read, once there is one; the end once the host's stream
+        ended and the client has had it all."""
+        try:
+            if self._buffer:
+                # A turn of the loop per chunk for a client that is behind: `send` to a closed
+                # connection returns at once, and a disconnect must get its turn to be heard.
+                await asyncio.sleep(0)
+            while not self._buffer:
+                if self._outcome is not None:
+                    self._end(*self._outcome)
+                    raise StopAsyncIteration
+                self._more = self._loop.create_future()
+                await self._more
+        except asyncio.CancelledError:
+            self._abandon("client disconnected mid-stream")
+            raise
+        chunk = self._buffer.popleft()
+        self._buffered -= len(chunk)
+        return chunk
+
+    def _broken(self, exc: httpx.HTTPError) -> str:
+        return f"host {self._trail.host} failed mid-stream: {describe_error(exc)}"
+
+    def _silent(self) -> str:
+        return f"host {self._trail.host} sent nothing for {self._idle:g} s mid-stream"
 
     async def _fail(self, status: int, message: str) -> bytes:
         """End a stream the host broke: an SSE client gets one error event, then the end."""
@@ -141,19 +279,32 @@ class Relay:
         self._end(status, error, code)
         await self._upstream.aclose()
 
-    def _abandon(self, status: int, error: str) -> None:
-        """End now and close the upstream in the background (cancelled, or closed unread)."""
+    def _abandon(self, error: str) -> None:
+        """The client is gone (cancelled, or the response closed unread): end now. A failure of
+        the host's that came first stays the request's outcome."""
         if self._closed:
             return
-        self._end(status, error, "client_disconnected")
-        self._loop.create_task(self._upstream.aclose())
+        outcome = self._outcome
+        if outcome is not None and outcome[0] >= 400:
+            self._end(*outcome)
+        else:
+            self._end(499, error, "client_disconnected")
+        if self._pump is not None:
+            self._pump.cancel()  # it closes the upstream; done already if the host's stream was
+        else:
+            close_soon(self._upstream)
 
-    def _end(self, status: int, error: str, code: str) -> None:
-        self._closed = True
+    def _free_host(self) -> None:
+        """The host is done with: its slot back, nothing more to watch."""
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._slot is not None:
             self._slot.release()
+            self._slot = None
+
+    def _end(self, status: int, error: str, code: str) -> None:
+        self._closed = True
+        self._free_host()
         if not code and status >= 400:
             code = "upstream_error"  # the host's own error answer, passed through as it is
         finish(self._trail, status, error, code, self._tee.usage())

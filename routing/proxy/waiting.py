@@ -16,11 +16,10 @@ from collections.abc import AsyncIterator
 
 from hosts.describe import ModelState
 from routing.core import sse
-from routing.core.background import spawn
 from routing.core.errors import Answer, answer_for
 from routing.proxy.passage import Answered, Passage
 from routing.proxy.record import finish
-from routing.proxy.relay import Relay
+from routing.proxy.relay import Relay, close_soon
 from routing.runtime import Runtime
 
 
@@ -66,7 +65,7 @@ class StatusStream:
                 answered = task.result()  # a host answered just as the client left
                 if answered.placement is not None:
                     answered.placement.slot.release()
-                spawn(answered.upstream.aclose(), "crossbar-close-upstream")
+                close_soon(answered.upstream)
         finish(self._passage.trail, 499, "client disconnected while queued", "client_disconnected")
 
     async def _run(self) -> AsyncIterator[bytes]:
