@@ -18,7 +18,8 @@ import pytest
 from tests.conftest import wait_until
 from tests.fakes.flood_server import FloodServer
 from tests.fleet import MODEL, add_host, add_route, chat
-from tests.invariants import gauge, rss_mib
+from tests.invariants import rss_mib
+from tests.observe import gauge
 from tests.wire import send
 
 pytestmark = pytest.mark.django_db(transaction=True)
