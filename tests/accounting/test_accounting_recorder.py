@@ -239,8 +239,10 @@ def test_writer_retries_with_backoff_while_the_database_is_down(
     assert mine().count() == 20
     assert not recorder.failing
     pauses = [later - earlier for earlier, later in zip(attempts, attempts[1:], strict=False)]
+    # The lower bounds show the backoff doubling; the upper ones only that it is not far
+    # longer, with the slack a thread woken late on a loaded machine needs.
     for pause, planned in zip(pauses, [0.1, 0.2, 0.4, 0.8], strict=True):
-        assert planned <= pause < planned + 0.4
+        assert planned <= pause < planned + 1.0
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2
     assert "cannot write to the database (OperationalError: connection refused)" in messages[0]

@@ -135,9 +135,10 @@ def test_a_slow_reader_holds_the_host_back_instead_of_filling_the_gateways_memor
 
     # Kernel socket buffers hold a few MiB between the host and the client; the gateway's
     # own buffer holds 64 KiB. Without backpressure the host sends all 256 MiB at once and
-    # the gateway holds them in memory.
+    # the gateway holds them in memory: the bounds are a quarter and half of that, wide of
+    # what the allocator and the session's other work add.
     assert sent_meanwhile < 64 * MiB
-    assert grown < 48
+    assert grown < 128
     assert received > flood.stream_bytes  # all of it arrived once the client read (plus framing)
     assert tail.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
     wait_until(lambda: ledger.rows().filter(status=200).exists(), what="the row")
