@@ -286,15 +286,21 @@ def test_nul_characters_a_client_sent_are_stored_as_replacement_characters(
     assert (row.model, row.error) == ("a\ufffdb", "unknown route: “ch\ufffdt”")
 
 
+def writers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "accounting-recorder" and t.is_alive()}
+
+
 def test_stop_writes_what_is_held_and_ends_the_thread() -> None:
+    others = writers()  # the process recorder's, when an earlier test used it
     recorder = Recorder(batch_size=1_000, flush_interval=60)
     for n in range(30):
         recorder.record(make_record(n))
+    assert writers() - others  # this recorder's writer runs
 
     recorder.stop()
 
     assert mine().count() == 30
-    assert not any(t.name == "accounting-recorder" and t.is_alive() for t in threading.enumerate())
+    assert not writers() - others
 
 
 def test_recording_after_stop_starts_a_new_writer(recorder: Recorder) -> None:
