@@ -21,10 +21,10 @@ from types import TracebackType
 
 import httpx
 from django.utils import timezone
-from prometheus_client.parser import text_string_to_metric_families
 
 from accounting.models import Request
 from tests.conftest import Gateway, wait_until
+from tests.observe import series
 
 HELD = ("crossbar_in_flight", "crossbar_queued", "crossbar_client_in_flight")
 _NOT_PROXIED = ("/health", "/metrics")  # the gateway's own: no row
@@ -32,18 +32,7 @@ _NOT_PROXIED = ("/health", "/metrics")  # the gateway's own: no row
 
 def held(url: str) -> dict[str, float]:
     """Every slot, queue place or client-key count the gateway holds right now, by series."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    return {
-        f"{sample.name}{sorted(sample.labels.items())}": sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name in HELD and sample.value
-    }
-
-
-def gauge(url: str, name: str, **labels: str) -> float:
-    """One gauge of the gateway's /metrics; 0 when the series is absent."""
-    return held(url).get(f"{name}{sorted(labels.items())}", 0.0)
+    return series(url, HELD)
 
 
 def wait_until_free(url: str, timeout: float = 10.0) -> None:

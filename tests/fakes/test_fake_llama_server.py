@@ -6,8 +6,7 @@ import json
 import socket
 import struct
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,6 +14,7 @@ import openai
 import pytest
 
 from routing.core.tee import Tee, Usage
+from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
 
 
@@ -31,13 +31,6 @@ def client(fake: FakeLlamaServer) -> openai.OpenAI:
 
 def _chat(words: str, **extra: Any) -> dict[str, Any]:
     return {"model": "test-model", "messages": [{"role": "user", "content": words}], **extra}
-
-
-def _eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def _raw_exchange(url: str, request: bytes) -> bytes:
@@ -330,7 +323,7 @@ def test_hang_never_answers_and_counts_the_client_leaving(fake: FakeLlamaServer)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{fake.url}/v1/chat/completions", json=_chat("hi"), timeout=0.3)
 
-    _eventually(lambda: fake.disconnects == 1 and fake.in_flight == 0)
+    wait_until(lambda: fake.disconnects == 1 and fake.in_flight == 0, what="the slot back")
 
 
 def test_stop_ends_a_hanging_request():
@@ -346,7 +339,7 @@ def test_stop_ends_a_hanging_request():
 
     caller = threading.Thread(target=post)
     caller.start()
-    _eventually(lambda: fake.in_flight == 1)
+    wait_until(lambda: fake.in_flight == 1, what="the slot taken")
     fake.stop()
     caller.join(timeout=5)
 
@@ -361,7 +354,7 @@ def test_a_client_leaving_mid_stream_is_counted_and_generation_stops(fake: FakeL
     with httpx.stream("POST", f"{fake.url}/v1/chat/completions", json=body) as response:
         next(response.iter_lines())
 
-    _eventually(lambda: fake.disconnects == 1 and fake.in_flight == 0, timeout=2)
+    wait_until(lambda: fake.disconnects == 1 and fake.in_flight == 0, 2, what="the slot back")
 
 
 def test_reset_stats_forgets_observations(fake: FakeLlamaServer):
@@ -926,7 +919,7 @@ def test_with_a_first_token_delay_the_head_goes_out_before_any_event():
             with pytest.raises(TimeoutError):
                 received += sock.recv(65536)  # the first event is a minute away
         # A client leaving during the wait is noticed; its slot is given back.
-        _eventually(lambda: fake.disconnects == 1 and fake.in_flight == 0)
+        wait_until(lambda: fake.disconnects == 1 and fake.in_flight == 0, what="the slot back")
 
     assert received.startswith(b"HTTP/1.1 200 OK\r\n")
     assert received.endswith(b"\r\n\r\n")
@@ -986,7 +979,7 @@ def test_a_router_loads_the_model_a_request_names_before_answering():
         answers: list[httpx.Response] = []
         caller = threading.Thread(target=lambda: answers.append(_ask(fake, "b")))
         caller.start()
-        _eventually(lambda: fake.model_status("b") == "loading")
+        wait_until(lambda: fake.model_status("b") == "loading", what="the load to start")
         during = _statuses(fake)
         caller.join(timeout=10)
         after = _statuses(fake)
@@ -1013,7 +1006,7 @@ def test_a_router_loads_and_unloads_models_on_request():
             "load": httpx.post(load, json={"model": "a"}),
             "load again": httpx.post(load, json={"model": "a"}),
         }
-        _eventually(lambda: fake.model_status("a") == "loaded")
+        wait_until(lambda: fake.model_status("a") == "loaded", what="the load to end")
         answers |= {
             "unload": httpx.post(unload, json={"model": "a"}),
             "unload again": httpx.post(unload, json={"model": "a"}),
@@ -1141,7 +1134,7 @@ def test_the_command_line_serves_a_router_with_a_key(tmp_path):
             except httpx.HTTPError:
                 return False
 
-        _eventually(up, timeout=30)
+        wait_until(up, 30, what="the fake to start")
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         keyless = httpx.post(f"http://127.0.0.1:{port}/models/load", json={"model": "big"})
     finally:

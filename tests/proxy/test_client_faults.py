@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.fleet import MODEL, add_host, add_route, chat
-from tests.invariants import gauge
+from tests.observe import gauge
 from tests.wire import send
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import running_gateway, wait_until
 from tests.fleet import MODEL, POLLS, add_host, add_route, chat
+from tests.observe import wait_for_gauge, wait_for_host_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -81,27 +82,28 @@ def test_the_route_can_come_from_the_header_with_a_plain_v1_path(gateway, fake):
 
 
 def test_fifth_request_waits_and_ninth_is_refused_at_once(gateway, fake):
-    fake.token_delay = 0.1
+    fake.token_delay = 0.1  # each request takes 10 s, until the test lets them finish
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (4, 4)})])
     gateway.sync()
 
     def slow(i: int) -> httpx.Response:
-        body = chat(f"conversation {i}", stream=True, max_tokens=20)
-        return httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=30)
+        body = chat(f"conversation {i}", stream=True, max_tokens=100)
+        return httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=60)
 
     with ThreadPoolExecutor(8) as pool:
         running = [pool.submit(slow, i) for i in range(8)]
         wait_until(lambda: fake.in_flight == 4, what="four requests running upstream")
-        time.sleep(0.3)  # the other four reach the queue
-        started = time.monotonic()
+        wait_for_gauge(gateway.url, "crossbar_queued", 4, host="gpu1", model=MODEL)
         refused = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=chat("ninth"))
-        refused_after = time.monotonic() - started
+        # At once: no slot had been freed when the refusal came back.
+        unfinished = sum(not f.done() for f in running)
+        fake.token_delay = 0
         answers = [f.result() for f in running]
 
     assert refused.status_code == 503
     assert refused.json()["error"]["message"] == "queue full"
     assert refused.headers["retry-after"] == "1"
-    assert refused_after < 1.5  # at once, not after a slot freed (each request takes 2 s)
+    assert unfinished == 8
     assert [a.status_code for a in answers] == [200] * 8
     waited = sorted(int(a.headers["x-crossbar-queued-ms"]) > 0 for a in answers)
     assert waited == [False] * 4 + [True] * 4
@@ -408,7 +410,7 @@ def test_no_healthy_host_gives_503(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url)])
     fake.health = "error"
     gateway.sync()
-    time.sleep(0.6)  # a health poll sees it
+    wait_for_host_state(gateway.url, "gpu1", "down")
 
     response = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=chat())
 
@@ -425,7 +427,7 @@ def test_a_strict_route_answers_503_when_the_pinned_host_is_down(gateway, fake, 
     first = httpx.post(url, json=chat("pinned"))
     pinned = {"gpu1": fake, "gpu2": fake2}[first.headers["x-crossbar-host"]]
     pinned.health = "error"
-    time.sleep(0.6)
+    wait_for_host_state(gateway.url, first.headers["x-crossbar-host"], "down")
 
     again = httpx.post(url, json=chat("pinned"))
 

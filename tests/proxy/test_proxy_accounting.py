@@ -12,6 +12,7 @@ from django.utils import timezone
 from accounting.models import Request
 from tests.conftest import wait_until
 from tests.fleet import MODEL, add_host, add_route, chat
+from tests.observe import wait_for_gauge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TEST_STARTED = timezone.now()
@@ -100,20 +101,24 @@ def test_a_path_naming_no_route_is_answered_without_a_row_a_log_line_or_a_metric
     time.sleep(0.7)  # longer than the recorder's flush interval: a row would show
 
     assert [a.status_code for a in answers] == [200, 404]  # the site's own icon; nothing
-    assert not Request.objects.exists()
+    assert not Request.objects.filter(started__gte=TEST_STARTED).exists()
     assert "route=nope" not in gateway.log()[len(before):]
     assert 'route="nope"' not in httpx.get(f"{gateway.url}/metrics").text
 
 
-def test_a_full_queue_records_a_503(chat_route, fake):
-    fake.token_delay = 0.1
-    body = chat(stream=True, max_tokens=15)
-    threads = [threading.Thread(target=lambda: httpx.post(chat_route, json=body, timeout=30))]
-    threads.append(threading.Thread(target=lambda: httpx.post(chat_route, json=body, timeout=30)))
+def test_a_full_queue_records_a_503(chat_route, gateway, fake):
+    fake.token_delay = 0.1  # 10 s each, until the test lets them finish
+    body = chat(stream=True, max_tokens=100)
+    threads = [
+        threading.Thread(target=lambda: httpx.post(chat_route, json=body, timeout=60))
+        for _ in range(2)
+    ]
     for t in threads:
         t.start()
-        time.sleep(0.3)
+    wait_until(lambda: fake.in_flight == 1, what="the slot taken")
+    wait_for_gauge(gateway.url, "crossbar_queued", 1, host="gpu1", model=MODEL)
     refused = httpx.post(chat_route, json=chat("third"))
+    fake.token_delay = 0
     for t in threads:
         t.join()
 

@@ -4,7 +4,6 @@ model when another host could take the load, and a waiting stream hears that its
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import add_host, add_route
+from tests.observe import wait_for_gauge, wait_for_health_poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,7 +35,7 @@ def test_a_model_to_load_goes_where_loading_it_unloads_nothing_busy(gateway):
         add_route("chat", hosts, lease_ttl=2)  # conversations soon forgotten: only work is busy
         gateway.sync()
         assert ask(gateway.url, "other").headers["x-crossbar-host"] == "gpu1"
-        time.sleep(1.0)  # health polls (every 0.2 s here) tell the gateway "other" is loaded
+        wait_for_health_poll(busy)  # which tells the gateway "other" is loaded
         # "other" has a live conversation on gpu1: loading "small" there would unload it.
         assert ask(gateway.url, "small").headers["x-crossbar-host"] == "gpu2"
         # Now "other" is loaded on gpu1 and "small" on gpu2. Keep "other" busy on gpu1:
@@ -45,9 +45,10 @@ def test_a_model_to_load_goes_where_loading_it_unloads_nothing_busy(gateway):
         )
         holding.start()
         wait_until(lambda: busy.in_flight == 1, what="a request running on gpu1")
-        # The leases expire (a gateway sharing its state counts them once a second), and health
-        # polls tell the gateway what is loaded where.
-        time.sleep(3.2)
+        # The leases of "small" expire (their TTL is 2 s), and a health poll tells the gateway
+        # that "small" is loaded on gpu2.
+        wait_for_gauge(gateway.url, "crossbar_leases_held", 0, host="gpu2")
+        wait_for_health_poll(idle)
 
         placed = ask(gateway.url, "large")
         holding.join()
@@ -67,7 +68,7 @@ def test_a_waiting_stream_hears_that_its_model_is_loading(gateway):
         first = threading.Thread(target=ask, args=(gateway.url, "large"))
         first.start()  # it holds the only slot while the router loads the model
         wait_until(lambda: router.model_status("large") == "loading", what="the load to start")
-        time.sleep(0.6)  # a few health polls: the gateway sees the model loading
+        wait_for_health_poll(router)  # the gateway sees the model loading
 
         lines: list[str] = []
         body = {"model": "large", "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -22,7 +22,8 @@ from tests.conftest import wait_until
 from tests.fakes.flood_server import FloodServer
 from tests.fakes.llama_formats import text_of
 from tests.fleet import MODEL, add_host, add_route, chat
-from tests.invariants import gauge, rss_mib
+from tests.invariants import rss_mib
+from tests.observe import gauge
 from tests.proxy.test_client_faults import PAIR, send_chat
 from tests.wire import parse_answer
 

@@ -15,6 +15,7 @@ from accounting.models import Request
 from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, add_host, add_route, chat
+from tests.observe import gauge, wait_for_host_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,14 +49,15 @@ def test_a_queued_stream_hears_where_it_waits_and_then_streams(gateway, fake):
     gateway.sync()
     url = f"{gateway.url}/chat/v1/chat/completions"
 
-    with holding(url, slow(tokens=10), fake):
-        started = time.monotonic()
+    with holding(url, slow(tokens=100), fake):  # 10 s, until the test lets it finish
         with httpx.stream("POST", url, json=chat("next", stream=True, max_tokens=3)) as response:
-            head_after = time.monotonic() - started
+            # The head came at once, not once the slot was free: the request still waits.
+            queued_at_head = gauge(gateway.url, "crossbar_queued", host="gpu1", model=MODEL)
+            fake.token_delay = 0
             lines = [line for line in response.iter_lines() if line]
 
     assert response.status_code == 200
-    assert head_after < 0.8  # the head came at once, not after the ~1 s wait for the slot
+    assert queued_at_head == 1
     assert lines[0] == ": crossbar-status: waiting 1"
     running = lines.index(": crossbar-status: running")
     data = [line for line in lines if line.startswith("data: ")]
@@ -243,7 +245,7 @@ def test_a_down_fallback_leaves_the_request_waiting_for_the_primary(gateway, fak
     cpu.health = "error"
     fallback_fleet(fake, cpu)
     gateway.sync()
-    time.sleep(0.6)  # a health poll sees the fallback down
+    wait_for_host_state(gateway.url, "cpu1", "down")
     url = f"{gateway.url}/chat/v1/chat/completions"
 
     with holding(url, slow(tokens=12), fake):
@@ -274,7 +276,7 @@ def test_with_no_healthy_host_a_route_with_a_fallback_waits_for_it(gateway, fake
     fake.health = "error"
     fallback_fleet(fake, cpu)
     gateway.sync()
-    time.sleep(0.6)
+    wait_for_host_state(gateway.url, "gpu1", "down")
 
     response = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=chat("anyone?"))
 

@@ -1,0 +1,62 @@
+"""Waiting until the gateway has seen something, read where an operator reads it.
+
+A test that changes the world (a host goes down, a request queues, a model loads) waits for the
+gateway to know it before going on: on a gauge of `/metrics`, or on the health polls a fake host
+answered. Each wait is bounded and fails the test, saying what it waited for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import wait_until
+from tests.fakes.llama_server import FakeLlamaServer
+
+
+def series(url: str, names: Collection[str]) -> dict[str, float]:
+    """The non-zero samples of the gateway's `/metrics` called one of `names`, by series
+    (the name and its sorted labels)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return {
+        f"{sample.name}{sorted(sample.labels.items())}": sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in names and sample.value
+    }
+
+
+def gauge(url: str, name: str, **labels: str) -> float:
+    """One gauge of the gateway's /metrics; 0 when the series is absent."""
+    return series(url, (name,)).get(f"{name}{sorted(labels.items())}", 0.0)
+
+
+def wait_for_gauge(url: str, name: str, value: float, timeout: float = 10.0, **labels: str) -> None:
+    """Wait until the gauge `name{labels}` reads `value`."""
+    wait_until(
+        lambda: gauge(url, name, **labels) == value,
+        timeout,
+        what=f"{name}{sorted(labels.items())} to read {value}",
+    )
+
+
+def wait_for_host_state(url: str, host: str, state: str) -> None:
+    """Wait until the gateway holds `host` in `state` (unknown, up, loading, down)."""
+    wait_for_gauge(url, "crossbar_host_state", 1, host=host, state=state)
+
+
+def wait_for_health_poll(fake: FakeLlamaServer, timeout: float = 10.0) -> None:
+    """Wait until the gateway has taken in a health poll of `fake` asked after this call.
+
+    The poller asks each host `/health`, then `/props` and `/v1/models`, records the answers,
+    and only then sleeps and starts its next round. So the first `/health` seen after this call
+    opens a round that sees the host as it is now, and the next one proves that round recorded.
+    """
+    start = len(fake.requests_to("/health"))
+    wait_until(
+        lambda: len(fake.requests_to("/health")) >= start + 2,
+        timeout,
+        what="the gateway to take in a health poll of the host",
+    )

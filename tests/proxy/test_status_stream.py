@@ -1,0 +1,128 @@
+"""The body of a waiting stream (`StatusStream`), driven directly, at moments a real client
+cannot hit on purpose: here, leaving just as the host's response head arrives.
+
+The stream runs on a real `Runtime` (its limiter holds the slot) and reads the request's passage
+through what `Passage` offers it: `waiting`, `trail` and `through()`. The passage is a stand-in
+whose host answers when the test says, so the test knows the answer is in while the body has
+not yet taken it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import cast
+
+import httpx
+import pytest
+
+from accounting.models import Request
+from accounting.recorder import get_recorder
+from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig
+from routing.core.leases import LeaseOutcome
+from routing.core.limiter import Slot
+from routing.core.placement import Placement, Reason
+from routing.proxy.passage import Answered, Passage
+from routing.proxy.record import Arrival, Trail
+from routing.proxy.waiting import StatusStream
+from routing.runtime import Runtime
+from tests.fleet import MODEL
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROUTE = "status-stream-test"  # this module's rows: the session gateway may write others
+
+
+class _Body(httpx.AsyncByteStream):
+    """A host's response body that is never read; says when it is closed."""
+
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b""
+
+    async def aclose(self) -> None:
+        self.closed.set()
+
+
+class _AnswerOnCue:
+    """A passage whose request holds its slot and whose host answers when `answer()` is called."""
+
+    def __init__(self, placement: Placement, trail: Trail) -> None:
+        self.waiting = None
+        self.trail = trail.placed(placement)
+        self.body = _Body()
+        self._placement = placement
+        self._head = asyncio.Event()
+        self._answered = asyncio.Event()
+
+    async def through(self) -> Answered:
+        await self._head.wait()
+        answered = Answered(httpx.Response(200, stream=self.body), self._placement, self.trail)
+        self._answered.set()  # in the step that returns: `through()` is over when it is seen
+        return answered
+
+    async def answer(self) -> None:
+        """Let the host's head arrive; return once `through()` has returned it."""
+        self._head.set()
+        await self._answered.wait()
+
+
+def _fleet() -> Fleet:
+    host = HostConfig(
+        name="gpu1",
+        url="http://127.0.0.1:9",  # never asked: the passage stands in for the host
+        weight=1.0,
+        enabled=True,
+        draining=False,
+        api_key="",
+        models={MODEL: ModelConfig(MODEL, "", parallel=1, queue_max=1)},
+    )
+    route = RouteConfig(
+        name=ROUTE,
+        default_model=MODEL,
+        lease_ttl=60,
+        strict=False,
+        enabled=True,
+        hosts=("gpu1",),
+        wait_status=True,
+    )
+    return Fleet(hosts={"gpu1": host}, routes={ROUTE: route}, revision=0)
+
+
+async def _leave_as_the_head_arrives() -> tuple[bytes, int]:
+    """The frame the client read, and the slots in flight once it left and the host's
+    response was closed."""
+    runtime = Runtime(_fleet(), 0)
+    try:
+        slot = await runtime.state.place([("gpu1", MODEL)])
+        assert isinstance(slot, Slot) and runtime.limiter.in_flight("gpu1", MODEL) == 1
+        placement = Placement(slot, Reason.NEW, LeaseOutcome.NEW, ROUTE, MODEL, waited=0.5)
+        trail = Trail(Arrival(), route=ROUTE, model=MODEL, streamed=True)
+        passage = _AnswerOnCue(placement, trail)
+        stream = StatusStream(cast(Passage, passage), runtime)
+
+        frame = await anext(aiter(stream))  # the client has "running", and reads no more
+        await passage.answer()  # the head is in; the body has not resumed to take it up
+        stream.close()  # the client is gone
+
+        await asyncio.wait_for(passage.body.closed.wait(), timeout=10)
+        return frame, runtime.limiter.in_flight("gpu1", MODEL)
+    finally:
+        await runtime.aclose()
+
+
+def test_a_client_leaving_as_the_hosts_head_arrives_gives_back_the_slot_and_closes_the_answer(
+    settings,
+):
+    settings.CROSSBAR = {**settings.CROSSBAR, "REDIS_URL": ""}  # the local limiter
+
+    frame, in_flight = asyncio.run(_leave_as_the_head_arrives())
+
+    assert frame == b": crossbar-status: running\n\n"
+    assert in_flight == 0
+    assert get_recorder().flush()
+    rows = Request.objects.filter(route=ROUTE)
+    assert [(row.status, row.host, row.error) for row in rows] == [
+        (499, "gpu1", "client disconnected while queued")
+    ]
