@@ -101,6 +101,8 @@ class StatusStream:
                     yield sse.comment("loading")
             changes = waiting.waiter.changes()
             changes.clear()
+            if waiting.waiter.granted.done() or passage.waiting is not waiting:
+                continue  # it changed while the client read the last frame: look again now
             try:
                 async with asyncio.timeout(max(0.0, said_at + keepalive - loop.time())):
                     await changes.wait()

@@ -21,7 +21,8 @@ from accounting.recorder import get_recorder
 from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig
 from routing.core.leases import LeaseOutcome
 from routing.core.limiter import Slot
-from routing.core.placement import Placement, Reason
+from routing.core.placement import Placement, Placer, Reason, Waiting
+from routing.proxy.ask import Ask
 from routing.proxy.passage import Answered, Passage
 from routing.proxy.record import Arrival, Trail
 from routing.proxy.waiting import StatusStream
@@ -126,3 +127,42 @@ def test_a_client_leaving_as_the_hosts_head_arrives_gives_back_the_slot_and_clos
     assert [(row.status, row.host, row.error) for row in rows] == [
         (499, "gpu1", "client disconnected while queued")
     ]
+
+
+async def _running_after_a_grant_while_the_client_reads() -> list[bytes]:
+    """The frames a client reads when its slot is granted while it holds `waiting 1`."""
+    runtime = Runtime(_fleet(), 0)
+    try:
+        route = runtime.fleet.routes[ROUTE]
+        other = await runtime.state.place([("gpu1", MODEL)])  # another request's slot
+        assert isinstance(other, Slot)
+        placer = Placer(runtime, route, MODEL, "", runtime.loop.time())
+        first = await placer.now()
+        assert isinstance(first, Waiting) and first.host == "gpu1"
+        body = _Body()
+
+        async def host_answers(*_: object) -> httpx.Response:
+            return httpx.Response(200, stream=body)
+
+        trail = Trail(Arrival(), route=ROUTE, model=MODEL, streamed=True)
+        passage = Passage(runtime, route, cast(Ask, None), trail, placer, first, host_answers)
+        status = StatusStream(passage, runtime)
+        stream = aiter(status)
+        frames = [await anext(stream)]  # `waiting 1`: the client holds it, reads nothing more
+        other.release()  # the slot goes to this request meanwhile
+        # Without a wake the next frame would come a keepalive (10 minutes here) later.
+        frames.append(await asyncio.wait_for(anext(stream), timeout=60))
+        status.close()  # the client leaves: the slot and the host's answer are given back
+        await asyncio.wait_for(body.closed.wait(), timeout=10)
+        assert runtime.limiter.in_flight("gpu1", MODEL) == 0
+        return frames
+    finally:
+        await runtime.aclose()
+
+
+def test_a_slot_granted_while_the_client_reads_its_place_is_announced_at_once(settings):
+    settings.CROSSBAR = {**settings.CROSSBAR, "REDIS_URL": "", "KEEPALIVE": 600.0}
+
+    frames = asyncio.run(_running_after_a_grant_while_the_client_reads())
+
+    assert frames == [b": crossbar-status: waiting 1\n\n", b": crossbar-status: running\n\n"]
