@@ -120,7 +120,6 @@ class RedisSlots:
         self._restore_script = shared.script(lua.RESTORE)
         self._sweep = shared.script(lua.SWEEP)
         self._snapshot = shared.script(lua.SNAPSHOT)
-        self._position = shared.script(lua.POSITION)
         self._reconcile = shared.script(lua.RECONCILE)
         self._channel = f"{shared.prefix}wake:{shared.proc}"
         self._ids = itertools.count(1)
@@ -351,10 +350,6 @@ class RedisSlots:
         except BaseException:
             self._settle_soon(grant.id, [pair])
             raise
-
-    async def position(self, queued: Queued) -> int:
-        """The waiter's 1-based place in its queue now; 0 when no longer queued there."""
-        return int(await self._position(queued.id, pair_id(queued.host, queued.model)))
 
     async def snapshot(self, *, others_only: bool = False) -> list[PairSnapshot]:
         """In flight and queued per configured pair over every process (or, `others_only`,

@@ -343,13 +343,6 @@ end
 return out
 """
 
-# ARGV: P, waiter id, pair. Reply: its 1-based place in the pair's queue, 0 when not there.
-POSITION = r"""
-local at = redis.call('LPOS', ARGV[1] .. 'queue:' .. ARGV[3], ARGV[2])
-if at then return at + 1 end
-return 0
-"""
-
 # ARGV: P, process, mark, live ids... After calls whose outcome this process could not learn
 # (Redis away, a cancelled call): every slot, place or watch of this process numbered up to the
 # mark that it no longer knows of goes, and freed slots go to the next waiters. Ids it still
