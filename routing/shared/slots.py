@@ -135,6 +135,7 @@ class RedisSlots:
         self._recheck_needed = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._listener: asyncio.Task[None] | None = None
+        self._stopping = False  # as in Shared.aclose: a cancellation may be swallowed
         self._subscribed = asyncio.Event()
         shared.on_restore(self._restore)
         shared.on_tick(self._tick)
@@ -155,6 +156,7 @@ class RedisSlots:
     async def aclose(self) -> None:
         """Stop listening. Waits still pending fail with StateUnavailable."""
         if self._listener is not None:
+            self._stopping = True
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
             self._listener = None
@@ -492,12 +494,12 @@ class RedisSlots:
 
     async def _listen_forever(self) -> None:
         failures = 0
-        while True:
+        while not self._stopping:
             pubsub = self._shared.redis.pubsub()
             try:
                 await pubsub.subscribe(self._channel)
                 failures = 0
-                while True:
+                while not self._stopping:
                     message = await pubsub.get_message(timeout=None)
                     if message is None:
                         continue

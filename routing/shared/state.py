@@ -135,6 +135,7 @@ class Shared:
         self._restorers: list[Hook] = []
         self._tickers: list[Hook] = []
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._said_down = False
 
     def script(self, lua: str) -> Script:
@@ -170,6 +171,9 @@ class Shared:
 
     async def aclose(self) -> None:
         if self._task is not None:
+            # The flag too: redis-py (8.1) can swallow a cancellation that arrives during a
+            # call, which then returns normally, and the beat would go on forever.
+            self._stopping = True
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
@@ -201,7 +205,7 @@ class Shared:
         self.available = True
 
     async def _beat_forever(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.tick)
             await self.beat()
 
