@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from routing.core.leases import LeaseKey, LeaseTable
 from routing.core.limiter import Limiter, Pair, PairSnapshot, Slot, Waiter
 
-__all__ = ["FleetState", "Held", "InLine", "LocalState"]
+__all__ = ["FleetState", "Held", "InLine", "LocalState", "Losable", "on_lost"]
 
 
 class Held(Protocol):
@@ -30,6 +30,24 @@ class Held(Protocol):
     @property
     def model(self) -> str: ...
     def release(self) -> None: ...
+
+
+@runtime_checkable
+class Losable(Protocol):
+    """A held slot that its backing can stop counting before it is released (see `on_lost`)."""
+
+    def on_lost(self, callback: Callable[[], None]) -> None: ...
+
+
+def on_lost(slot: Held, callback: Callable[[], None]) -> None:
+    """Have `callback` called once, from the event loop (never inside this call), if the
+    backing stops counting `slot` while it is still held: the request must then end, since
+    its host may be running more than `parallel`. That happens to a shared state's process
+    that was stalled or cut off from Redis past its hold TTL, or that finds Redis restarted,
+    and learns that another process took the slot. Never called after `slot.release()`.
+    Nothing happens for a slot its backing cannot lose (the local limiter's)."""
+    if isinstance(slot, Losable):
+        slot.on_lost(callback)
 
 
 class InLine(Protocol):
@@ -148,3 +166,4 @@ class LocalState:
 
     def leases_by_host(self) -> dict[str, int]:
         return self.leases.held_by_host()
+

@@ -21,6 +21,9 @@ with one process or many. What differs, and why:
 - `release` and the clean-up of a wait run in tasks of their own: they are called from
   synchronous code (a relay's end, a cancelled wait) and never raise; an unreachable Redis
   gets them at its next tick (RedisSlots' reconcile), so nothing leaks.
+- A slot can be lost while held: this process was away from Redis past its hold TTL and
+  another took the slot back, or Redis restarted and the pair filled up before this process
+  put its slots back. It is never counted again; `SharedSlot.on_lost` tells its holder.
 
 Redis unreachable: `place`, `find_lease` and `admit` raise `StateUnavailable` (503
 `state_unavailable` with Retry-After); a lease write that fails is logged and the request
@@ -46,6 +49,7 @@ __all__ = ["SharedPlace", "SharedSlot", "SharedState", "SharedWatcher"]
 
 log = logging.getLogger("crossbar.shared")
 
+
 class SharedSlot:
     """One slot held in Redis. `release()` is idempotent and returns at once."""
 
@@ -60,31 +64,50 @@ class SharedSlot:
     def release(self) -> None:
         self._state.slots.release_soon(self._grant)
 
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        """Have `callback` called once, soon, if Redis stops counting this slot before its
+        release (routing.core.state.on_lost says when)."""
+        self._state.slots.on_lost(self._grant, callback)
+
     def __repr__(self) -> str:
         return f"<SharedSlot {self.host}/{self.model} {self._grant.id}>"
 
 
-class _Awaiting:
-    """What a shared place in line and a shared watcher have alike: the future a slot
-    arrives by, and the `InLine` methods around it. `_on_done` cleans up in Redis."""
+class SharedPlace:
+    """A request's place in one pair's line in Redis (`InLine`); `granted` resolves when a
+    release hands it a slot.
 
-    __slots__ = ("granted", "_state", "_changed")
+    One coroutine, in a task the state holds, owns the place from the start: it awaits the
+    grant or the end of `granted` (a cancel, `fail`: a deadline, StateUnavailable), whichever
+    comes first, then hands the slot over through `granted`, or gives back the place and a
+    slot that landed meanwhile. `position` is the place it was given when it joined (later
+    moves are not followed: that would cost a round trip per change per waiter).
+    """
 
-    def __init__(self, state: SharedState) -> None:
+    __slots__ = ("granted", "queued", "_state", "_changed")
+
+    def __init__(self, state: SharedState, queued: Queued | None) -> None:
         self.granted: asyncio.Future[SharedSlot] = asyncio.get_running_loop().create_future()
+        self.queued = queued
         self._state = state
         self._changed: asyncio.Event | None = None
-        self.granted.add_done_callback(self._on_done)
+        state._spawn(self._run())
 
-    def _on_done(self, granted: asyncio.Future[SharedSlot]) -> None:
-        if self._changed is not None:
-            self._changed.set()
+    @property
+    def host(self) -> str:
+        return self.queued.host if self.queued is not None else ""
+
+    @property
+    def position(self) -> int:
+        return 0 if self.queued is None or self.granted.done() else self.queued.position
 
     def changes(self) -> asyncio.Event:
         if self._changed is None:
-            self._changed = asyncio.Event()
+            changed = self._changed = asyncio.Event()
             if self.granted.done():
-                self._changed.set()
+                changed.set()
+            else:  # a place's position never moves here: only its end is a change
+                self.granted.add_done_callback(lambda granted: changed.set())
         return self._changed
 
     def cancel(self) -> SharedSlot | None:
@@ -93,150 +116,129 @@ class _Awaiting:
             if granted.cancelled() or granted.exception() is not None:
                 return None
             return granted.result()
-        granted.cancel()  # _on_done cleans up
+        granted.cancel()  # the wait sees it and gives back what it holds
         return None
 
     def fail(self, error: BaseException) -> None:
         if not self.granted.done():
             self.granted.set_exception(error)
 
+    def watch(self, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
+        """Let the place also take a free slot of those of `pairs` usable now, when no one
+        waits there (one round trip, in a task of its own; a grant reaches the wait)."""
+        usable = [pair for pair in pairs if accept(pair)]
+        if usable and self.queued is not None and not self.granted.done():
+            self._state._spawn(self._watch(self.queued, usable))
 
-class SharedPlace(_Awaiting):
-    """A place in one pair's line in Redis; `granted` resolves when a release hands it a slot.
-
-    `position` is the place it was given when it joined (later moves are not followed: that
-    would cost a round trip per change per waiter).
-    """
-
-    __slots__ = ("queued", "_task")
-
-    def __init__(self, state: SharedState, queued: Queued) -> None:
-        self.queued = queued
-        self._task = asyncio.get_running_loop().create_task(
-            self._wait(), name="crossbar-shared-wait"
-        )
-        super().__init__(state)
-
-    @property
-    def host(self) -> str:
-        return self.queued.host
-
-    @property
-    def position(self) -> int:
-        return 0 if self.granted.done() else self.queued.position
-
-    async def _wait(self) -> None:
-        slots = self._state.slots
+    async def _watch(self, queued: Queued, pairs: list[Pair]) -> None:
         try:
-            grant = await slots.wait(self.queued)
-        except asyncio.CancelledError:
-            return  # the wait ended here first; _on_done cleans up
-        except Exception as exc:  # StateUnavailable: the place was lost
+            await self._state.slots.watch(queued, pairs)
+        except ValueError:
+            pass  # granted or given back meanwhile
+        except StateUnavailable as exc:
+            self.fail(exc)
+
+    async def _run(self) -> None:
+        try:
+            grant = await self._take()
+        except Exception as exc:  # StateUnavailable: the place was lost or could not be had
             self.fail(exc)
             return
-        if self.granted.done():  # ended meanwhile (a deadline, a cancel): hand the slot on
-            slots.release_soon(grant)
+        if grant is None:
             return
-        self.granted.set_result(SharedSlot(self._state, grant))
+        if self.granted.done():  # ended as the grant came: hand the slot on
+            await self._state.slots.release(grant)
+        else:
+            self.granted.set_result(SharedSlot(self._state, grant))
 
-    def _on_done(self, granted: asyncio.Future[SharedSlot]) -> None:
-        super()._on_done(granted)
-        if granted.cancelled() or granted.exception() is not None:
-            self._task.cancel()
-            self._state.slots.cancel_soon(self.queued)
+    async def _take(self) -> Grant | None:
+        """The grant this wait is handed, or None when `granted` ended first."""
+        assert self.queued is not None
+        return await self._in_line(self.queued)
+
+    async def _in_line(self, queued: Queued) -> Grant | None:
+        """Wait in `queued`'s line for a grant. On every way out without one (`granted`
+        ended, the place lost, the task cancelled), leave the line, releasing a slot that
+        landed meanwhile."""
+        slots = self._state.slots
+        try:
+            grant = await slots.wait_unless(queued, self.granted)
+        except BaseException:
+            await self._leave(queued)
+            raise
+        if grant is None:
+            await self._leave(queued)
+        return grant
+
+    async def _leave(self, queued: Queued) -> None:
+        slots = self._state.slots
+        late = await slots.cancel(queued)
+        if late is not None:
+            await slots.release(late)
 
 
-class SharedWatcher(_Awaiting):
+class SharedWatcher(SharedPlace):
     """A request waiting in no line for one of the pairs it watches to become usable.
 
-    Each `watch` and each `wake` of a watched host tries to place it on the watched pairs
-    usable then (one round trip, one attempt at a time); a place in a line found so is
-    followed (`granted` resolves with its slot).
+    Its coroutine tries to place it on the watched pairs usable then (one round trip, one
+    attempt at a time) at each `watch` and each `wake` of a watched host. A free slot found
+    so is handed over; a place in a line is then waited in as a `SharedPlace` waits (and
+    later watches go to that place).
     """
 
-    __slots__ = ("_pairs", "_accept", "_place", "_trying", "_again")
+    __slots__ = ("_pairs", "_accept", "_poked")
 
     def __init__(self, state: SharedState) -> None:
         self._pairs: list[Pair] = []
         self._accept: Callable[[Pair], bool] = lambda pair: True
-        self._place: SharedPlace | None = None
-        self._trying = False
-        self._again = False
-        super().__init__(state)
-
-    @property
-    def host(self) -> str:
-        return ""
-
-    @property
-    def position(self) -> int:
-        return 0
+        self._poked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        super().__init__(state, None)
 
     def watches(self, host: str) -> bool:
-        return self._place is None and any(pair[0] == host for pair in self._pairs)
+        """Whether a `wake` of `host` is for this watcher: it waits in no line, and for it."""
+        if self.granted.done() or self.queued is not None:
+            return False
+        return any(pair[0] == host for pair in self._pairs)
 
     def watch(self, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
+        pairs = list(pairs)
         self._accept = accept
         self._pairs.extend(pair for pair in pairs if pair not in self._pairs)
-        self.try_now()
+        if self.queued is not None:
+            super().watch(pairs, accept)
+        else:
+            self.try_now()
 
     def try_now(self) -> None:
-        if self.granted.done() or self._place is not None:
-            return
-        if self._trying:
-            self._again = True  # something changed during the attempt: one more after it
-            return
-        self._trying = True
-        self._state._spawn(self._try())
+        """Try the usable watched pairs again: now, or once the attempt under way is over."""
+        if not self._poked.done():
+            self._poked.set_result(None)
 
-    async def _try(self) -> None:
+    async def _take(self) -> Grant | None:
+        got = await self._attempts()
+        if not isinstance(got, Queued):
+            return got
+        self.queued = got
+        if self._poked.done():  # watched more during the attempt: the place watches those
+            super().watch(self._pairs, self._accept)
+        return await self._in_line(got)
+
+    async def _attempts(self) -> Grant | Queued | None:
+        """Place this request on the usable watched pairs each time it is poked, until it
+        takes a slot or a place in a line (then the caller's), or `granted` ends (None)."""
+        slots = self._state.slots
         try:
             while True:
-                self._again = False
+                await asyncio.wait((self._poked, self.granted), return_when=asyncio.FIRST_COMPLETED)
+                if self.granted.done():
+                    return None
+                self._poked = asyncio.get_running_loop().create_future()
                 usable = [pair for pair in self._pairs if self._accept(pair)]
-                if usable and not self.granted.done():
-                    got = await self._state.place(usable)
-                    if got is not None:
-                        self._follow(got)
-                        return
-                if not self._again:
-                    return
-        except Exception as exc:  # StateUnavailable
-            self.fail(exc)
+                got = await slots.place(usable) if usable else None
+                if got is not None:
+                    return got
         finally:
-            self._trying = False
-
-    def _follow(self, got: SharedSlot | SharedPlace) -> None:
-        if isinstance(got, SharedSlot):
-            if self.granted.done():
-                got.release()
-            else:
-                self.granted.set_result(got)
-            return
-        self._place = got
-        if self.granted.done():  # ended during the attempt: leave that line
-            got.cancel()
-            return
-        got.granted.add_done_callback(self._landed)
-
-    def _landed(self, inner: asyncio.Future[SharedSlot]) -> None:
-        if inner.cancelled():
-            return
-        error = inner.exception()
-        if error is not None:
-            self.fail(error)
-        elif self.granted.done():
-            inner.result().release()
-        else:
-            self.granted.set_result(inner.result())
-
-    def _on_done(self, granted: asyncio.Future[SharedSlot]) -> None:
-        self._state._watchers.discard(self)
-        super()._on_done(granted)
-        if (granted.cancelled() or granted.exception() is not None) and self._place is not None:
-            late = self._place.cancel()
-            if late is not None:
-                late.release()
+            self._state._watchers.discard(self)
 
 
 class SharedState:
@@ -295,13 +297,8 @@ class SharedState:
         return watcher
 
     def watch(self, waiter: InLine, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
-        if isinstance(waiter, SharedWatcher):
-            waiter.watch(pairs, accept)
-            return
         assert isinstance(waiter, SharedPlace), "a shared watch needs a shared place"
-        usable = [pair for pair in pairs if accept(pair)]
-        if usable and not waiter.granted.done():
-            self._spawn(self._watch(waiter, usable))
+        waiter.watch(pairs, accept)
 
     def wake(self, host: str) -> None:
         """The host became usable here: requests waiting in no line for it try it now. (A
@@ -309,14 +306,6 @@ class SharedState:
         for watcher in list(self._watchers):
             if watcher.watches(host):
                 watcher.try_now()
-
-    async def _watch(self, waiter: SharedPlace, pairs: list[Pair]) -> None:
-        try:
-            await self.slots.watch(waiter.queued, pairs)  # a grant also reaches waiter's wait
-        except ValueError:
-            pass  # granted or cancelled meanwhile
-        except StateUnavailable as exc:
-            waiter.fail(exc)
 
     # -- leases -------------------------------------------------------------------------
 
@@ -402,6 +391,7 @@ class SharedState:
     # -- internals ----------------------------------------------------------------------
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run `coroutine` in a task held here until it is done (or the state closes)."""
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -15,6 +15,7 @@ operation (routing/shared/slots_lua.py), so each is atomic and costs one round t
   timeout, error): that is what keeps a place or a slot from leaking.
 - `release(grant)`: hands the slot to the pair's head waiter, else its oldest watcher. A
   second call is a no-op.
+- `on_lost(grant, callback)`: hear that Redis stopped counting a slot still held here (below).
 
 How a waiter hears its grant: the script that frees a slot counts it as the waiter's and
 publishes "<waiter>\\n<pair>" on the waiter's process channel; each process keeps one pub/sub
@@ -26,14 +27,18 @@ followed by one check of this process's waiters against Redis, where the grant i
 Liveness (routing/shared/state.py): what a process holds carries its id; once its liveness key
 expired (`hold_ttl`, default 5 s), the next script that finds the pair full, and the sweep one
 process runs each second, take its slots and places back and hand them on. So a process killed
-with SIGKILL costs the others at most `hold_ttl` plus a second.
+with SIGKILL costs the others at most `hold_ttl` plus a second. A process that was only away
+(stalled, cut off from Redis) and comes back never counts such a slot again, even for an
+instant: it learns which of its slots are gone and tells their holders (`on_lost`), whose
+requests must end. Its places in line that were taken back fail with StateUnavailable.
 
 While Redis cannot be reached, `place`, `watch`, `configure` and `snapshot` raise
 `StateUnavailable` and waits fail with it once the pub/sub connection cannot be re-made;
 `release` and `cancel` never raise for it: at the next tick that reaches Redis, one script
 drops whatever Redis still holds for this process that it no longer knows of, so an outage
 (or a call cancelled half way) leaks nothing. After Redis restarted empty, each process
-restores its configuration and re-counts the slots it still holds (their requests still run).
+restores its configuration and re-counts the slots it still holds (their requests still run)
+while their pairs have room; a slot another process took meanwhile is lost, as above.
 
 Use one instance per process and event loop; ids of grants and waiters are this instance's.
 """
@@ -43,8 +48,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +126,6 @@ class RedisSlots:
         self._restore_script = shared.script(lua.RESTORE)
         self._sweep = shared.script(lua.SWEEP)
         self._snapshot = shared.script(lua.SNAPSHOT)
-        self._position = shared.script(lua.POSITION)
         self._reconcile = shared.script(lua.RECONCILE)
         self._channel = f"{shared.prefix}wake:{shared.proc}"
         self._ids = itertools.count(1)
@@ -129,6 +134,12 @@ class RedisSlots:
         self._unsent: set[str] = set()  # configure/remove calls Redis did not get
         self._held: dict[str, Grant] = {}
         self._held_per_pair: dict[tuple[str, str], int] = {}  # the same grants, counted
+        # Grants Redis stopped counting (this process was away) that their holders still hold,
+        # and the callbacks of held grants whose holders want to hear of that.
+        self._lost: set[str] = set()
+        self._on_lost: dict[str, Callable[[], None]] = {}
+        self._epoch = ""  # Redis's epoch when this process last put its slots back
+        self._restoring = asyncio.Lock()
         self._waits: dict[str, _Wait] = {}
         # Set when a call's outcome in Redis is unknown (Redis away, the call cancelled): the
         # next tick drops whatever Redis holds for this process that it no longer knows of.
@@ -136,6 +147,7 @@ class RedisSlots:
         self._recheck_needed = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._listener: asyncio.Task[None] | None = None
+        self._stopping = False  # as in Shared.aclose: a cancellation may be swallowed
         self._subscribed = asyncio.Event()
         shared.on_restore(self._restore)
         shared.on_tick(self._tick)
@@ -156,6 +168,7 @@ class RedisSlots:
     async def aclose(self) -> None:
         """Stop listening. Waits still pending fail with StateUnavailable."""
         if self._listener is not None:
+            self._stopping = True
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
             self._listener = None
@@ -234,12 +247,17 @@ class RedisSlots:
         self._waits[wid] = entry
         try:
             reply = await self._place(wid, self._max_wait_ms, *ids)
-            if reply[0] == "unconfigured":  # Redis restarted empty since our last tick
+            if reply[0] == "lapsed":  # Redis restarted, or this process was away: tick first
+                await self._shared.revive()
+                reply = await self._place(wid, self._max_wait_ms, *ids)
+            elif reply[0] == "unconfigured":  # another process removed the pair meanwhile
                 await self._restore()
                 reply = await self._place(wid, self._max_wait_ms, *ids)
         except BaseException:
             # The script may have run without its reply reaching us: what it took must go.
             del self._waits[wid]
+            if entry.future.done() and not entry.future.cancelled():
+                self._unhold(entry.future.result())  # its grant's message came first
             self._settle_soon(wid, ids)
             raise
         kind = reply[0]
@@ -255,7 +273,7 @@ class RedisSlots:
             return self._hold(wid, reply[1], 0.0)
         if kind == "full":
             return None
-        raise StateUnavailable(f"shared state lost the configuration of {reply[1]}")
+        raise StateUnavailable(f"shared state lost the configuration of {', '.join(ids)}")
 
     async def wait(self, queued: Queued) -> Grant:
         """The grant a release hands this waiter. Woken by its message, never by polling.
@@ -268,6 +286,16 @@ class RedisSlots:
         grant = await entry.future
         self._waits.pop(queued.id, None)
         return grant
+
+    async def wait_unless(self, queued: Queued, ended: asyncio.Future[Any]) -> Grant | None:
+        """`wait`, or None as soon as `ended` is done first (the waiter keeps its place until
+        `cancel(queued)`)."""
+        entry = self._waits.get(queued.id)
+        if entry is not None and not entry.future.done():
+            await asyncio.wait((entry.future, ended), return_when=asyncio.FIRST_COMPLETED)
+            if not entry.future.done():
+                return None
+        return await self.wait(queued)
 
     async def watch(self, queued: Queued, pairs: Sequence[tuple[str, str]]) -> Grant | None:
         """Let this waiter also take a free slot of these pairs when no one waits there.
@@ -352,9 +380,15 @@ class RedisSlots:
             self._settle_soon(grant.id, [pair])
             raise
 
-    async def position(self, queued: Queued) -> int:
-        """The waiter's 1-based place in its queue now; 0 when no longer queued there."""
-        return int(await self._position(queued.id, pair_id(queued.host, queued.model)))
+    def on_lost(self, grant: Grant, callback: Callable[[], None]) -> None:
+        """Have `callback` called once, soon, if Redis stops counting `grant` while it is held
+        here: this process was away from Redis past its hold TTL (stalled, cut off) and another
+        took the slot back, or Redis restarted empty and the pair has no room for it any more.
+        Never after the grant's release; soon if it is lost already. One callback per grant."""
+        if grant.id in self._lost:
+            asyncio.get_running_loop().call_soon(callback)
+        elif grant.id in self._held:
+            self._on_lost[grant.id] = callback
 
     async def snapshot(self, *, others_only: bool = False) -> list[PairSnapshot]:
         """In flight and queued per configured pair over every process (or, `others_only`,
@@ -398,8 +432,10 @@ class RedisSlots:
         return grant
 
     def _unhold(self, grant: Grant) -> bool:
-        """Forget a held grant; whether it was held."""
+        """Forget a held grant; whether it was held (not for a lost one)."""
+        self._on_lost.pop(grant.id, None)
         if self._held.pop(grant.id, None) is None:
+            self._lost.discard(grant.id)
             return False
         left = self._held_per_pair.pop((grant.host, grant.model)) - 1
         if left:
@@ -459,16 +495,38 @@ class RedisSlots:
         await self._sweep(max(100, int(self._shared.tick * 900)))
 
     async def _restore(self) -> None:
-        """Redis lost this process's state (restart, or liveness lapsed): put it back."""
-        configs = [value for pair, (p, q) in self._configs.items() for value in (pair, p, q)]
-        held = [
-            value
-            for grant in self._held.values()
-            for value in (grant.id, pair_id(grant.host, grant.model))
-        ]
-        await self._restore_script(self._shared.proc, len(configs) // 3, *configs, *held)
-        self._unsent.clear()
-        self._recheck_needed = True
+        """Redis lost this process's state (restart, or liveness lapsed): put back what it may
+        still hold, and tell the holders of the slots it may not."""
+        async with self._restoring:  # the tick and a place may both find the key gone
+            configs = [value for pair, (p, q) in self._configs.items() for value in (pair, p, q)]
+            grants = list(self._held.values())
+            held = [part for g in grants for part in (g.id, pair_id(g.host, g.model))]
+            reply = await self._restore_script(
+                self._shared.proc, int(self._shared.hold_ttl * 1000), self._epoch,
+                secrets.token_hex(8), len(configs) // 3, *configs, *held,
+            )  # fmt: skip
+            self._epoch = reply[0]
+            self._unsent.clear()
+            self._recheck_needed = True
+            if any(grant.id not in self._held for grant in grants):
+                # Released while the script ran: the script may have counted it again.
+                self._reconcile_needed = True
+            for gid in reply[1:]:
+                grant = self._held.get(gid)
+                if grant is not None:
+                    self._lose(grant)
+
+    def _lose(self, grant: Grant) -> None:
+        log.warning(
+            "shared slots: a slot of %s/%s is lost: Redis stopped counting it while this "
+            "process was away (or Redis restarted) and it went to another request",
+            grant.host, grant.model,
+        )  # fmt: skip
+        callback = self._on_lost.get(grant.id)
+        self._unhold(grant)
+        self._lost.add(grant.id)
+        if callback is not None:
+            asyncio.get_running_loop().call_soon(callback)
 
     async def _recheck(self) -> None:
         """Ask Redis about every pending waiter: grants whose message was lost land now, and
@@ -497,12 +555,12 @@ class RedisSlots:
 
     async def _listen_forever(self) -> None:
         failures = 0
-        while True:
+        while not self._stopping:
             pubsub = self._shared.redis.pubsub()
             try:
                 await pubsub.subscribe(self._channel)
                 failures = 0
-                while True:
+                while not self._stopping:
                     message = await pubsub.get_message(timeout=None)
                     if message is None:
                         continue

@@ -12,6 +12,8 @@ Keys, under the prefix P (a pair is "host/model"; ids are "<process>.<n>"):
                      the longest wait allowed, and is deleted when the waiter is granted or
                      leaves. A queue or watch entry without its record is stale and skipped.
 - `P proc:<id>`      a process's liveness (routing/shared/state.py)
+- `P epoch`          a token that changes when Redis restarts empty (no expiry), so that a
+                     process putting its slots back knows whether they may be gone for good
 - `P wake:<id>`      the pub/sub channel a process hears its grants on ("<waiter>\\n<pair>")
 
 Invariant after every script, for each pair it touched: fewer slots held than `parallel`
@@ -170,11 +172,13 @@ return 1
 """
 
 # ARGV: P, waiter id, waiter record ttl ms, pair1..pairN.
-# Reply: {'grant', pair} | {'queued', pair, position} | {'full'} | {'unconfigured', pair}
+# Reply: {'grant', pair} | {'queued', pair, position} | {'full'} | {'unconfigured', pair} |
+# {'lapsed'} (the process's liveness key is gone: what it took now would not count as its own)
 PLACE = PRELUDE + r"""
 local w = ARGV[2]
 local granted = held_by(w, 4, #ARGV)
 if granted then return {'grant', granted} end
+if not alive(proc_of(w)) then return {'lapsed'} end
 local mine = redis.call('HGET', waiter_key(w), 'pair')
 if mine then return {'queued', mine, (redis.call('LPOS', queue_key(mine), w) or -1) + 1} end
 local limits = {}
@@ -284,12 +288,25 @@ end
 return out
 """
 
-# ARGV: P, process, count of configs, (pair, parallel, queue_max)*, (grant id, pair)*.
-# After Redis restarted empty (or this process's liveness lapsed): pairs with no conf get this
-# process's, and the slots it holds are counted again (the requests still run on the hosts).
+# ARGV: P, process, hold ttl ms, epoch the process last saw, a new epoch, count of configs,
+# (pair, parallel, queue_max)*, (grant id, pair)*. Reply: {epoch, grant id lost...}.
+# After Redis restarted empty or this process's liveness lapsed: its key is renewed, pairs with
+# no conf get this process's, and each slot it holds is checked. One still in Redis is its own.
+# One that is gone was either taken back from it (it was away past its hold TTL: another may
+# hold that slot now) or lost with Redis's data: only in the second case, and only while the
+# pair has a free slot, is it counted again. The others are lost, so `parallel` holds.
 RESTORE = PRELUDE + r"""
-local n = tonumber(ARGV[3])
-local i = 4
+local proc = ARGV[2]
+redis.call('SET', P .. 'proc:' .. proc, '1', 'PX', ARGV[3])
+alive_cache[proc] = true
+local epoch = redis.call('GET', P .. 'epoch')
+if not epoch then
+  epoch = ARGV[5]
+  redis.call('SET', P .. 'epoch', epoch)
+end
+local restarted = epoch ~= ARGV[4]
+local n = tonumber(ARGV[6])
+local i = 7
 for _ = 1, n do
   local c = P .. 'conf:' .. ARGV[i]
   if redis.call('EXISTS', c) == 0 then
@@ -298,11 +315,20 @@ for _ = 1, n do
   end
   i = i + 3
 end
+local out = {epoch}
 while i < #ARGV do
-  redis.call('HSET', held_key(ARGV[i + 1]), ARGV[i], ARGV[2])
+  local id, pair = ARGV[i], ARGV[i + 1]
+  if redis.call('HEXISTS', held_key(pair), id) == 0 then
+    local parallel = conf(pair)
+    if restarted and parallel and has_free(pair, parallel) then
+      redis.call('HSET', held_key(pair), id, proc)
+    else
+      table.insert(out, id)
+    end
+  end
   i = i + 2
 end
-return 1
+return out
 """
 
 # ARGV: P, lock ms. At most one process sweeps per lock period: dead holders and waiters go,
@@ -341,13 +367,6 @@ for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
   end
 end
 return out
-"""
-
-# ARGV: P, waiter id, pair. Reply: its 1-based place in the pair's queue, 0 when not there.
-POSITION = r"""
-local at = redis.call('LPOS', ARGV[1] .. 'queue:' .. ARGV[3], ARGV[2])
-if at then return at + 1 end
-return 0
 """
 
 # ARGV: P, process, mark, live ids... After calls whose outcome this process could not learn

@@ -6,7 +6,8 @@ place and client count a process takes in Redis carries its id, so once that key
 (the process was killed, hung, or cut off from Redis for longer than `hold_ttl`) any other
 process may take them back. The same tick runs the periodic work of the modules built on it
 (sweeps, deferred releases), and when it finds the process's key gone (Redis restarted empty,
-or the key lapsed), their restore hooks put back what this process still holds.
+or the key lapsed), their restore hooks put back what this process still holds and may still
+count as its own (routing/shared/slots.py says which slots may not).
 
 Every operation of those modules is one Lua script (EVALSHA; redis-py loads a script once and
 again after a Redis restart) written to be idempotent, so the one retry allowed on a dropped
@@ -135,6 +136,7 @@ class Shared:
         self._restorers: list[Hook] = []
         self._tickers: list[Hook] = []
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._said_down = False
 
     def script(self, lua: str) -> Script:
@@ -170,6 +172,9 @@ class Shared:
 
     async def aclose(self) -> None:
         if self._task is not None:
+            # The flag too: redis-py (8.1) can swallow a cancellation that arrives during a
+            # call, which then returns normally, and the beat would go on forever.
+            self._stopping = True
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
@@ -184,10 +189,8 @@ class Shared:
 
         Never raises for an unreachable Redis (that is logged once per outage)."""
         try:
-            lapsed = await self._renew(self.proc, int(self.hold_ttl * 1000))
-            if lapsed:
-                for restore in self._restorers:
-                    await restore()
+            if await self._renew(self.proc, int(self.hold_ttl * 1000)):
+                await self._restore()
             for hook in self._tickers:
                 await hook()
         except StateUnavailable:
@@ -200,8 +203,20 @@ class Shared:
             self._said_down = False
         self.available = True
 
+    async def revive(self) -> None:
+        """Renew the liveness key and put back what this process holds, as the next tick
+        would: for a call that found this process's key gone (Redis restarted, or the
+        process was away past the hold TTL) and must not wait for that tick. Raises
+        StateUnavailable."""
+        await self._renew(self.proc, int(self.hold_ttl * 1000))
+        await self._restore()
+
+    async def _restore(self) -> None:
+        for restore in self._restorers:
+            await restore()
+
     async def _beat_forever(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.tick)
             await self.beat()
 

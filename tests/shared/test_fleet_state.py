@@ -1,0 +1,365 @@
+"""SharedState, SharedPlace and SharedWatcher against a real redis-server: two instances on their
+own connections and liveness stand for two gateway processes.
+
+Every test ends by checking that Redis holds nothing any more: no slot in flight, no place in a
+line, no waiter's record or watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from routing.core.errors import QueueTimeout
+from routing.core.limiter import Pair
+from routing.core.state import on_lost
+from routing.shared.fleet_state import SharedPlace, SharedSlot, SharedState
+from routing.shared.slots import Grant
+from routing.shared.state import DEFAULT_PREFIX, StateUnavailable
+from tests.shared.conftest import LONG, RedisServer, eventually
+
+H1: Pair = ("h1", "m")
+H2: Pair = ("h2", "m")
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    url: str, *, hold_ttl: float = 5.0, beating: bool = True
+) -> AsyncIterator[SharedState]:
+    """One gateway process's SharedState. Not `beating`: its liveness is renewed once, then only
+    when the test calls `state.shared.beat()`, as in a process that stalls between ticks."""
+    state = SharedState(url, hold_ttl=hold_ttl)
+    if beating:
+        await state.start()
+    else:
+        await state.shared.beat()
+        await state.slots.start()
+    try:
+        yield state
+    finally:
+        await state.aclose()
+
+
+@contextlib.asynccontextmanager
+async def fleet(
+    url: str, limits: dict[Pair, tuple[int, int]], *, hold_ttl: float = 5.0, beating: bool = True
+) -> AsyncIterator[tuple[SharedState, SharedState]]:
+    """Two processes with `limits` (pair -> parallel, queue_max) configured in Redis; the second
+    has `hold_ttl` and `beating` (see `gateway`). On a clean exit, waits until Redis holds no
+    slot, place or watch of any process."""
+    async with gateway(url) as a, gateway(url, hold_ttl=hold_ttl, beating=beating) as b:
+        for state in (a, b):
+            for (host, model), (parallel, queue_max) in limits.items():
+                state.configure(host, model, parallel, queue_max)
+                await state.slots.configure(host, model, parallel, queue_max)
+        yield a, b
+        await eventually(lambda: nothing_left(url, a), "every slot and place given back")
+        assert a.slots.held() == b.slots.held() == 0
+
+
+async def nothing_left(url: str, state: SharedState) -> bool:
+    snapshot = await state.slots.snapshot()
+    if any(pair.in_flight or pair.queued for pair in snapshot):
+        return False
+    return not await _keys(url, "waiter:*") and not await _keys(url, "watch:*")
+
+
+async def _keys(url: str, pattern: str) -> list[Any]:
+    """Redis's keys under the gateway's prefix that match `pattern`."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        return await client.keys(f"{DEFAULT_PREFIX}{pattern}")
+    finally:
+        await client.aclose()
+
+
+async def in_flight(state: SharedState, pair: Pair = H1) -> int:
+    """Redis's count of the pair's slots held, over every process."""
+    return next(s.in_flight for s in await state.slots.snapshot() if (s.host, s.model) == pair)
+
+
+async def slot_of(state: SharedState, pairs: list[Pair]) -> SharedSlot:
+    got = await state.place(pairs)
+    assert isinstance(got, SharedSlot), got
+    return got
+
+
+async def place_of(state: SharedState, pairs: list[Pair]) -> SharedPlace:
+    got = await state.place(pairs)
+    assert isinstance(got, SharedPlace), got
+    return got
+
+
+async def granted(waiter: SharedPlace) -> SharedSlot:
+    return await asyncio.wait_for(asyncio.shield(waiter.granted), LONG)
+
+
+def usable_when(flags: dict[str, bool]) -> Callable[[Pair], bool]:
+    return lambda pair: flags[pair[0]]
+
+
+# -- places in line ----------------------------------------------------------------------
+
+
+async def test_places_are_granted_on_release_in_arrival_order_across_processes(redis_url):
+    async with fleet(redis_url, {H1: (1, 3)}) as (a, b):
+        held = await slot_of(a, [H1])
+        line = [await place_of(b, [H1]), await place_of(a, [H1]), await place_of(b, [H1])]
+        assert [place.position for place in line] == [1, 2, 3]
+
+        for place in line:
+            held.release()
+            held = await granted(place)
+            assert (held.host, held.model) == H1
+            assert await in_flight(a) == 1  # one slot, handed from one holder to the next
+        held.release()
+
+
+async def test_a_cancelled_place_gives_its_place_back(redis_url):
+    async with fleet(redis_url, {H1: (1, 1)}) as (a, b):
+        held = await slot_of(a, [H1])
+        place = await place_of(b, [H1])
+        assert await a.place([H1]) is None  # the line's one place is taken
+
+        assert place.cancel() is None
+        assert place.granted.cancelled()
+
+        async def newcomer_queues() -> SharedPlace | None:
+            got = await a.place([H1])
+            assert not isinstance(got, SharedSlot)
+            return got
+
+        again = await eventually(newcomer_queues, "the place given back to a newcomer")
+        assert again.position == 1
+        again.cancel()
+        held.release()
+
+
+async def test_a_grant_landing_as_a_place_is_cancelled_is_released(redis_url):
+    async with fleet(redis_url, {H1: (1, 2)}) as (a, b):
+        grant = await a.slots.place([H1])
+        assert isinstance(grant, Grant)
+        place = await place_of(b, [H1])
+
+        await a.slots.release(grant)  # Redis hands the slot to the place within this script
+        # In the same turn: `b` may have heard of the grant, but its wait cannot have handed
+        # the slot over yet, so the slot counted as the place's is the wait's to give back.
+        assert place.cancel() is None
+
+        assert place.granted.cancelled()
+        fresh = await eventually(lambda: _free_slot(a), "the landed slot released")
+        fresh.release()
+
+
+async def test_fail_ends_a_wait_in_line_and_gives_its_place_back(redis_url):
+    async with fleet(redis_url, {H1: (1, 2)}) as (a, b):
+        held = await slot_of(a, [H1])
+        place = await place_of(b, [H1])
+
+        place.fail(QueueTimeout("queue timeout"))
+
+        with pytest.raises(QueueTimeout):
+            await place.granted
+        assert place.cancel() is None
+        held.release()
+
+
+# -- watchers --------------------------------------------------------------------------
+
+
+async def test_a_watcher_woken_when_its_host_becomes_usable_takes_the_free_slot(redis_url):
+    async with fleet(redis_url, {H1: (1, 0)}) as (a, b):
+        up = False
+        asked = asyncio.Event()
+
+        def usable(pair: Pair) -> bool:
+            asked.set()
+            return up
+
+        watcher = a.watcher()
+        a.watch(watcher, [H1], usable)
+        await asyncio.wait_for(asked.wait(), LONG)  # its attempt found h1 unusable
+        assert watcher.watches("h1") and not watcher.granted.done()
+
+        up = True
+        a.wake("h1")
+
+        slot = await granted(watcher)
+        assert (slot.host, slot.model) == H1
+        assert await in_flight(b) == 1
+        assert not watcher.watches("h1")
+        slot.release()
+
+
+async def test_a_watcher_whose_hosts_are_full_waits_in_the_first_line_with_room(redis_url):
+    async with fleet(redis_url, {H1: (1, 1)}) as (a, b):
+        held = await slot_of(b, [H1])
+        watcher = a.watcher()
+        a.watch(watcher, [H1], usable_when({"h1": True}))
+
+        await eventually(lambda: _queued(b, H1), "the watcher's place in h1's line")
+        held.release()
+
+        slot = await granted(watcher)
+        assert slot.host == "h1"
+        slot.release()
+
+
+async def test_a_watcher_in_a_line_takes_a_slot_freed_on_pairs_it_watches_later(redis_url):
+    async with fleet(redis_url, {H1: (1, 1), H2: (1, 0)}) as (a, b):
+        on_h1 = await slot_of(b, [H1])
+        on_h2 = await slot_of(b, [H2])
+        up = {"h1": True, "h2": True}
+        watcher = a.watcher()
+        a.watch(watcher, [H1], usable_when(up))
+        await eventually(lambda: _queued(b, H1), "the watcher's place in h1's line")
+
+        a.watch(watcher, [H2], usable_when(up))  # a fallback: h2 is watched from now on
+        await eventually(lambda: _keys(redis_url, "watch:h2/m"), "the watch on h2 in Redis")
+        on_h2.release()
+
+        slot = await granted(watcher)
+        assert slot.host == "h2"
+        slot.release()
+        on_h1.release()
+
+
+@pytest.mark.parametrize("turns", [0, 1, 3, 10])
+@pytest.mark.parametrize("queue_max", [0, 1])
+async def test_a_watcher_cancelled_during_its_attempt_leaves_nothing_behind(
+    redis_url, turns, queue_max
+):
+    async with fleet(redis_url, {H1: (1, queue_max)}) as (a, b):
+        held = await slot_of(b, [H1]) if queue_max else None  # full: the attempt finds a line
+        watcher = a.watcher()
+        a.watch(watcher, [H1], usable_when({"h1": True}))
+        for _ in range(turns):  # the attempt's round trip under way, or its answer arriving
+            await asyncio.sleep(0)
+
+        late = watcher.cancel()
+
+        if late is not None:  # handed over before the cancel: the caller's to release
+            late.release()
+        if held is not None:
+            held.release()
+        fresh = await eventually(lambda: _free_slot(b), "every slot given back")
+        fresh.release()
+
+
+async def test_fail_ends_a_watcher_that_waits_in_no_line(redis_url):
+    async with fleet(redis_url, {H1: (1, 0)}) as (a, b):
+        watcher = a.watcher()
+        a.watch(watcher, [H1], usable_when({"h1": False}))
+
+        watcher.fail(QueueTimeout("queue timeout"))
+
+        with pytest.raises(QueueTimeout):
+            await watcher.granted
+        assert watcher.cancel() is None
+        assert not watcher.watches("h1")
+
+
+# -- a process away from Redis past its hold TTL -----------------------------------------
+
+
+async def test_a_process_stalled_past_its_hold_ttl_loses_its_slot_and_never_counts_it_again(
+    redis_url,
+):
+    async with fleet(redis_url, {H1: (1, 0)}, hold_ttl=1.0, beating=False) as (other, stalled):
+        slot = await slot_of(stalled, [H1])
+        lost = asyncio.Event()
+        on_lost(slot, lost.set)
+        most = 0
+        watching = True
+
+        async def watch_counts() -> None:
+            nonlocal most
+            while watching:
+                most = max(most, await in_flight(other))
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.create_task(watch_counts())
+        # `stalled` renews its liveness no more: once it has expired, `other` finds the pair
+        # full, takes the slot back and holds it.
+        taken = await eventually(lambda: _free_slot(other), "the stalled process's slot taken")
+        assert not lost.is_set()
+
+        await stalled.shared.beat()  # it resumes
+
+        assert await in_flight(other) == 1
+        await asyncio.wait_for(lost.wait(), LONG)
+        assert stalled.slots.held() == 0
+        slot.release()  # its request ends: what `other` holds stays held
+        assert await in_flight(other) == 1
+        watching = False
+        await watcher
+        assert most == 1
+        taken.release()
+
+
+async def test_after_redis_restarts_empty_a_slot_taken_meanwhile_is_lost_not_counted_twice(
+    redis_server: RedisServer,
+):
+    async with fleet(redis_server.url, {H1: (1, 0)}, beating=False) as (other, restored):
+        slot = await slot_of(restored, [H1])
+        lost = asyncio.Event()
+        on_lost(slot, lost.set)
+
+        redis_server.stop()
+        redis_server.start()  # empty: `other` puts its configuration back and takes the slot
+        taken = await eventually(lambda: _free_slot_despite_outage(other), "a slot, Redis back")
+
+        await restored.shared.beat()  # it finds Redis restarted: its slot no longer fits
+
+        assert await in_flight(other) == 1
+        await asyncio.wait_for(lost.wait(), LONG)
+        slot.release()
+        taken.release()
+
+
+async def test_a_slot_released_before_the_loss_is_learned_is_never_reported_lost(redis_url):
+    async with fleet(redis_url, {H1: (1, 0)}, hold_ttl=1.0, beating=False) as (other, stalled):
+        slot = await slot_of(stalled, [H1])
+        told: list[str] = []
+        on_lost(slot, lambda: told.append("lost"))
+        taken = await eventually(lambda: _free_slot(other), "the stalled process's slot taken")
+
+        slot.release()
+        await stalled.shared.beat()
+
+        assert await in_flight(other) == 1
+        taken.release()
+        await eventually(lambda: _idle(other), "the slot free")
+        assert told == []
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+async def _free_slot(state: SharedState, pair: Pair = H1) -> SharedSlot | None:
+    got = await state.place([pair])
+    if isinstance(got, SharedPlace):
+        late = got.cancel()
+        assert late is None
+        return None
+    return got
+
+
+async def _free_slot_despite_outage(state: SharedState) -> SharedSlot | None:
+    try:
+        return await _free_slot(state)
+    except StateUnavailable:
+        return None
+
+
+async def _queued(state: SharedState, pair: Pair) -> bool:
+    return any(s.queued for s in await state.slots.snapshot() if (s.host, s.model) == pair)
+
+
+async def _idle(state: SharedState) -> bool:
+    return await in_flight(state) == 0
