@@ -14,7 +14,7 @@ from routing.core import sse
 from routing.core.background import spawn
 from routing.core.errors import Answer, describe_error
 from routing.core.running import data_events
-from routing.core.state import Held
+from routing.core.state import Held, on_lost
 from routing.core.tee import Tee
 from routing.proxy.record import Trail, finish
 from routing.runtime import Runtime
@@ -66,7 +66,7 @@ class Relay:
 
     __slots__ = (
         "_upstream", "_chunks", "_slot", "_tee", "_trail", "_idle", "_loop", "_status",
-        "_closed", "_client", "_read_since", "_watchdog", "_stalled", "_running", "_away",
+        "_closed", "_client", "_read_since", "_watchdog", "_interrupt", "_running", "_away",
         "_pump", "_buffer", "_buffered", "_more", "_outcome",
     )  # fmt: skip
 
@@ -85,7 +85,9 @@ class Relay:
         self._client: asyncio.Task[Any] | None = None  # the task that iterates this body
         self._read_since: float | None = None  # when the pending read began; None between reads
         self._watchdog: asyncio.TimerHandle | None = None
-        self._stalled = False
+        # Why the reader was cancelled, when the relay itself cancelled it: the host stalled,
+        # or the slot was lost (status, message, code). None: the client left.
+        self._interrupt: tuple[int, str, str] | None = None
         self._away = False  # the client's task was away in `send` at the watchdog's last look
         # Tokens so far, for the dashboard's running requests: one per SSE event read.
         self._running = trail.running if self._tee.streamed else None
@@ -94,6 +96,8 @@ class Relay:
         self._buffered = 0
         self._more: asyncio.Future[None] | None = None  # the client's task waits for the pump
         self._outcome: tuple[int, str, str] | None = None  # how the host's stream ended (pump)
+        if slot is not None:
+            on_lost(slot, self._lost)
 
     @property
     def streamed(self) -> bool:
@@ -106,6 +110,8 @@ class Relay:
     async def __anext__(self) -> bytes:
         if self._closed:
             raise StopAsyncIteration
+        if self._interrupt is not None:  # the slot was lost before the body began
+            return await self._fail(*self._interrupt)
         self._away = False
         if self._pump is not None:
             return await self._buffered_chunk()
@@ -123,8 +129,9 @@ class Relay:
         except httpx.HTTPError as exc:
             return await self._fail(502, self._broken(exc))
         except asyncio.CancelledError:
-            if self._stalled and self._client is not None and self._client.uncancel() == 0:
-                return await self._fail(504, self._silent())
+            interrupt = self._interrupt
+            if interrupt is not None and self._client is not None and self._client.uncancel() == 0:
+                return await self._fail(*interrupt)
             self._abandon("client disconnected mid-stream")
             raise
         self._read_since = None
@@ -148,10 +155,8 @@ class Relay:
         now = self._loop.time()
         since = self._read_since
         if since is not None and now - since >= self._idle:
-            self._stalled = True
-            reader = self._pump or self._client
-            if reader is not None:
-                reader.cancel()
+            self._interrupt = (504, self._silent(), "upstream_failed")
+            self._cancel_reader()
             return
         if self._pump is None and since is None:
             if self._away:
@@ -162,6 +167,24 @@ class Relay:
         if self._pump is None:
             then = min(then, now + AWAY)
         self._watchdog = self._loop.call_at(then, self._watch)
+
+    def _lost(self) -> None:
+        """The shared state stopped counting this request's slot (its process was cut off past
+        the hold TTL and another took the slot): the host may be running more than `parallel`,
+        so the stream ends now, with an error the client and the row can read."""
+        if self._closed or self._outcome is not None:
+            return  # over already: the host's stream ended, and the slot was given back
+        message = (
+            f"slot on host {self._trail.host} lost: this gateway lost touch with the shared "
+            "state past its hold TTL and another request took the slot"
+        )
+        self._interrupt = (503, message, "slot_lost")
+        self._cancel_reader()
+
+    def _cancel_reader(self) -> None:
+        reader = self._pump or self._client
+        if reader is not None:
+            reader.cancel()
 
     def _start_pump(self) -> None:
         self._pump = spawn(self._pump_host(), "crossbar-pump")
@@ -180,10 +203,10 @@ class Relay:
                     self._host_done(502, self._broken(exc), "upstream_failed")
                     return
                 except asyncio.CancelledError:
-                    pump = self._pump
-                    if not (self._stalled and pump is not None and pump.uncancel() == 0):
+                    pump, interrupt = self._pump, self._interrupt
+                    if interrupt is None or pump is None or pump.uncancel() != 0:
                         raise  # the request ended: the client left, or the server stops
-                    self._host_done(504, self._silent(), "upstream_failed")
+                    self._host_done(*interrupt)
                     return
                 self._read_since = None
                 self._look(chunk)
@@ -246,12 +269,13 @@ class Relay:
     def _silent(self) -> str:
         return f"host {self._trail.host} sent nothing for {self._idle:g} s mid-stream"
 
-    async def _fail(self, status: int, message: str) -> bytes:
-        """End a stream the host broke: an SSE client gets one error event, then the end."""
-        await self._close(status, message, "upstream_failed")
+    async def _fail(self, status: int, message: str, code: str = "upstream_failed") -> bytes:
+        """End a broken stream (the host's failure, or a lost slot): an SSE client gets one
+        error event, then the end."""
+        await self._close(status, message, code)
         if not self._tee.streamed:
             raise StopAsyncIteration
-        return sse.error_event(Answer(status, message, "server_error", "upstream_failed"))
+        return sse.error_event(Answer(status, message, "server_error", code))
 
     async def error_message(self) -> str:
         """Read a failed answer's body (bounded), close it, and say what the host said."""
@@ -284,7 +308,7 @@ class Relay:
         the host's that came first stays the request's outcome."""
         if self._closed:
             return
-        outcome = self._outcome
+        outcome = self._outcome if self._outcome is not None else self._interrupt
         if outcome is not None and outcome[0] >= 400:
             self._end(*outcome)
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 
 import httpx
@@ -61,7 +61,7 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> _Ends:
     return recorded
 
 
-def make_relay(host: _Host, slot: _Slot) -> Relay:
+def make_relay(host: httpx.AsyncByteStream, slot: _Slot) -> Relay:
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=host)
     runtime = SimpleNamespace(stream_idle_timeout=5.0)
     return Relay(response, slot, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout
@@ -163,3 +163,66 @@ def test_any_pace_of_the_client_gets_the_same_bytes_and_outcome(
 
     assert received == chunks
     assert [outcome[:3] for outcome in finished] == [(200, "", "")]
+
+
+class _LosableSlot(_Slot):
+    """A slot its backing can stop counting, as a shared state's after a stall (`on_lost`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose: Callable[[], None] | None = None
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        self.lose = callback
+
+
+class _EndlessHost(httpx.AsyncByteStream):
+    """A host that streams until it is closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            await asyncio.sleep(0.001)
+            yield EVENT
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("lagging", [False, True], ids=["keeping up", "lagging"])
+async def test_a_lost_slot_ends_the_stream_with_one_error_event_and_closes_the_host(
+    ends: _Ends, lagging: bool
+):
+    slot = _LosableSlot()
+    host = _EndlessHost()
+    relay = make_relay(host, slot)
+    received = [await anext(relay), await anext(relay)]
+    if lagging:
+        await asyncio.sleep(10 * AWAY)  # away in `send`: the pump reads the host meanwhile
+    assert slot.lose is not None
+    asyncio.get_running_loop().call_soon(slot.lose)  # the shared state says: not yours now
+
+    async with asyncio.timeout(5):
+        received += [chunk async for chunk in relay]
+
+    assert set(received[:-1]) == {EVENT}
+    error = json.loads(received[-1].removeprefix(b"data: "))["error"]
+    assert error["code"] == "slot_lost" and "gpu1" in error["message"]
+    (outcome,) = ends.finished
+    assert (outcome[0], outcome[2]) == (503, "slot_lost")
+    assert host.closed
+
+
+async def test_a_slot_lost_before_the_body_is_read_answers_only_the_error(ends: _Ends):
+    slot = _LosableSlot()
+    relay = make_relay(_Host([EVENT] * 10), slot)
+    assert slot.lose is not None
+    slot.lose()
+
+    received = [chunk async for chunk in relay]
+
+    (event,) = received
+    assert json.loads(event.removeprefix(b"data: "))["error"]["code"] == "slot_lost"
+    assert [outcome[:1] + outcome[2:3] for outcome in ends.finished] == [(503, "slot_lost")]
