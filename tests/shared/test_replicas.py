@@ -307,3 +307,58 @@ def test_a_keys_concurrency_limit_holds_across_gateways(tmp_path, redis_url):
 
     assert limited.status_code == 429
     assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_a_gateway_stalled_past_the_expiry_loses_its_slot_and_never_counts_it_again(
+    tmp_path, redis_url
+):
+    """A process stopped (SIGSTOP) while it holds the host's one slot: once its hold expires
+    the other gateway takes the slot; when it resumes, its stream ends with a `slot_lost`
+    error event, and Redis never counts two slots of a pair that has one."""
+    held = redis.Redis.from_url(redis_url, decode_responses=True)
+    counts: list[int] = []  # Redis's slots held of the pair, from the stall to the end
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            counts.append(held.hlen(f"crossbar:held:gpu1/{MODEL}"))
+            done.wait(0.01)
+
+    with FakeLlamaServer(slots=4, token_delay=0.05) as fake:
+        add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 0)})])
+        with two_gateways(tmp_path, redis_url) as (stalled, other):
+            sampler = threading.Thread(target=sample, daemon=True)
+            with httpx.stream(
+                "POST", stalled.url + CHAT, json=chat("long", stream=True, max_tokens=2000),
+                timeout=30,
+            ) as stream:  # fmt: skip
+                lines = stream.iter_lines()
+                next(lines)  # it holds the host's one slot now
+                sampler.start()
+                stalled.process.send_signal(signal.SIGSTOP)
+                try:
+                    taken = wait_until(
+                        lambda: (
+                            (r := httpx.post(other.url + CHAT, json=chat("meanwhile")))
+                            .status_code == 200 and r
+                        ),
+                        timeout=20,
+                        interval=0.2,
+                        what="the other gateway to take the stalled one's slot",
+                    )
+                finally:
+                    stalled.process.send_signal(signal.SIGCONT)
+                rest = list(lines)
+            after = httpx.post(other.url + CHAT, json=chat("after"))
+            done.set()
+            sampler.join(timeout=5)
+
+    assert taken.headers["x-crossbar-host"] == "gpu1"
+    errors = [line for line in rest if line.startswith("data: {") and '"error"' in line]
+    assert len(errors) == 1 and '"slot_lost"' in errors[0], rest[-3:]
+    assert counts and max(counts) <= 1
+    assert after.status_code == 200
+    row = wait_until(
+        lambda: Request.objects.filter(code="slot_lost").first(), what="the lost slot's row"
+    )
+    assert (row.status, row.host) == (503, "gpu1")
