@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -82,9 +83,17 @@ class Host:
 
 
 class RequestPath(RuleBasedStateMachine):
+    """The model over one process's state (`LocalState`), in virtual time. A subclass over
+    another backing overrides the hooks below the rules (tests/shared)."""
+
+    PATIENCES = (0.0, 1.0, 300.0)  # the route's lease_patience, one drawn per run
+    QUEUE_TIMEOUT = 20.0
+    FALLBACK_AFTER = 3.0
+    PASSES = (0.5, 1.5, 4.0, 30.0)  # how long `time_passes` lets pass, one drawn per step
+
     def __init__(self) -> None:
         super().__init__()
-        self.loop = VirtualLoop()
+        self.loop: asyncio.AbstractEventLoop = self.make_loop()
         self.numbers = itertools.count(1)
         self.requests: list[Request] = []
         self.hosts = {name: Host() for name in (*HOSTS, "cpu1")}
@@ -98,7 +107,7 @@ class RequestPath(RuleBasedStateMachine):
 
     @initialize(
         strict=st.booleans(),
-        patience=st.sampled_from([0.0, 1.0, 300.0]),
+        patience=st.integers(0, 2),
         fallback=st.booleans(),
         limits=st.lists(
             st.tuples(st.integers(1, 2), st.integers(0, 2)), min_size=2, max_size=2
@@ -108,7 +117,7 @@ class RequestPath(RuleBasedStateMachine):
     def build(
         self,
         strict: bool,
-        patience: float,
+        patience: int,
         fallback: bool,
         limits: list[tuple[int, int]],
         modes: list[str],
@@ -118,33 +127,28 @@ class RequestPath(RuleBasedStateMachine):
         self.route = Route(
             hosts=HOSTS,
             strict=strict,
-            lease_patience=patience,
-            queue_timeout=20.0,
+            lease_patience=self.PATIENCES[patience],
+            queue_timeout=self.QUEUE_TIMEOUT,
             fallback="cpu" if fallback else "",
-            fallback_after=3.0,
+            fallback_after=self.FALLBACK_AFTER,
             fallback_model=SMALL,
         )
         cpu = Route(name="cpu", hosts=("cpu1",))
         hosts = {name: host(parallel, queue_max) for name, (parallel, queue_max) in
                  zip(HOSTS, limits, strict=True)}  # fmt: skip
         hosts["cpu1"] = host(1, 1, model=SMALL)
-        self.fleet = MemoryFleet(hosts, self.route, cpu)
+        self.fleet = self.make_fleet(hosts, self.route, cpu)
 
     def settle(self) -> None:
         """Run every task that can run now, and every timer that is due."""
-
-        async def rounds() -> None:
-            for _ in range(30):
-                await asyncio.sleep(0)
-
-        before = {pair: self.fleet.limiter.in_flight(*pair) for pair in self.pairs()}
-        self.loop.run_until_complete(rounds())
+        before = {pair: self.held(pair) for pair in self.pairs()}
+        self.loop.run_until_complete(self.rounds())
         for request in self.requests:
             if request.task.done() and not request.ended and request.answered is None:
                 self.took_its_end(request)
         for pair, was in before.items():
             parallel = self.parallel(pair)
-            now = self.fleet.limiter.in_flight(*pair)
+            now = self.held(pair)
             assert now <= max(parallel, was), f"{pair} granted past parallel={parallel}"
 
     def pairs(self) -> list[tuple[str, str]]:
@@ -192,10 +196,11 @@ class RequestPath(RuleBasedStateMachine):
 
     # -- the rules ----------------------------------------------------------------------
 
-    @rule(conversation=st.sampled_from(["", "a", "b", "c", "d"]))
-    def arrive(self, conversation: str) -> None:
+    @rule(conversation=st.sampled_from(["", "a", "b", "c", "d"]), process=st.integers(0, 1))
+    def arrive(self, conversation: str, process: int) -> None:
         number = next(self.numbers)
-        placer = Placer(self.fleet, self.route, MODEL, conversation, self.loop.now)
+        fleet = self.fleet_of(process)
+        placer = Placer(fleet, self.route, MODEL, conversation, self.loop.time())
         try:
             first = self.loop.run_until_complete(placer.now())
         except (QueueFull, NoHealthyHost, PinnedHostDown) as refusal:
@@ -204,7 +209,7 @@ class RequestPath(RuleBasedStateMachine):
         request = Request(number, conversation, cast(asyncio.Task[Answered], None))
         ask = cast(Ask, _Ask(request))
         passage = Passage(
-            cast(Runtime, self.fleet), cast(Any, self.route), ask, Trail(Arrival()),
+            cast(Runtime, fleet), cast(Any, self.route), ask, Trail(Arrival()),
             cast(Any, placer), first, forward=self.forward,
         )  # fmt: skip
         if isinstance(first, Waiting) and first.host:
@@ -216,6 +221,8 @@ class RequestPath(RuleBasedStateMachine):
         self.settle()
 
     def check_refusal(self, refusal: Exception, conversation: str) -> None:
+        if not self.CHECKS_REFUSALS:
+            return
         usable = [
             name for name in HOSTS if self.fleet.usable(self.route, MODEL, name)
         ]
@@ -238,12 +245,12 @@ class RequestPath(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from([*HOSTS, "cpu1"]), healthy=st.booleans())
     def host_health_changes(self, name: str, healthy: bool) -> None:
-        self.fleet.set_host(name, healthy=healthy)
+        self.set_host(name, healthy=healthy)
         self.settle()
 
     @rule(name=st.sampled_from(HOSTS), draining=st.booleans())
     def host_drains(self, name: str, draining: bool) -> None:
-        self.fleet.set_host(name, draining=draining)
+        self.set_host(name, draining=draining)
         self.settle()
 
     @rule(name=st.sampled_from([*HOSTS, "cpu1"]))
@@ -276,12 +283,12 @@ class RequestPath(RuleBasedStateMachine):
     )
     def config_reloads(self, name: str, parallel: int, queue_max: int) -> None:
         self.fleet.hosts[name]["models"][MODEL] = {"parallel": parallel, "queue_max": queue_max}
-        self.fleet.limiter.configure(name, MODEL, parallel, queue_max)
+        self.configure(name, parallel, queue_max)
         self.settle()
 
-    @rule(seconds=st.sampled_from([0.5, 1.5, 4.0, 30.0]))
-    def time_passes(self, seconds: float) -> None:
-        self.loop.now += seconds
+    @rule(step=st.integers(0, 3))
+    def time_passes(self, step: int) -> None:
+        self.let_pass(self.PASSES[step])
         self.settle()
 
     # -- the checks ---------------------------------------------------------------------
@@ -303,7 +310,7 @@ class RequestPath(RuleBasedStateMachine):
 
     def end_stream(self, request: Request) -> None:
         assert request.answered is not None and request.answered.placement is not None
-        request.answered.placement.slot.release()
+        self.act(request.answered.placement.slot.release)
         request.holding = None
         request.ended = True
 
@@ -313,7 +320,7 @@ class RequestPath(RuleBasedStateMachine):
             return
         for pair in self.pairs():
             holders = [r.number for r in self.requests if r.holding == pair]
-            held = self.fleet.limiter.in_flight(*pair)
+            held = self.held(pair)
             assert held == len(holders), f"{pair}: {held} slots held, by requests {holders}"
 
     def teardown(self) -> None:
@@ -329,12 +336,51 @@ class RequestPath(RuleBasedStateMachine):
                     self.end_stream(request)
             self.settle()
             self.every_held_slot_belongs_to_a_live_request()
-            for pair in self.pairs():
-                assert self.fleet.limiter.queued(*pair) == 0, f"{pair} still has a line"
-                slots = [self.fleet.occupy(*pair) for _ in range(self.parallel(pair))]
-                for slot in slots:
-                    slot.release()
-                assert self.fleet.limiter.in_flight(*pair) == 0, f"{pair} lost a slot"
+            self.nothing_is_held()
+        self.close()
+
+    # -- the backing: one process's state, in virtual time --------------------------------
+
+    CHECKS_REFUSALS = True  # at quiescence nothing moves, so a refusal can be checked at once
+
+    def make_loop(self) -> asyncio.AbstractEventLoop:
+        return VirtualLoop()
+
+    def act(self, action: Callable[[], None]) -> None:
+        """Do what the gateway does synchronously (a relay's release, a health change)."""
+        action()
+
+    def make_fleet(self, hosts: dict[str, dict[str, Any]], *routes: Route) -> MemoryFleet:
+        return MemoryFleet(hosts, *routes)
+
+    def fleet_of(self, process: int) -> MemoryFleet:
+        return self.fleet  # one process
+
+    async def rounds(self) -> None:
+        for _ in range(30):
+            await asyncio.sleep(0)
+
+    def held(self, pair: tuple[str, str]) -> int:
+        return self.fleet.limiter.in_flight(*pair)
+
+    def set_host(self, name: str, **state: bool) -> None:
+        self.fleet.set_host(name, **state)
+
+    def configure(self, name: str, parallel: int, queue_max: int) -> None:
+        self.fleet.limiter.configure(name, MODEL, parallel, queue_max)
+
+    def let_pass(self, seconds: float) -> None:
+        cast(VirtualLoop, self.loop).now += seconds
+
+    def nothing_is_held(self) -> None:
+        for pair in self.pairs():
+            assert self.fleet.limiter.queued(*pair) == 0, f"{pair} still has a line"
+            slots = [self.fleet.occupy(*pair) for _ in range(self.parallel(pair))]
+            for slot in slots:
+                slot.release()
+            assert self.fleet.limiter.in_flight(*pair) == 0, f"{pair} lost a slot"
+
+    def close(self) -> None:
         self.loop.close()
 
 
@@ -361,9 +407,9 @@ def test_a_request_whose_hosts_all_reset_waits_and_leaves_no_slot_behind() -> No
     before their head, the route has a fallback, so the request waits; a host coming back
     serves it, and no slot is left held by anyone."""
     model = RequestPath()
-    model.build(strict=False, patience=300.0, fallback=True, limits=[(1, 0), (1, 0)],
+    model.build(strict=False, patience=2, fallback=True, limits=[(1, 0), (1, 0)],
                 modes=["reset", "reset"])  # fmt: skip
-    model.arrive("a")
+    model.arrive("a", 0)
     model.host_behaves("gpu1", "ok")
     model.host_health_changes("gpu1", True)
 
