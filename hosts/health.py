@@ -35,7 +35,7 @@ class HostHealth:
     since: float = field(default_factory=time.time)  # wall clock, for people
     loaded: frozenset[str] | None = None  # None: the host did not say
     described: Described | None = None  # what its /props and /v1/models said last
-    described_at: float = 0.0  # time.monotonic() of the /props read behind `described`
+    described_at: float = 0.0  # the poller's clock (monotonic) at the /props read behind it
 
 
 class HealthTable:

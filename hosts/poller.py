@@ -59,8 +59,8 @@ class Probe:
 class Poller:
     """Polls hosts into `table`: `run()` every enabled host until cancelled, `poll()` one now.
 
-    `interval` and `poll_timeout` in seconds; `refresh` as above; `rng` decides the jitter
-    (a seeded one makes it repeatable). The HTTP session opens on first use, on the running
+    `interval` and `poll_timeout` in seconds; `refresh` as above, on `clock`; `rng` decides
+    the jitter (a seeded one makes it repeatable). The HTTP session opens on first use, on the running
     loop; `aclose()` closes it.
     """
 
@@ -72,12 +72,14 @@ class Poller:
         *,
         refresh: float = REFRESH,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.table = table
         self.interval = interval
         self.refresh = refresh
         self._timeout = aiohttp.ClientTimeout(total=poll_timeout)
         self._rng = rng or random.Random()
+        self._clock = clock
         self._session: aiohttp.ClientSession | None = None
 
     async def run(self, probes: Callable[[], list[Probe]]) -> None:
@@ -118,7 +120,7 @@ class Poller:
             table.set(name, HostState.DOWN, f"/health answered {status}", url=url)
             return
         known = self.table.get(name)
-        now = time.monotonic()
+        now = self._clock()
         # None: the first poll, or back up (perhaps another process).
         last = known.described if known.state is HostState.UP else None
         fresh = last is None or now - known.described_at >= self.refresh
