@@ -8,6 +8,7 @@ period runs on an injected clock, the jitter on an injected random.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -227,9 +228,7 @@ class CountingHosts:
 
     async def __aenter__(self) -> CountingHosts:
         for i in range(self.n):
-            server = await asyncio.start_server(
-                lambda r, w, i=i: self._serve(i, r, w), "127.0.0.1", 0
-            )
+            server = await asyncio.start_server(functools.partial(self._serve, i), "127.0.0.1", 0)
             self._servers.append(server)
             self.urls.append(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
         return self
