@@ -8,8 +8,9 @@ tell: a `/props` of the size a real one has (its chat template makes it a few Ki
 keep-alive of its HTTP library (cpp-httplib): `Keep-Alive: timeout=5, max=100`, an idle
 connection closed after 5 s and any connection after its 100th request (measured on
 llama-server b11434). One asyncio protocol per connection and no task per request, so the
-fleet costs little next to the poller it serves. Reading a line on stdin (or its end) stops it;
-it then prints the requests it answered, by path, as one JSON line.
+fleet costs little next to the poller it serves. Each line read on stdin prints, as one JSON
+line, the connections it accepted and the requests it answered by path since the last; the
+end of stdin stops it.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Host(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        self.seen[b"connections"] += 1
         self.transport = transport
         self._arm()
 
@@ -96,8 +98,9 @@ async def serve(hosts: int) -> None:
     servers = [await loop.create_server(lambda: Host(seen), "127.0.0.1", 0) for _ in range(hosts)]
     ports = [server.sockets[0].getsockname()[1] for server in servers]
     print(json.dumps(ports), flush=True)
-    await loop.run_in_executor(None, sys.stdin.readline)
-    print(json.dumps({path.decode(): n for path, n in sorted(seen.items())}), flush=True)
+    while await loop.run_in_executor(None, sys.stdin.readline):
+        print(json.dumps({path.decode(): n for path, n in sorted(seen.items())}), flush=True)
+        seen.clear()
 
 
 def main() -> None:
