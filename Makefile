@@ -53,7 +53,7 @@ LITELLM_VENV := bench/.venv-litellm
 LITELLM_PIN := litellm[proxy]==1.108.7
 BENCH_INSTALLED := bench/results/.requirements-installed
 
-.PHONY: bench bench-compare bench-idle-queue
+.PHONY: bench bench-compare bench-idle-queue bench-poller
 
 $(BENCH_INSTALLED): bench/requirements.txt $(VENV)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
@@ -68,6 +68,9 @@ bench-compare: $(BENCH_INSTALLED) $(LITELLM_VENV)/.installed
 
 bench-idle-queue: $(BENCH_INSTALLED)
 	$(PY) bench/bench_idle_queue.py $(BENCH_ARGS)
+
+bench-poller: $(VENV)/.installed
+	$(PY) bench/bench_poller.py $(BENCH_ARGS)
 
 $(LITELLM_VENV)/.installed:
 	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)

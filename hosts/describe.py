@@ -10,12 +10,13 @@ host admin's "Read from host" and `crossbar_config discover`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
 import httpx
 
-__all__ = ["Described", "ModelState", "Unreachable", "describe", "read_host"]
+__all__ = ["Described", "ModelState", "Unreachable", "describe", "read_host", "with_models"]
 
 
 class ModelState(enum.StrEnum):
@@ -57,6 +58,12 @@ def describe(props: object, models: object) -> Described:
         max_models=_count(props.get("max_instances")) if router else None,
         models=_model_states(models),
     )
+
+
+def with_models(described: Described, models: object) -> Described:
+    """`described` with the model states of a newer `/v1/models` answer (a router's change as
+    it loads and unloads; its `/props` does not)."""
+    return dataclasses.replace(described, models=_model_states(models))
 
 
 def _model_states(payload: object) -> dict[str, ModelState]:

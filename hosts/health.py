@@ -1,26 +1,22 @@
-"""Host health: a table of what each host last said, and the poller that keeps it current.
+"""Host health: a table of what each host last said.
 
-The poller is a task on the serving event loop. Every interval it asks each enabled host for
-`/health` (200 up, 503 loading, anything else down), then `/props` and `/v1/models` (its slots,
-its models and which are loaded, which feeds the chooser's preference for hosts that need no
-model load: `hosts.describe`). The proxy marks a host down at once when a connection to it
-fails; the next good poll brings it back.
+The poller (`hosts.poller`) writes it: `/health` (200 up, 503 loading, anything else down),
+and what `/props` and `/v1/models` said (its slots, its models and which are loaded, which
+feeds the chooser's preference for hosts that need no model load: `hosts.describe`). The proxy
+marks a host down at once when a connection to it fails; the next good poll brings it back.
 
 Everything here runs on one event loop and imports nothing from `routing`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
-
-from hosts.describe import Described, describe
+from hosts.describe import Described
 
 log = logging.getLogger("crossbar.health")
 
@@ -39,15 +35,7 @@ class HostHealth:
     since: float = field(default_factory=time.time)  # wall clock, for people
     loaded: frozenset[str] | None = None  # None: the host did not say
     described: Described | None = None  # what its /props and /v1/models said last
-
-
-@dataclass(slots=True, frozen=True)
-class Probe:
-    """What the poller needs to know of a host."""
-
-    name: str
-    url: str
-    api_key: str = ""
+    described_at: float = 0.0  # the poller's clock (monotonic) at the /props read behind it
 
 
 class HealthTable:
@@ -91,8 +79,12 @@ class HealthTable:
         loaded: frozenset[str] | None = None,
         url: str | None = None,
         described: Described | None = None,
+        described_at: float | None = None,
     ) -> None:
-        """Record what a host said; an answer from an address it no longer has is ignored."""
+        """Record what a host said; an answer from an address it no longer has is ignored.
+
+        A change of state starts a new record, so a host that was not up has no `described`
+        until it is read again."""
         if url is not None and self._urls.get(host) != url:
             return
         current = self._hosts.get(host)
@@ -108,6 +100,8 @@ class HealthTable:
             current.loaded = loaded
         if described is not None:
             current.described = described
+        if described_at is not None:
+            current.described_at = described_at
         if not was_eligible and self.eligible(host):
             self._became_eligible(host)
 
@@ -120,62 +114,3 @@ class HealthTable:
 
     def snapshot(self) -> dict[str, HostHealth]:
         return dict(self._hosts)
-
-
-def _auth(api_key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-async def poll_once(
-    client: httpx.AsyncClient, probe: Probe, table: HealthTable, poll_timeout: float
-) -> None:
-    """Ask one host how it is and record the answer. Never raises."""
-    headers = _auth(probe.api_key)
-    try:
-        response = await client.get(f"{probe.url}/health", headers=headers, timeout=poll_timeout)
-    except httpx.HTTPError as exc:
-        reason = f"/health: {type(exc).__name__}: {exc}".strip(": ")
-        table.set(probe.name, HostState.DOWN, reason, url=probe.url)
-        return
-    if response.status_code == 503:
-        table.set(probe.name, HostState.LOADING, "loading model", url=probe.url)
-        return
-    if response.status_code != 200:
-        reason = f"/health answered {response.status_code}"
-        table.set(probe.name, HostState.DOWN, reason, url=probe.url)
-        return
-    props, models = await asyncio.gather(
-        _json(client, f"{probe.url}/props", headers, poll_timeout),
-        _json(client, f"{probe.url}/v1/models", headers, poll_timeout),
-    )
-    described = describe(props, models)
-    # A host without /v1/models just loses the "loaded" preference.
-    loaded = described.loaded if described.models else None
-    table.set(probe.name, HostState.UP, "", loaded, url=probe.url, described=described)
-
-
-async def _json(
-    client: httpx.AsyncClient, url: str, headers: dict[str, str], wait: float
-) -> object:
-    """A GET's JSON answer within `wait` seconds; None for any failure (health said up: this
-    is extra)."""
-    try:
-        response = await client.get(url, headers=headers, timeout=wait)
-        return response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-async def poll_forever(
-    client: httpx.AsyncClient,
-    probes: Callable[[], list[Probe]],  # read fresh every round: config may change
-    table: HealthTable,
-    interval: float,
-    poll_timeout: float,
-) -> None:
-    """Poll every host every `interval` seconds until cancelled."""
-    while True:
-        targets = probes()
-        if targets:
-            await asyncio.gather(*(poll_once(client, p, table, poll_timeout) for p in targets))
-        await asyncio.sleep(interval)

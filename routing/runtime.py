@@ -24,7 +24,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from hosts.describe import ModelState
-from hosts.health import HealthTable, HostHealth, Probe, poll_forever, poll_once
+from hosts.health import HealthTable, HostHealth
+from hosts.poller import Poller, Probe
 from routing import signals
 from routing.config.reader import current_revision, load_fleet
 from routing.config.shape import Fleet, HostConfig, RouteConfig
@@ -60,6 +61,7 @@ class Runtime:
         self.state: FleetState = self.shared or LocalState(self.limiter, self.leases)
         # A host that becomes usable again offers its free slots to the requests waiting.
         self.health = HealthTable(on_eligible=self.state.wake)
+        self.poller = Poller(self.health, conf["HEALTH_INTERVAL"], conf["HEALTH_TIMEOUT"])
         self.clients = ClientGate(require=conf["REQUIRE_KEY"])
         self.running = RunningTable()
         self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
@@ -80,16 +82,7 @@ class Runtime:
         if self.shared is not None:
             await self.shared.start()
         self._tasks = [
-            asyncio.create_task(
-                poll_forever(
-                    self.client,
-                    self._probes,
-                    self.health,
-                    conf["HEALTH_INTERVAL"],
-                    conf["HEALTH_TIMEOUT"],
-                ),
-                name="crossbar-health",
-            ),
+            asyncio.create_task(self.poller.run(self._probes), name="crossbar-health"),
             asyncio.create_task(self._watch_revision(conf["CONFIG_POLL"]), name="crossbar-config"),
         ]
 
@@ -99,6 +92,7 @@ class Runtime:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.shared is not None:
             await self.shared.aclose()
+        await self.poller.aclose()
         await self.client.aclose()
 
     # -- configuration -------------------------------------------------------------------
@@ -164,7 +158,6 @@ class Runtime:
         serves it at once instead of after the next poll. Concurrent callers share each
         host's probe.
         """
-        timeout = settings.CROSSBAR["HEALTH_TIMEOUT"]
         waits = []
         for name in route.hosts:
             host = self.fleet.hosts.get(name)
@@ -173,9 +166,7 @@ class Runtime:
             probing = self._probing.get(name)
             if probing is None:
                 probe = Probe(host.name, host.url, host.api_key)
-                probing = asyncio.ensure_future(
-                    poll_once(self.client, probe, self.health, timeout)
-                )
+                probing = asyncio.ensure_future(self.poller.poll(probe))
                 self._probing[name] = probing
                 probing.add_done_callback(lambda _, name=name: self._probing.pop(name, None))  # type: ignore[misc]  # mypy cannot infer a lambda with a default argument
             waits.append(probing)

@@ -50,9 +50,11 @@ def wait_for_host_state(url: str, host: str, state: str) -> None:
 def wait_for_health_poll(fake: FakeLlamaServer, timeout: float = 10.0) -> None:
     """Wait until the gateway has taken in a health poll of `fake` asked after this call.
 
-    The poller asks each host `/health`, then `/props` and `/v1/models`, records the answers,
-    and only then sleeps and starts its next round. So the first `/health` seen after this call
-    opens a round that sees the host as it is now, and the next one proves that round recorded.
+    The poller asks each host `/health`, then (when it asks them) `/props` and `/v1/models`,
+    records the answers, and only then sleeps and starts that host's next round. So the first
+    `/health` seen after this call opens a round that sees the host as it is now, and the next
+    one proves that round recorded. (A router's `/v1/models` is asked every round; another
+    host's only when it comes up and every minute: hosts.poller.)
     """
     start = len(fake.requests_to("/health"))
     wait_until(
