@@ -1,7 +1,8 @@
 """llama-server's endpoints: each one's class, and who may reach it. One table, `ENDPOINTS`.
 
 Every path llama-server serves passes through a route. The table gives each path its class for
-reads (GET, HEAD) and for writes (POST), and each class has one rule for who may reach it:
+reads (GET, HEAD) and for writes (POST, DELETE), and each class has one rule for who may reach
+it:
 
 - *generate*: runs a model (completion, chat, infill, responses, Anthropic messages,
   embeddings, rerank). It takes a slot of the model its body names (or the route's default)
@@ -11,10 +12,12 @@ reads (GET, HEAD) and for writes (POST), and each class has one rule for who may
 - *host state*: the host's health and settings, read only and harmless (`/health`,
   `GET /props`). No body read; a usable host of the route. A client.
 - *host control*: exposes or changes a host's state for every user (`/slots` shows other
-  users' prompts; `POST /props`, `POST /lora-adapters` and model load/unload change what
-  every user gets; `/cors-proxy` makes the host fetch any URL). An operator only, unless the
-  route opens it (the route setting the endpoint's `opened_by` names).
-- *models*: the model list, answered by the gateway from its configuration. A client.
+  users' prompts; `POST /props`, `POST /lora-adapters`, model load/unload and a router's
+  `POST /models` (download) and `DELETE /models` change what every user gets; `/cors-proxy`
+  makes the host fetch any URL). An operator only, unless the route opens it (the route
+  setting the endpoint's `opened_by` names).
+- *models*: the model list: the models the route serves, as its hosts describe them
+  (`routing.proxy.model_list`). A client.
 
 "A client" is anyone while client keys are not in use, else a request with a valid key. One
 host's own endpoints (`/<route>/hosts/<host>/...`: host state and host control) are always an
@@ -96,14 +99,19 @@ LOADS = Endpoint(
     opened_by=Opener.MODEL_MANAGEMENT,
     why="it loads or unloads a model for every user",
 )
+STORES = Endpoint(
+    Kind.HOST_CONTROL,
+    opened_by=Opener.MODEL_MANAGEMENT,
+    why="it downloads a model to the host's disk or deletes one from it, for every user",
+)
 FETCHES = Endpoint(
     Kind.HOST_CONTROL,
     opened_by=Opener.HOST_CONTROLS,
     why="it would let any client make the host fetch any URL",
 )
 
-# path: (GET and HEAD, POST). A generating path asked with GET keeps its class: the host
-# answers it (llama-server: 404), as it would answer a client talking to it directly.
+# path: (GET and HEAD, POST and DELETE). A generating path asked with GET keeps its class: the
+# host answers it (llama-server: 404), as it would answer a client talking to it directly.
 ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
     "/v1/chat/completions": (GENERATE, GENERATE),
     "/chat/completions": (GENERATE, GENERATE),
@@ -137,7 +145,7 @@ ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
     "/models/unload": (LOADS, LOADS),
     "/cors-proxy": (FETCHES, FETCHES),
     "/v1/models": (MODELS, MODELS),
-    "/models": (MODELS, MODELS),
+    "/models": (MODELS, STORES),  # a router downloads (POST) and deletes (DELETE) models
 }
 
 

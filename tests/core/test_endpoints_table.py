@@ -45,17 +45,25 @@ def test_every_control_that_shows_or_changes_a_host_is_a_host_control() -> None:
             "/cors-proxy",
         )
         for method in ("GET", "POST")
-    } | {("POST", "/props")}  # fmt: skip
+    } | {("POST", "/props"), ("POST", "/models")}  # fmt: skip
 
 
-def test_model_load_and_unload_open_with_manage_models_and_the_rest_with_host_controls() -> None:
+def test_a_router_downloading_or_deleting_a_model_is_model_management() -> None:
+    for method in ("POST", "DELETE"):
+        endpoint = served(method, "/models")
+        assert endpoint.kind is Kind.HOST_CONTROL, method
+        assert endpoint.opened_by is Opener.MODEL_MANAGEMENT, method
+    assert served("GET", "/models").kind is Kind.MODELS
+
+
+def test_model_management_opens_with_manage_models_and_the_rest_with_host_controls() -> None:
     openers = {
         (method, path): served(method, path).opened_by
         for method, path in classes(Kind.HOST_CONTROL)
     }
 
     for (method, path), opener in openers.items():
-        expected = Opener.MODEL_MANAGEMENT if path.startswith("/models/") else Opener.HOST_CONTROLS
+        expected = Opener.MODEL_MANAGEMENT if path.startswith("/models") else Opener.HOST_CONTROLS
         assert opener is expected, (method, path)
     assert Opener.HOST_CONTROLS.value == "open_host_controls"
     assert Opener.MODEL_MANAGEMENT.value == "manage_models"

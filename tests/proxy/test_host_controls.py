@@ -121,6 +121,8 @@ CELLS = [
     ("host control", "GET",  "/cors-proxy?url=http://x",  None,   (OP, OP, OK, OK, NK, OK)),
     ("host control", "POST", "/models/load",              LOAD,   (MM, MM, OK, OK, NK, OK)),
     ("host control", "POST", "/models/unload",            LOAD,   (MM, MM, OK, OK, NK, OK)),
+    ("host control", "POST", "/models",                   LOAD,   (MM, MM, OK, OK, NK, OK)),
+    ("host control", "DELETE", "/models?model=x",         None,   (MM, MM, OK, OK, NK, OK)),
     ("one host",     "GET",  "/hosts/gpu1/props",         None,   (OP, OP, OK, OK, OP, OP)),
     ("one host",     "GET",  "/hosts/gpu1/slots",         None,   (OP, OP, OK, OK, OP, OP)),
     ("one host",     "POST", "/hosts/gpu1/lora-adapters", LORA,   (OP, OP, OK, OK, OP, OP)),
@@ -139,9 +141,9 @@ def test_each_endpoint_is_reached_by_exactly_the_callers_its_class_admits(
     key = issue()
     admin_user()
     guarded.sync()
-    # Model load and unload are opened by the route's manage_models, the rest by
-    # open_host_controls.
-    opened = "/managed" if path.startswith("/models/") else "/open"
+    # Model load, unload, download and removal are opened by the route's manage_models, the
+    # rest by open_host_controls.
+    opened = "/managed" if path.startswith("/models") else "/open"
 
     with (
         httpx.Client(base_url=guarded.url) as anyone,
