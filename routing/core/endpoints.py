@@ -12,7 +12,8 @@ it:
 - *host state*: the host's health and settings, read only and harmless (`/health`,
   `GET /props`). No body read; a usable host of the route. A client.
 - *host control*: exposes or changes a host's state for every user (`/slots` shows other
-  users' prompts; `POST /props`, `POST /lora-adapters`, model load/unload and a router's
+  users' prompts; `POST /props`, `POST /lora-adapters`, a slot's save, restore and erase
+  (`POST /slots/<id>`), model load/unload and a router's
   `POST /models` (download) and `DELETE /models` change what every user gets; `/cors-proxy`
   makes the host fetch any URL). An operator only, unless the route opens it (the route
   setting the endpoint's `opened_by` names).
@@ -29,10 +30,11 @@ segments), which match no entry. Pure.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ENDPOINTS", "READS", "Endpoint", "Kind", "Opener", "endpoint_of"]
+__all__ = ["ENDPOINTS", "READS", "SLOT", "Endpoint", "Kind", "Opener", "endpoint_of"]
 
 READS = frozenset({"GET", "HEAD"})  # the methods that use an entry's first column
 
@@ -110,6 +112,9 @@ FETCHES = Endpoint(
     why="it would let any client make the host fetch any URL",
 )
 
+SLOT = "/slots/<id>"  # the table's one entry for /slots/0, /slots/1, ...
+_SLOT_ID = re.compile(r"/slots/[0-9]{1,6}")
+
 # path: (GET and HEAD, POST and DELETE). A generating path asked with GET keeps its class: the
 # host answers it (llama-server: 404), as it would answer a client talking to it directly.
 ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
@@ -139,6 +144,7 @@ ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
     "/health": (STATE, STATE),
     "/props": (STATE, CHANGES),
     "/slots": (SHOWS, SHOWS),
+    SLOT: (SHOWS, CHANGES),  # ?action=save, restore or erase: one slot's cache, on the host's disk
     "/metrics": (SHOWS, SHOWS),
     "/lora-adapters": (SHOWS, CHANGES),
     "/models/load": (LOADS, LOADS),
@@ -152,7 +158,7 @@ ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
 def endpoint_of(method: str, path: str) -> Endpoint | None:
     """The endpoint a request for an upstream path such as `/v1/chat/completions` reaches;
     None when llama-server serves no such path."""
-    entry = ENDPOINTS.get(path)
+    entry = ENDPOINTS.get(SLOT if _SLOT_ID.fullmatch(path) else path)
     if entry is None:
         return None
     return entry[0] if method in READS else entry[1]

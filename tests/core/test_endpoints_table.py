@@ -41,8 +41,8 @@ def test_every_control_that_shows_or_changes_a_host_is_a_host_control() -> None:
     assert classes(Kind.HOST_CONTROL) == {
         (method, path)
         for path in (
-            "/slots", "/metrics", "/lora-adapters", "/models/load", "/models/unload",
-            "/cors-proxy",
+            "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/models/load",
+            "/models/unload", "/cors-proxy",
         )
         for method in ("GET", "POST")
     } | {("POST", "/props"), ("POST", "/models")}  # fmt: skip
@@ -85,7 +85,16 @@ def test_head_is_answered_as_get() -> None:
 def test_one_named_host_serves_its_state_and_controls_but_not_model_loading() -> None:
     about = {path for path in ENDPOINTS if served("GET", path).about_the_host}
 
-    assert about == {"/health", "/props", "/slots", "/metrics", "/lora-adapters", "/cors-proxy"}
+    assert about == {
+        "/health", "/props", "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/cors-proxy"
+    }  # fmt: skip
+
+
+def test_saving_restoring_or_erasing_one_slot_changes_the_host() -> None:
+    for slot in ("/slots/0", "/slots/17"):
+        assert served("POST", slot) is served("POST", "/slots/<id>"), slot
+    assert served("POST", "/slots/0").opened_by is Opener.HOST_CONTROLS
+    assert "changes the host's state" in served("POST", "/slots/0").why
 
 
 def test_the_body_names_the_model_where_the_gateway_must_read_it() -> None:
@@ -99,7 +108,7 @@ def test_the_body_names_the_model_where_the_gateway_must_read_it() -> None:
 @pytest.mark.parametrize(
     "path",
     ["/v2/chat", "/v1/completion", "/hosts/gpu1/slots", "//v1/models", "/v1/../slots", "/slots/",
-     "/slots/0", "", "slots", "/", "/admin"],
+     "/slots/x", "/slots/0/", "/slots/-1", "", "slots", "/", "/admin"],
 )  # fmt: skip
 def test_paths_llama_server_does_not_serve_have_no_endpoint(path: str) -> None:
     assert all(endpoint_of(method, path) is None for method in METHODS)

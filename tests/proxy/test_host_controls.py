@@ -106,6 +106,7 @@ LORA = [{"id": 0, "scale": 0.25}]
 LOAD = {"model": MODEL}
 TEXT = {"content": "hi"}
 PROPS = {"n_ctx": 64}
+SAVE = {"filename": "slot0.bin"}
 CELLS = [
     # class         method  path                         body    nobody key token admin opened +key
     ("generate",     "POST", "/v1/chat/completions",      chat(), (NK, OK, BK, NK, NK, OK)),
@@ -114,6 +115,7 @@ CELLS = [
     ("host state",   "GET",  "/props",                    None,   (NK, OK, BK, NK, NK, OK)),
     ("models",       "GET",  "/v1/models",                None,   (NK, GW, BK, NK, NK, GW)),
     ("host control", "GET",  "/slots",                    None,   (OP, OP, OK, OK, NK, OK)),
+    ("host control", "POST", "/slots/0?action=save",      SAVE,   (OP, OP, OK, OK, NK, OK)),
     ("host control", "GET",  "/metrics",                  None,   (OP, OP, OK, OK, NK, OK)),
     ("host control", "POST", "/props",                    PROPS,  (OP, OP, OK, OK, NK, OK)),
     ("host control", "GET",  "/lora-adapters",            None,   (OP, OP, OK, OK, NK, OK)),
@@ -126,6 +128,7 @@ CELLS = [
     ("one host",     "GET",  "/hosts/gpu1/props",         None,   (OP, OP, OK, OK, OP, OP)),
     ("one host",     "GET",  "/hosts/gpu1/slots",         None,   (OP, OP, OK, OK, OP, OP)),
     ("one host",     "POST", "/hosts/gpu1/lora-adapters", LORA,   (OP, OP, OK, OK, OP, OP)),
+    ("one host",     "POST", "/hosts/gpu1/slots/1?action=erase", None, (OP, OP, OK, OK, OP, OP)),
 ]  # fmt: skip
 
 
