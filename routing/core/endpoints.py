@@ -13,10 +13,12 @@ it:
   `GET /props`). No body read; a usable host of the route. A client.
 - *host control*: exposes or changes a host's state for every user (`/slots` shows other
   users' prompts; `POST /props`, `POST /lora-adapters`, a slot's save, restore and erase
-  (`POST /slots/<id>`), model load/unload and a router's
-  `POST /models` (download) and `DELETE /models` change what every user gets; `/cors-proxy`
-  makes the host fetch any URL). An operator only, unless the route opens it (the route
-  setting the endpoint's `opened_by` names).
+  (`POST /slots/<id>`), stopping a resumable stream (`DELETE /v1/stream`), model load and
+  unload, and a router's `POST /models` (download) and `DELETE /models` change what every
+  user gets; a resumable stream (`GET /v1/stream`, `POST /v1/streams/lookup`) replays a
+  generation to whoever names its conversation, another user's too; `/cors-proxy` makes the
+  host fetch any URL). An operator only, unless the route opens it (the route setting the
+  endpoint's `opened_by` names).
 - *models*: the model list: the models the route serves, as its hosts describe them
   (`routing.proxy.model_list`). A client.
 
@@ -101,6 +103,11 @@ LOADS = Endpoint(
     opened_by=Opener.MODEL_MANAGEMENT,
     why="it loads or unloads a model for every user",
 )
+REPLAYS = Endpoint(
+    Kind.HOST_CONTROL,
+    opened_by=Opener.HOST_CONTROLS,
+    why="it replays or stops the stream of whichever conversation it names, another user's too",
+)
 STORES = Endpoint(
     Kind.HOST_CONTROL,
     opened_by=Opener.MODEL_MANAGEMENT,
@@ -150,6 +157,8 @@ ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
     "/models/load": (LOADS, LOADS),
     "/models/unload": (LOADS, LOADS),
     "/cors-proxy": (FETCHES, FETCHES),
+    "/v1/stream": (REPLAYS, REPLAYS),  # GET: replay from an offset; DELETE: stop it
+    "/v1/streams/lookup": (REPLAYS, REPLAYS),
     "/v1/models": (MODELS, MODELS),
     "/models": (MODELS, STORES),  # a router downloads (POST) and deletes (DELETE) models
 }

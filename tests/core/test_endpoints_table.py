@@ -42,7 +42,7 @@ def test_every_control_that_shows_or_changes_a_host_is_a_host_control() -> None:
         (method, path)
         for path in (
             "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/models/load",
-            "/models/unload", "/cors-proxy",
+            "/models/unload", "/cors-proxy", "/v1/stream", "/v1/streams/lookup",
         )
         for method in ("GET", "POST")
     } | {("POST", "/props"), ("POST", "/models")}  # fmt: skip
@@ -86,8 +86,16 @@ def test_one_named_host_serves_its_state_and_controls_but_not_model_loading() ->
     about = {path for path in ENDPOINTS if served("GET", path).about_the_host}
 
     assert about == {
-        "/health", "/props", "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/cors-proxy"
+        "/health", "/props", "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/cors-proxy",
+        "/v1/stream", "/v1/streams/lookup",
     }  # fmt: skip
+
+
+def test_a_resumable_stream_is_a_host_control_since_its_id_is_all_it_asks() -> None:
+    for method, path in (("GET", "/v1/stream"), ("DELETE", "/v1/stream"),
+                         ("POST", "/v1/streams/lookup")):  # fmt: skip
+        assert served(method, path).opened_by is Opener.HOST_CONTROLS, (method, path)
+    assert "another user's too" in served("GET", "/v1/stream").why
 
 
 def test_saving_restoring_or_erasing_one_slot_changes_the_host() -> None:

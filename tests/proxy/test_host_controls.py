@@ -107,6 +107,7 @@ LOAD = {"model": MODEL}
 TEXT = {"content": "hi"}
 PROPS = {"n_ctx": 64}
 SAVE = {"filename": "slot0.bin"}
+LOOKUP = {"conversation_ids": ["c"]}
 CELLS = [
     # class         method  path                         body    nobody key token admin opened +key
     ("generate",     "POST", "/v1/chat/completions",      chat(), (NK, OK, BK, NK, NK, OK)),
@@ -121,6 +122,9 @@ CELLS = [
     ("host control", "GET",  "/lora-adapters",            None,   (OP, OP, OK, OK, NK, OK)),
     ("host control", "POST", "/lora-adapters",            LORA,   (OP, OP, OK, OK, NK, OK)),
     ("host control", "GET",  "/cors-proxy?url=http://x",  None,   (OP, OP, OK, OK, NK, OK)),
+    ("host control", "GET",  "/v1/stream?conv_id=c&from=0", None, (OP, OP, OK, OK, NK, OK)),
+    ("host control", "DELETE", "/v1/stream?conv_id=c",    None,   (OP, OP, OK, OK, NK, OK)),
+    ("host control", "POST", "/v1/streams/lookup",        LOOKUP, (OP, OP, OK, OK, NK, OK)),
     ("host control", "POST", "/models/load",              LOAD,   (MM, MM, OK, OK, NK, OK)),
     ("host control", "POST", "/models/unload",            LOAD,   (MM, MM, OK, OK, NK, OK)),
     ("host control", "POST", "/models",                   LOAD,   (MM, MM, OK, OK, NK, OK)),
