@@ -5,7 +5,8 @@ name clients send. Every enabled host of the route is asked for the same path an
 (so `?reload=1` reaches a router-mode host, which re-reads its presets first), and a model's
 entry is the one its host reports (llama-server's `aliases`, `tags`, `meta`, a router's
 `status`), matched by the host's name for it or one of its aliases, with `id` the name clients
-send here. A model its host does not report is listed from the configuration alone (a
+send here; a model the route knows by several of its aliases is listed once, as the host lists
+it. A model its host does not report is listed from the configuration alone (a
 single-model llama-server answers to any model name), except on a router-mode host that
 answered (its entries say each model's `status`): a router serves only what it lists, so a
 model it dropped (a preset reload, a deletion) is left out. A model a host reports that the
@@ -20,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import httpx
 from django.conf import settings
 
-from routing.config.shape import HostConfig, RouteConfig
+from routing.config.shape import HostConfig, ModelConfig, RouteConfig
 from routing.runtime import Runtime
 
 Entry = dict[str, object]
@@ -48,15 +49,34 @@ def merge(hosts: Sequence[tuple[HostConfig, Sequence[Entry] | None]]) -> list[En
     for host, entries in hosts:
         by_name = _by_name(entries or ())
         router = any(isinstance(entry.get("status"), dict) for entry in entries or ())
-        for name, model in host.models.items():
+        shown: set[int] = set()  # the host's entries listed already (one model, many aliases)
+        for name, model in _own_name_first(host, by_name):
             if name in listed:
                 continue
             entry = by_name.get(model.upstream_name or name)
             if entry is not None:
-                listed[name] = {**entry, "id": name}
+                if id(entry) not in shown:
+                    shown.add(id(entry))
+                    listed[name] = {**entry, "id": name}
             elif not router:
                 listed[name] = {"id": name, "object": "model", "created": 0, "owned_by": "crossbar"}
     return list(listed.values())
+
+
+def _own_name_first(
+    host: HostConfig, by_name: Mapping[str, Entry]
+) -> list[tuple[str, ModelConfig]]:
+    """The host's configured models, those named as the host names them first: a model the
+    route knows by several of its aliases is listed once, under the host's own id when the
+    route serves that name."""
+    models = list(host.models.items())
+    return sorted(
+        models,
+        key=lambda item: (
+            by_name.get(item[1].upstream_name or item[0], {}).get("id")
+            != (item[1].upstream_name or item[0])
+        ),
+    )
 
 
 def _by_name(entries: Sequence[Entry]) -> Mapping[str, Entry]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from routing.config.shape import HostConfig, ModelConfig
+from routing.proxy.model_list import merge
 from tests.conftest import free_port
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import add_host, add_route
@@ -67,3 +69,14 @@ def test_a_host_that_does_not_answer_has_its_models_listed_from_the_configuratio
 
     assert [entry["id"] for entry in data] == ["llama3", "qwen"]
     assert data[0] == {"id": "llama3", "object": "model", "created": 0, "owned_by": "crossbar"}
+
+
+def test_a_model_the_route_knows_by_several_of_its_aliases_is_listed_once_as_the_host_lists_it():
+    names = ("tinyllama-2", "code", "fim")  # what reading the host proposes: each alias
+    host = HostConfig(
+        name="gpu1", url="http://gpu1", weight=1.0, enabled=True, draining=False, api_key="",
+        models={name: ModelConfig(name, "", 1, 0) for name in names},
+    )  # fmt: skip
+    reported = {"id": "code", "aliases": ["code", "fim", "tinyllama-2"], "tags": ["chat"]}
+
+    assert merge([(host, [reported])]) == [reported]
