@@ -10,7 +10,8 @@ it:
 - *inspect*: reads the model without running it (tokenize, detokenize, apply-template, token
   counts). No slot; a usable host serving the model. A client.
 - *host state*: the host's health and settings, read only and harmless (`/health`,
-  `GET /props`). No body read; a usable host of the route. A client.
+  `GET /props`, a router's model events `/models/sse`). No body read; a usable host of the
+  route. A client.
 - *host control*: exposes or changes a host's state for every user (`/slots` shows other
   users' prompts; `POST /props`, `POST /lora-adapters`, a slot's save, restore and erase
   (`POST /slots/<id>`), stopping a resumable stream (`DELETE /v1/stream`), model load and
@@ -160,6 +161,7 @@ ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
     "/v1/stream": (REPLAYS, REPLAYS),  # GET: replay from an offset; DELETE: stop it
     "/v1/streams/lookup": (REPLAYS, REPLAYS),
     "/v1/models": (MODELS, MODELS),
+    "/models/sse": (STATE, STATE),  # a router's model events: loads, downloads, as /models
     "/models": (MODELS, STORES),  # a router downloads (POST) and deletes (DELETE) models
 }
 

@@ -29,11 +29,13 @@ def classes(kind: Kind) -> set[tuple[str, str]]:
     }
 
 
-def test_host_state_is_only_health_and_reading_props() -> None:
+def test_host_state_is_only_health_reading_props_and_a_routers_model_events() -> None:
     assert classes(Kind.HOST_STATE) == {
         ("GET", "/health"),
         ("POST", "/health"),
         ("GET", "/props"),
+        ("GET", "/models/sse"),
+        ("POST", "/models/sse"),
     }
 
 
@@ -87,7 +89,7 @@ def test_one_named_host_serves_its_state_and_controls_but_not_model_loading() ->
 
     assert about == {
         "/health", "/props", "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/cors-proxy",
-        "/v1/stream", "/v1/streams/lookup",
+        "/v1/stream", "/v1/streams/lookup", "/models/sse",
     }  # fmt: skip
 
 

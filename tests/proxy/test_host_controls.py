@@ -114,6 +114,7 @@ CELLS = [
     ("inspect",      "POST", "/tokenize",                 TEXT,   (NK, OK, BK, NK, NK, OK)),
     ("host state",   "GET",  "/health",                   None,   (NK, OK, BK, NK, NK, OK)),
     ("host state",   "GET",  "/props",                    None,   (NK, OK, BK, NK, NK, OK)),
+    ("host state",   "GET",  "/models/sse",               None,   (NK, OK, BK, NK, NK, OK)),
     ("models",       "GET",  "/v1/models",                None,   (NK, GW, BK, NK, NK, GW)),
     ("host control", "GET",  "/slots",                    None,   (OP, OP, OK, OK, NK, OK)),
     ("host control", "POST", "/slots/0?action=save",      SAVE,   (OP, OP, OK, OK, NK, OK)),
