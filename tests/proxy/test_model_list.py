@@ -77,6 +77,6 @@ def test_a_model_the_route_knows_by_several_of_its_aliases_is_listed_once_as_the
         name="gpu1", url="http://gpu1", weight=1.0, enabled=True, draining=False, api_key="",
         models={name: ModelConfig(name, "", 1, 0) for name in names},
     )  # fmt: skip
-    reported = {"id": "code", "aliases": ["code", "fim", "tinyllama-2"], "tags": ["chat"]}
+    reported: dict[str, object] = {"id": "code", "aliases": ["code", "fim", "tinyllama-2"]}
 
     assert merge([(host, [reported])]) == [reported]
