@@ -85,3 +85,13 @@ $(LITELLM_VENV)/.installed:
 
 llama-server:
 	PYTHON=$(if $(wildcard $(PY)),$(abspath $(PY)),$(PYTHON)) bash tests/e2e/llama/build.sh
+
+# llama.cpp's own server tests (from the cached sdist), run against the cached llama-server
+# directly and through crossbar, with the tiny model behind every model name they ask for
+# (docs/compatibility.md). About 20 minutes on 2 cores; not part of `make test` or CI; says so
+# and exits 0 when `make llama-server` has not been run. LLAMA_SUITE_ARGS: pytest arguments
+# instead of the default selection, e.g. LLAMA_SUITE_ARGS="unit/test_security.py -k cors".
+.PHONY: llama-suite
+
+llama-suite: $(VENV)/.installed
+	$(PY) -m tests.e2e.llama.upstream.suite $(LLAMA_SUITE_ARGS)

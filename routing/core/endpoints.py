@@ -1,7 +1,8 @@
 """llama-server's endpoints: each one's class, and who may reach it. One table, `ENDPOINTS`.
 
 Every path llama-server serves passes through a route. The table gives each path its class for
-reads (GET, HEAD) and for writes (POST), and each class has one rule for who may reach it:
+reads (GET, HEAD) and for writes (POST, DELETE), and each class has one rule for who may reach
+it:
 
 - *generate*: runs a model (completion, chat, infill, responses, Anthropic messages,
   embeddings, rerank). It takes a slot of the model its body names (or the route's default)
@@ -9,12 +10,18 @@ reads (GET, HEAD) and for writes (POST), and each class has one rule for who may
 - *inspect*: reads the model without running it (tokenize, detokenize, apply-template, token
   counts). No slot; a usable host serving the model. A client.
 - *host state*: the host's health and settings, read only and harmless (`/health`,
-  `GET /props`). No body read; a usable host of the route. A client.
+  `GET /props`, a router's model events `/models/sse`). No body read; a usable host of the
+  route. A client.
 - *host control*: exposes or changes a host's state for every user (`/slots` shows other
-  users' prompts; `POST /props`, `POST /lora-adapters` and model load/unload change what
-  every user gets; `/cors-proxy` makes the host fetch any URL). An operator only, unless the
-  route opens it (the route setting the endpoint's `opened_by` names).
-- *models*: the model list, answered by the gateway from its configuration. A client.
+  users' prompts; `POST /props`, `POST /lora-adapters`, a slot's save, restore and erase
+  (`POST /slots/<id>`), stopping a resumable stream (`DELETE /v1/stream`), model load and
+  unload, and a router's `POST /models` (download) and `DELETE /models` change what every
+  user gets; a resumable stream (`GET /v1/stream`, `POST /v1/streams/lookup`) replays a
+  generation to whoever names its conversation, another user's too; `/cors-proxy` makes the
+  host fetch any URL). An operator only, unless the route opens it (the route setting the
+  endpoint's `opened_by` names).
+- *models*: the model list: the models the route serves, as its hosts describe them
+  (`routing.proxy.model_list`). A client.
 
 "A client" is anyone while client keys are not in use, else a request with a valid key. One
 host's own endpoints (`/<route>/hosts/<host>/...`: host state and host control) are always an
@@ -26,10 +33,11 @@ segments), which match no entry. Pure.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ENDPOINTS", "READS", "Endpoint", "Kind", "Opener", "endpoint_of"]
+__all__ = ["ENDPOINTS", "READS", "SLOT", "Endpoint", "Kind", "Opener", "endpoint_of"]
 
 READS = frozenset({"GET", "HEAD"})  # the methods that use an entry's first column
 
@@ -96,14 +104,27 @@ LOADS = Endpoint(
     opened_by=Opener.MODEL_MANAGEMENT,
     why="it loads or unloads a model for every user",
 )
+REPLAYS = Endpoint(
+    Kind.HOST_CONTROL,
+    opened_by=Opener.HOST_CONTROLS,
+    why="it replays or stops the stream of whichever conversation it names, another user's too",
+)
+STORES = Endpoint(
+    Kind.HOST_CONTROL,
+    opened_by=Opener.MODEL_MANAGEMENT,
+    why="it downloads a model to the host's disk or deletes one from it, for every user",
+)
 FETCHES = Endpoint(
     Kind.HOST_CONTROL,
     opened_by=Opener.HOST_CONTROLS,
     why="it would let any client make the host fetch any URL",
 )
 
-# path: (GET and HEAD, POST). A generating path asked with GET keeps its class: the host
-# answers it (llama-server: 404), as it would answer a client talking to it directly.
+SLOT = "/slots/<id>"  # the table's one entry for /slots/0, /slots/1, ...
+_SLOT_ID = re.compile(r"/slots/[0-9]{1,6}")
+
+# path: (GET and HEAD, POST and DELETE). A generating path asked with GET keeps its class: the
+# host answers it (llama-server: 404), as it would answer a client talking to it directly.
 ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
     "/v1/chat/completions": (GENERATE, GENERATE),
     "/chat/completions": (GENERATE, GENERATE),
@@ -131,20 +152,24 @@ ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
     "/health": (STATE, STATE),
     "/props": (STATE, CHANGES),
     "/slots": (SHOWS, SHOWS),
+    SLOT: (SHOWS, CHANGES),  # ?action=save, restore or erase: one slot's cache, on the host's disk
     "/metrics": (SHOWS, SHOWS),
     "/lora-adapters": (SHOWS, CHANGES),
     "/models/load": (LOADS, LOADS),
     "/models/unload": (LOADS, LOADS),
     "/cors-proxy": (FETCHES, FETCHES),
+    "/v1/stream": (REPLAYS, REPLAYS),  # GET: replay from an offset; DELETE: stop it
+    "/v1/streams/lookup": (REPLAYS, REPLAYS),
     "/v1/models": (MODELS, MODELS),
-    "/models": (MODELS, MODELS),
+    "/models/sse": (STATE, STATE),  # a router's model events: loads, downloads, as /models
+    "/models": (MODELS, STORES),  # a router downloads (POST) and deletes (DELETE) models
 }
 
 
 def endpoint_of(method: str, path: str) -> Endpoint | None:
     """The endpoint a request for an upstream path such as `/v1/chat/completions` reaches;
     None when llama-server serves no such path."""
-    entry = ENDPOINTS.get(path)
+    entry = ENDPOINTS.get(SLOT if _SLOT_ID.fullmatch(path) else path)
     if entry is None:
         return None
     return entry[0] if method in READS else entry[1]

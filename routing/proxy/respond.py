@@ -18,7 +18,7 @@ from routing.core.errors import Answer
 from routing.proxy.passage import Answered
 from routing.proxy.record import Trail
 
-METHODS = ("GET", "HEAD", "POST", "OPTIONS")  # what llama-server takes; the rest is 405
+METHODS = ("GET", "HEAD", "POST", "DELETE", "OPTIONS")  # llama-server's; the rest is 405
 _PREFLIGHT_METHODS = "GET, POST, DELETE, OPTIONS"
 
 _RESPONSE_DROP = frozenset(

@@ -39,6 +39,7 @@ from routing.proxy.ask import (
     resolve_route,
     wants_wait_status,
 )
+from routing.proxy.model_list import model_list
 from routing.proxy.passage import Passage
 from routing.proxy.record import Arrival, Trail, finish
 from routing.proxy.relay import Relay
@@ -80,15 +81,6 @@ async def gateway_health() -> JsonResponse:
     return JsonResponse({"status": "ok", "revision": runtime.fleet.revision})
 
 
-def models_response(runtime: Runtime, route: RouteConfig) -> JsonResponse:
-    """`/<route>/v1/models`: what the route serves, in OpenAI's list shape."""
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "crossbar"}
-        for name in runtime.fleet.route_models(route)
-    ]
-    return JsonResponse({"object": "list", "data": data})
-
-
 @csrf_exempt
 async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
     """Serve one client request through the fleet. Every outcome ends with one record."""
@@ -116,8 +108,9 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
                 f"method {(request.method or '')[:20]} not allowed: use {', '.join(METHODS)}"
             )
         if endpoint.kind is Kind.MODELS and request.method in ("GET", "HEAD"):
+            query = request.META.get("QUERY_STRING", "")
+            models_list = JsonResponse(await model_list(runtime, route, path, query))
             finish(trail, 200)
-            models_list = models_response(runtime, route)
             allow_origin(models_list, origins, request.headers.get("Origin"))
             return models_list
         models = runtime.fleet.route_models(route)

@@ -29,11 +29,13 @@ def classes(kind: Kind) -> set[tuple[str, str]]:
     }
 
 
-def test_host_state_is_only_health_and_reading_props() -> None:
+def test_host_state_is_only_health_reading_props_and_a_routers_model_events() -> None:
     assert classes(Kind.HOST_STATE) == {
         ("GET", "/health"),
         ("POST", "/health"),
         ("GET", "/props"),
+        ("GET", "/models/sse"),
+        ("POST", "/models/sse"),
     }
 
 
@@ -41,21 +43,29 @@ def test_every_control_that_shows_or_changes_a_host_is_a_host_control() -> None:
     assert classes(Kind.HOST_CONTROL) == {
         (method, path)
         for path in (
-            "/slots", "/metrics", "/lora-adapters", "/models/load", "/models/unload",
-            "/cors-proxy",
+            "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/models/load",
+            "/models/unload", "/cors-proxy", "/v1/stream", "/v1/streams/lookup",
         )
         for method in ("GET", "POST")
-    } | {("POST", "/props")}  # fmt: skip
+    } | {("POST", "/props"), ("POST", "/models")}  # fmt: skip
 
 
-def test_model_load_and_unload_open_with_manage_models_and_the_rest_with_host_controls() -> None:
+def test_a_router_downloading_or_deleting_a_model_is_model_management() -> None:
+    for method in ("POST", "DELETE"):
+        endpoint = served(method, "/models")
+        assert endpoint.kind is Kind.HOST_CONTROL, method
+        assert endpoint.opened_by is Opener.MODEL_MANAGEMENT, method
+    assert served("GET", "/models").kind is Kind.MODELS
+
+
+def test_model_management_opens_with_manage_models_and_the_rest_with_host_controls() -> None:
     openers = {
         (method, path): served(method, path).opened_by
         for method, path in classes(Kind.HOST_CONTROL)
     }
 
     for (method, path), opener in openers.items():
-        expected = Opener.MODEL_MANAGEMENT if path.startswith("/models/") else Opener.HOST_CONTROLS
+        expected = Opener.MODEL_MANAGEMENT if path.startswith("/models") else Opener.HOST_CONTROLS
         assert opener is expected, (method, path)
     assert Opener.HOST_CONTROLS.value == "open_host_controls"
     assert Opener.MODEL_MANAGEMENT.value == "manage_models"
@@ -77,7 +87,24 @@ def test_head_is_answered_as_get() -> None:
 def test_one_named_host_serves_its_state_and_controls_but_not_model_loading() -> None:
     about = {path for path in ENDPOINTS if served("GET", path).about_the_host}
 
-    assert about == {"/health", "/props", "/slots", "/metrics", "/lora-adapters", "/cors-proxy"}
+    assert about == {
+        "/health", "/props", "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/cors-proxy",
+        "/v1/stream", "/v1/streams/lookup", "/models/sse",
+    }  # fmt: skip
+
+
+def test_a_resumable_stream_is_a_host_control_since_its_id_is_all_it_asks() -> None:
+    for method, path in (("GET", "/v1/stream"), ("DELETE", "/v1/stream"),
+                         ("POST", "/v1/streams/lookup")):  # fmt: skip
+        assert served(method, path).opened_by is Opener.HOST_CONTROLS, (method, path)
+    assert "another user's too" in served("GET", "/v1/stream").why
+
+
+def test_saving_restoring_or_erasing_one_slot_changes_the_host() -> None:
+    for slot in ("/slots/0", "/slots/17"):
+        assert served("POST", slot) is served("POST", "/slots/<id>"), slot
+    assert served("POST", "/slots/0").opened_by is Opener.HOST_CONTROLS
+    assert "changes the host's state" in served("POST", "/slots/0").why
 
 
 def test_the_body_names_the_model_where_the_gateway_must_read_it() -> None:
@@ -91,7 +118,7 @@ def test_the_body_names_the_model_where_the_gateway_must_read_it() -> None:
 @pytest.mark.parametrize(
     "path",
     ["/v2/chat", "/v1/completion", "/hosts/gpu1/slots", "//v1/models", "/v1/../slots", "/slots/",
-     "/slots/0", "", "slots", "/", "/admin"],
+     "/slots/x", "/slots/0/", "/slots/-1", "", "slots", "/", "/admin"],
 )  # fmt: skip
 def test_paths_llama_server_does_not_serve_have_no_endpoint(path: str) -> None:
     assert all(endpoint_of(method, path) is None for method in METHODS)

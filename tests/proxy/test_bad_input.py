@@ -184,7 +184,7 @@ def test_an_unknown_method_gets_405_with_the_allowed_ones(chat_route, gateway, f
 
     check_refusals(answers, dict.fromkeys(answers, (405, "method_not_allowed")))
     assert ledger.statuses() == [405, 405]
-    assert answers["BREW"].headers["allow"] == "GET, HEAD, POST, OPTIONS"
+    assert answers["BREW"].headers["allow"] == "GET, HEAD, POST, DELETE, OPTIONS"
     assert completions(fake) == []
 
 

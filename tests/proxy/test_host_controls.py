@@ -106,24 +106,34 @@ LORA = [{"id": 0, "scale": 0.25}]
 LOAD = {"model": MODEL}
 TEXT = {"content": "hi"}
 PROPS = {"n_ctx": 64}
+SAVE = {"filename": "slot0.bin"}
+LOOKUP = {"conversation_ids": ["c"]}
 CELLS = [
     # class         method  path                         body    nobody key token admin opened +key
     ("generate",     "POST", "/v1/chat/completions",      chat(), (NK, OK, BK, NK, NK, OK)),
     ("inspect",      "POST", "/tokenize",                 TEXT,   (NK, OK, BK, NK, NK, OK)),
     ("host state",   "GET",  "/health",                   None,   (NK, OK, BK, NK, NK, OK)),
     ("host state",   "GET",  "/props",                    None,   (NK, OK, BK, NK, NK, OK)),
+    ("host state",   "GET",  "/models/sse",               None,   (NK, OK, BK, NK, NK, OK)),
     ("models",       "GET",  "/v1/models",                None,   (NK, GW, BK, NK, NK, GW)),
     ("host control", "GET",  "/slots",                    None,   (OP, OP, OK, OK, NK, OK)),
+    ("host control", "POST", "/slots/0?action=save",      SAVE,   (OP, OP, OK, OK, NK, OK)),
     ("host control", "GET",  "/metrics",                  None,   (OP, OP, OK, OK, NK, OK)),
     ("host control", "POST", "/props",                    PROPS,  (OP, OP, OK, OK, NK, OK)),
     ("host control", "GET",  "/lora-adapters",            None,   (OP, OP, OK, OK, NK, OK)),
     ("host control", "POST", "/lora-adapters",            LORA,   (OP, OP, OK, OK, NK, OK)),
     ("host control", "GET",  "/cors-proxy?url=http://x",  None,   (OP, OP, OK, OK, NK, OK)),
+    ("host control", "GET",  "/v1/stream?conv_id=c&from=0", None, (OP, OP, OK, OK, NK, OK)),
+    ("host control", "DELETE", "/v1/stream?conv_id=c",    None,   (OP, OP, OK, OK, NK, OK)),
+    ("host control", "POST", "/v1/streams/lookup",        LOOKUP, (OP, OP, OK, OK, NK, OK)),
     ("host control", "POST", "/models/load",              LOAD,   (MM, MM, OK, OK, NK, OK)),
     ("host control", "POST", "/models/unload",            LOAD,   (MM, MM, OK, OK, NK, OK)),
+    ("host control", "POST", "/models",                   LOAD,   (MM, MM, OK, OK, NK, OK)),
+    ("host control", "DELETE", "/models?model=x",         None,   (MM, MM, OK, OK, NK, OK)),
     ("one host",     "GET",  "/hosts/gpu1/props",         None,   (OP, OP, OK, OK, OP, OP)),
     ("one host",     "GET",  "/hosts/gpu1/slots",         None,   (OP, OP, OK, OK, OP, OP)),
     ("one host",     "POST", "/hosts/gpu1/lora-adapters", LORA,   (OP, OP, OK, OK, OP, OP)),
+    ("one host",     "POST", "/hosts/gpu1/slots/1?action=erase", None, (OP, OP, OK, OK, OP, OP)),
 ]  # fmt: skip
 
 
@@ -139,9 +149,9 @@ def test_each_endpoint_is_reached_by_exactly_the_callers_its_class_admits(
     key = issue()
     admin_user()
     guarded.sync()
-    # Model load and unload are opened by the route's manage_models, the rest by
-    # open_host_controls.
-    opened = "/managed" if path.startswith("/models/") else "/open"
+    # Model load, unload, download and removal are opened by the route's manage_models, the
+    # rest by open_host_controls.
+    opened = "/managed" if path.startswith("/models") else "/open"
 
     with (
         httpx.Client(base_url=guarded.url) as anyone,
