@@ -11,6 +11,7 @@ slot promises over random runs; these pin what a client and the request's row se
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -89,7 +90,8 @@ async def test_the_head_returned_is_the_hosts_with_the_trail_of_the_attempt_that
     fleet = fleet_of(route)
     table = RunningTable()
     running = table.add(route.name, MODEL, "")
-    request = await passage(fleet, route, trail=Trail(Arrival(), running=running))
+    arrival = Arrival(t0=time.perf_counter() - 2.0)  # it arrived two seconds ago
+    request = await passage(fleet, route, trail=Trail(arrival, running=running))
     assert request.waiting is None  # placed at once: nothing to show
 
     answered = await request.through()
@@ -100,7 +102,8 @@ async def test_the_head_returned_is_the_hosts_with_the_trail_of_the_attempt_that
     assert fleet.asked == [(fleet, MODEL, served_by)]  # asked with the passage's runtime
     trail = answered.trail
     assert (trail.host, trail.lease, trail.placement) == (served_by, "new", "new")
-    assert trail.ttfb_ms is not None and trail.ttfb_ms >= 0
+    assert trail.ttfb_ms is not None
+    assert 2000 <= trail.ttfb_ms <= (time.perf_counter() - arrival.t0) * 1000
     assert [(row.host, row.queued_ms) for row in table.snapshot()] == [(served_by, 0)]
     answered.placement.slot.release()
     assert_nothing_held(fleet)
