@@ -331,3 +331,16 @@ def test_a_responses_stream_counts_the_usage_of_its_completed_response():
     )
 
     assert _usage_of([stream]) == Usage(prompt_tokens=70, cached_tokens=64, completion_tokens=6)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"input_tokens": 9, "cache_read_input_tokens": None, "output_tokens": 2},  # Anthropic
+        {"input_tokens": 9, "input_tokens_details": None, "output_tokens": 2},  # Responses
+    ],
+)
+def test_input_tokens_with_a_null_cache_count_give_the_prompt_and_no_cached_count(
+    usage: dict[str, object],
+):
+    assert _usage_of([_event({"usage": usage})]) == Usage(9, None, 2)
