@@ -60,6 +60,7 @@ def test_a_path_served_both_natively_and_under_v1_has_one_kind() -> None:
     [
         "",
         "v1/chat/completions",  # no leading slash
+        "xhealth",
         "/hosts/gpu1/health",  # the operator's per-host paths are the gateway's own
         "/v1/../health",
         "/v1//chat/completions",

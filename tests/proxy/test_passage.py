@@ -52,12 +52,12 @@ class Fleet(MemoryFleet):
     def __init__(self, hosts: dict[str, dict[str, Any]], route: Route, resetting: set[str]):
         super().__init__(hosts, route)
         self.resetting = resetting
-        self.asked: list[tuple[object, str | None, str]] = []
+        self.asked: list[tuple[object, object, str | None, str]] = []
         self.probed: list[object] = []
         self.comes_back = ""
 
     async def forward(self, runtime: Any, ask: Any, model: str | None, name: str) -> Any:
-        self.asked.append((runtime, model, name))
+        self.asked.append((runtime, ask, model, name))
         if name in self.resetting:
             self.hosts[name]["healthy"] = False
             raise HostDown(f"host {name} closed the connection")
@@ -99,7 +99,7 @@ async def test_the_head_returned_is_the_hosts_with_the_trail_of_the_attempt_that
     assert isinstance(answered.placement, Placement)
     served_by = answered.placement.host
     assert answered.upstream == ("head of", served_by)
-    assert fleet.asked == [(fleet, MODEL, served_by)]  # asked with the passage's runtime
+    assert fleet.asked == [(fleet, request.ask, MODEL, served_by)]  # the passage's runtime
     trail = answered.trail
     assert (trail.host, trail.lease, trail.placement) == (served_by, "new", "new")
     assert trail.ttfb_ms is not None
@@ -126,7 +126,7 @@ async def test_a_strict_route_names_its_pinned_host_when_that_host_fails() -> No
     with pytest.raises(PinnedHostDown) as refused:
         await request.through()
 
-    assert refused.value.host == fleet.asked[0][2]
+    assert refused.value.host == fleet.asked[0][3]
     assert_nothing_held(fleet)
 
 
@@ -162,11 +162,16 @@ async def test_a_request_without_a_slot_skips_a_host_found_down_for_the_next() -
     route = Route()
     fleet = fleet_of(route, {"gpu1"})
 
-    answered = await (await passage(fleet, route, slot=False)).through()
+    table = RunningTable()
+    running = table.add(route.name, MODEL, "")
+    request = await passage(fleet, route, slot=False, trail=Trail(Arrival(), running=running))
+
+    answered = await request.through()
 
     assert answered.upstream == ("head of", "gpu2") and answered.placement is None
-    assert [name for _, _, name in fleet.asked] == ["gpu1", "gpu2"]
+    assert fleet.asked == [(fleet, request.ask, MODEL, "gpu1"), (fleet, request.ask, MODEL, "gpu2")]
     assert answered.trail.host == "gpu2"
+    assert [(row.host, row.queued_ms) for row in table.snapshot()] == [("gpu2", 0)]
     assert_nothing_held(fleet)
 
 
