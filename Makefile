@@ -95,3 +95,28 @@ llama-server:
 
 llama-suite: $(VENV)/.installed
 	$(PY) -m tests.e2e.llama.upstream.suite $(LLAMA_SUITE_ARGS)
+
+# Mutation testing (docs/testing.md): mutmut over the pure core and the passage, one module at
+# a time, one worker, at the lowest CPU priority; each mutant runs only the fast tests that
+# reach the function it changed (pyproject.toml [tool.mutmut]). Not part of `make test` nor CI.
+# tests/mutation/requirements.txt goes into .venv; the results, each module's log and the
+# install stamp live in the gitignored mutants/. MUTANTS=routing.core.limiter runs one module.
+MUTANTS_INSTALLED := mutants/.requirements-installed
+MUTANTS ?= routing.core.limiter routing.core.leases routing.core.choose routing.core.placement \
+	routing.core.state routing.core.clients routing.core.endpoints routing.core.tee \
+	routing.core.fingerprint routing.core.sse routing.proxy.passage
+
+.PHONY: mutants
+
+$(MUTANTS_INSTALLED): tests/mutation/requirements.txt $(VENV)/.installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -r tests/mutation/requirements.txt
+	mkdir -p $(dir $@) && touch $@
+
+mutants: $(MUTANTS_INSTALLED)
+	@for module in $(MUTANTS); do \
+		start=$$(date +%s); \
+		nice -n 19 $(VENV)/bin/mutmut run --max-children 1 "$$module.*" >mutants/$$module.log 2>&1 \
+			|| { tail -n 20 mutants/$$module.log; echo "mutants: mutmut failed on $$module (log: mutants/$$module.log)"; exit 1; }; \
+		echo "mutants: $$module done in $$(( $$(date +%s) - start )) s"; \
+	done
+	@$(VENV)/bin/mutmut results --all true | $(PY) tests/mutation/score.py $(MUTANTS)

@@ -277,6 +277,12 @@ def test_a_prompt_of_token_ids_is_named_by_its_first_tokens() -> None:
     )
 
 
+def test_prompts_of_different_token_ids_have_different_fingerprints() -> None:
+    assert fingerprint("POST", {"prompt": [1, 2, 3]}, None) != fingerprint(
+        "POST", {"prompt": [4, 5, 6]}, None
+    )
+
+
 def test_an_anthropic_conversation_keeps_its_name_and_its_system_prompt_tells_it_apart() -> None:
     first = {"system": "Be terse.", "messages": [user("Hi")]}
     later = {"system": "Be terse.", "messages": [user("Hi"), assistant("Hello"), user("More")]}

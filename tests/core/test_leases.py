@@ -50,6 +50,18 @@ def test_keeping_a_lease_on_another_host_moves_it_and_its_count() -> None:
     assert table.held_by_host() == {"h2": 1}
 
 
+def test_a_moved_lease_counts_per_model_for_its_new_host_only() -> None:
+    table = LeaseTable()
+    table.keep(KEY, "h1", ttl=60)
+    table.keep(conversation(2), "h1", ttl=60)  # another conversation, of the same model
+
+    table.keep(KEY, "h2", ttl=60)
+
+    assert (table.held("h1"), table.held("h1", "qwen")) == (1, 1)
+    assert (table.held("h2"), table.held("h2", "qwen")) == (1, 1)
+    assert (table.held("h2", "other"), table.held("h9", "qwen")) == (0, 0)
+
+
 def test_a_request_without_fingerprint_is_never_stored() -> None:
     table = LeaseTable()
     anonymous = LeaseKey(route="chat", fingerprint="", model="qwen")

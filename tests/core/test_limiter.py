@@ -275,6 +275,19 @@ async def test_unconfigured_pair_has_one_slot_and_no_queue() -> None:
     assert limiter.snapshot() == []  # nothing kept for a pair nobody configured or uses
 
 
+async def test_an_unconfigured_model_going_idle_keeps_the_hosts_other_models_as_they_were() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=2, queue_max=1)
+    (held,) = hold(limiter, 1)
+
+    take(limiter, "h1", "other").release()  # a model the host was never configured for
+
+    assert limiter.snapshot() == [PairSnapshot("h1", "m", 2, 1, 1, 0)]
+    take(limiter)  # its second slot is still there, and no third
+    assert isinstance(limiter.place([("h1", "m")]), Waiter)
+    held.release()
+
+
 # -- placing over several pairs -----------------------------------------------------------
 
 
@@ -411,6 +424,15 @@ async def test_wake_offers_free_slots_again_once_accept_agrees() -> None:
     assert limiter.queued("h1", "m") == 0
 
 
+async def test_waking_a_host_the_limiter_does_not_know_does_nothing() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=0)
+
+    limiter.wake("h9")  # e.g. a host with no models yet: never an error
+
+    assert limiter.snapshot() == [PairSnapshot("h1", "m", 1, 0, 0, 0)]
+
+
 async def test_watch_prefers_pairs_in_the_order_given() -> None:
     limiter = Limiter()
     for host in ("h1", "h2", "h3"):
@@ -542,6 +564,23 @@ async def test_changes_is_set_when_someone_ahead_leaves_and_when_the_wait_ends()
     assert granted_slot(waiter).host == "h1"
 
 
+async def test_every_listening_waiter_hears_each_move_of_the_line_ahead_of_it() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=4)
+    hold(limiter, 1)
+    first, second, third, fourth = (line_up(limiter) for _ in range(4))
+    second_moves, fourth_moves = second.changes(), fourth.changes()
+
+    first.cancel()  # ahead of two listeners, and of `third`, which does not listen
+    assert second_moves.is_set() and fourth_moves.is_set()
+    assert (second.position, third.position, fourth.position) == (1, 2, 3)
+
+    fourth_moves.clear()
+    second.cancel()  # a listener leaves: the one behind it still hears the line move
+    assert fourth_moves.is_set()
+    assert fourth.position == 2
+
+
 async def test_changes_asked_for_after_the_wait_ended_is_already_set() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=1)
@@ -636,6 +675,18 @@ async def test_removed_pair_releases_held_slots_and_keeps_its_waiters() -> None:
     slot.release()
     first.release()
     assert limiter.in_flight("h1", "m") == 0
+    assert limiter.snapshot() == []
+
+
+async def test_a_removed_pair_in_use_queues_no_one_like_an_unconfigured_pair() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=2, queue_max=2)
+    (held,) = hold(limiter, 1)
+
+    limiter.remove("h1", "m")
+
+    assert limiter.place([("h1", "m")]) is None  # its one slot is held, and it has no line
+    held.release()
     assert limiter.snapshot() == []
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,9 +113,10 @@ class MemoryFleet:
         return self.routes.get(route.fallback) if route.fallback else None
 
     def set_host(self, name: str, **state: Any) -> None:
-        """Change a host's state; then offer its slots again, as the health table does."""
+        """Change a host's state; then offer its slots again through the fleet's state, as the
+        runtime's health table does (so `LocalState.wake` is on the tested path too)."""
         self.hosts[name].update(state)
-        self.limiter.wake(name)
+        self.state.wake(name)
 
     def occupy(self, name: str, model: str = MODEL) -> Slot:
         """Hold one slot of the host from outside placement (another client's request)."""
@@ -177,6 +179,16 @@ async def test_a_conversation_returns_to_its_home_host() -> None:
     for slot in [again.slot, stranger.slot, *busy]:
         slot.release()
     assert_nothing_held(fleet)
+
+
+async def test_a_slot_taken_at_once_reports_no_time_waited() -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(), "gpu2": host()}, route)
+
+    got = await placed(fleet, route)
+    again = await placed(fleet, route, "another conversation")
+
+    assert (got.waited, again.waited) == (0.0, 0.0)
 
 
 async def test_a_new_conversation_goes_to_the_host_with_most_free_slots() -> None:
@@ -290,6 +302,30 @@ async def test_a_new_conversation_that_spills_after_patience_is_leased_where_it_
     assert_nothing_held(fleet)
 
 
+@pytest.mark.parametrize(("patience", "served_on"), [(0.0, "gpu2"), (0.5, "gpu1")])
+async def test_a_busy_home_sends_its_conversation_to_a_free_host_at_once_only_without_patience(
+    patience: float, served_on: str
+) -> None:
+    route = Route(lease_patience=patience)
+    fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
+    first_turn = await placed(fleet, route)
+    assert first_turn.host == "gpu1"
+
+    got = await placer(fleet, route).now()
+
+    if served_on == "gpu2":  # no patience: gpu2's free slot now, the lease stays home
+        assert isinstance(got, Placement)
+        assert (got.host, got.reason, got.lease) == ("gpu2", Reason.SPILLED, LeaseOutcome.SPILLED)
+        got.slot.release()
+    else:  # half a second of patience is still patience: in home's line first
+        assert isinstance(got, Waiting)
+        assert (got.host, got.reason) == ("gpu1", Reason.HOME)
+        assert got.waiter.cancel() is None
+    assert lease_of(fleet, route) == "gpu1"
+    first_turn.slot.release()
+    assert_nothing_held(fleet)
+
+
 async def test_home_queue_full_spills_at_once_to_a_free_host() -> None:
     route = Route(lease_patience=LONG)
     fleet = MemoryFleet({"gpu1": host(queue_max=0), "gpu2": host(queue_max=0)}, route)
@@ -341,6 +377,8 @@ async def test_a_request_queued_elsewhere_that_is_handed_its_home_slot_is_served
     got = await asyncio.wait_for(task, WAIT)
 
     assert (got.host, got.reason, got.lease) == ("gpu1", Reason.HOME, LeaseOutcome.REUSED)
+    assert (got.route, got.model) == ("chat", MODEL)
+    assert SHORT - EARLY <= got.waited <= loop.time() - second.started
     assert fleet.limiter.queued("gpu2", MODEL) == 0
     got.slot.release()
     other.release()
@@ -423,6 +461,16 @@ async def test_no_usable_host_refuses_with_no_healthy_host() -> None:
     assert_nothing_held(fleet)
 
 
+async def test_no_usable_host_refuses_at_once_when_the_routes_fallback_is_gone() -> None:
+    route = Route(fallback="deleted")  # names a route the fleet no longer has
+    fleet = MemoryFleet({"gpu1": host(healthy=False), "gpu2": host(healthy=False)}, route)
+
+    with pytest.raises(NoHealthyHost):
+        await placer(fleet, route).now()
+
+    assert_nothing_held(fleet)
+
+
 # -- the fallback route, and hosts coming back ---------------------------------------------
 
 
@@ -501,6 +549,27 @@ async def test_a_fallback_with_no_free_slot_keeps_the_request_waiting_for_the_ne
     assert_nothing_held(fleet)
 
 
+async def test_a_fallback_serving_the_routes_own_model_is_still_the_fallback() -> None:
+    route = Route(fallback="cpu", fallback_after=SHORT)  # no fallback_model: the same one
+    fallback = Route(name="cpu", hosts=("cpu1",))
+    fleet = MemoryFleet(
+        {"gpu1": host(healthy=False), "gpu2": host(healthy=False), "cpu1": host()},
+        route,
+        fallback,
+    )
+
+    waiting = await (request := placer(fleet, route)).now()
+    assert isinstance(waiting, Waiting)
+    got = await asyncio.wait_for(request.wait(waiting), WAIT)
+
+    assert (got.host, got.reason, got.route, got.model, got.fallback) == (
+        "cpu1", Reason.FALLBACK, "cpu", MODEL, "cpu",
+    )  # fmt: skip
+    assert lease_of(fleet, route) is None  # the conversation's home is not the fallback
+    got.slot.release()
+    assert_nothing_held(fleet)
+
+
 async def test_a_host_coming_back_serves_a_request_waiting_with_no_usable_host() -> None:
     route, fallback = with_fallback(fallback_after=LONG)
     fleet = MemoryFleet(
@@ -561,6 +630,7 @@ async def test_queue_timeout_raises_queue_timeout_and_leaves_nothing_held() -> N
 
     answer = answer_for(timed_out.value)
     assert (answer.status, answer.code, answer.retry_after) == (503, "queue_timeout", 5)
+    assert answer.message == f"queue timeout: no slot for {MODEL} within {SHORT:g} s"
     assert asyncio.get_running_loop().time() >= request.started + SHORT - EARLY
     assert fleet.limiter.queued("gpu1", MODEL) == 0
     home.slot.release()
@@ -608,6 +678,101 @@ async def test_a_wait_cancelled_in_the_turn_its_slot_is_handed_over_leaves_nothi
 
     assert fleet.limiter.queued("gpu1", MODEL) == 0
     (other if where == "home" else home).release()
+    assert_nothing_held(fleet)
+
+
+class LeaseWriteFails(LocalState):
+    """Local state whose lease writes fail (the shared state's store went away mid-request),
+    after `meanwhile` ran: what other requests did while the write was on its way."""
+
+    __slots__ = ("meanwhile",)
+
+    def __init__(self, fleet: MemoryFleet, meanwhile: Callable[[], None] = lambda: None):
+        super().__init__(fleet.limiter, fleet.leases)
+        self.meanwhile = meanwhile
+
+    async def keep_lease(self, key: LeaseKey, host: str, ttl: float, found: str | None) -> None:
+        self.meanwhile()
+        raise ConnectionError("lease store unreachable")
+
+
+@pytest.mark.parametrize("conversation", ["returning", "new"])
+async def test_a_request_whose_lease_cannot_be_written_gives_back_the_slot_it_took(
+    conversation: str,
+) -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(parallel=2), "gpu2": host(parallel=2)}, route)
+    (await placed(fleet, route, "returning")).slot.release()  # it has a home now
+    fleet.state = LeaseWriteFails(fleet)
+
+    with pytest.raises(ConnectionError):
+        await placer(fleet, route, conversation).now()
+
+    assert_nothing_held(fleet)
+
+
+async def test_a_request_whose_lease_cannot_be_written_gives_back_its_place_in_line() -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
+    first_turn = await placed(fleet, route)
+    fleet.state = LeaseWriteFails(fleet)
+
+    with pytest.raises(ConnectionError):
+        await placer(fleet, route).now()  # home busy: it had joined home's line
+
+    assert fleet.limiter.queued("gpu1", MODEL) == 0
+    first_turn.slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_a_slot_handed_over_while_the_lease_was_written_is_given_back_when_it_fails() -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
+    first_turn = await placed(fleet, route)
+    fleet.state = LeaseWriteFails(fleet, meanwhile=first_turn.slot.release)
+
+    with pytest.raises(ConnectionError):
+        await placer(fleet, route).now()  # in home's line, then handed its slot meanwhile
+
+    assert_nothing_held(fleet)
+
+
+async def test_a_new_conversation_that_spilled_gives_back_its_slot_when_its_lease_fails() -> None:
+    route = Route(lease_patience=SHORT)
+    fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
+    held = {name: fleet.occupy(name) for name in ("gpu1", "gpu2")}
+    waiting = await (newcomer := placer(fleet, route)).now()
+    assert isinstance(waiting, Waiting) and waiting.reason is Reason.NEW
+    fleet.state = LeaseWriteFails(fleet)  # fails the write after the spill, not the first
+    task = asyncio.create_task(newcomer.wait(waiting))
+    await settle()
+
+    held.pop("gpu2" if waiting.host == "gpu1" else "gpu1").release()  # where it may spill
+    with pytest.raises(ConnectionError):
+        await asyncio.wait_for(task, WAIT)
+
+    for slot in held.values():
+        slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_a_slot_on_a_host_that_came_back_is_given_back_if_the_lease_fails() -> None:
+    route, fallback = with_fallback(fallback_after=LONG)
+    fleet = MemoryFleet(
+        {"gpu1": host(healthy=False), "gpu2": host(healthy=False), "cpu1": host(model="small")},
+        route,
+        fallback,
+    )
+    waiting = await (request := placer(fleet, route)).now()
+    assert isinstance(waiting, Waiting) and waiting.host == ""
+    fleet.state = LeaseWriteFails(fleet)
+    task = asyncio.create_task(request.wait(waiting))
+    await settle()
+
+    fleet.set_host("gpu2", healthy=True)
+    with pytest.raises(ConnectionError):
+        await asyncio.wait_for(task, WAIT)
+
     assert_nothing_held(fleet)
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -192,6 +193,33 @@ def test_an_sse_line_over_one_mebibyte_is_dropped_and_the_next_lines_still_count
     assert _usage_of(chunks) == Usage(None, None, None)
 
 
+def test_a_json_body_past_one_mebibyte_stays_uncounted_however_many_chunks_follow():
+    body = json.dumps({"choices": [{"text": "x" * MAX_BUFFER}], "usage": USAGE}).encode()
+    chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)]
+
+    assert _usage_of([*chunks, b" ", b" "], "application/json") == Usage(None, None, None)
+
+
+@pytest.mark.parametrize("ends", ["mid-chunk", "at a chunk's end"])
+def test_the_lines_after_an_over_long_sse_line_count_in_the_chunk_that_ends_it(ends: str):
+    long_line = b'data: {"pad": "' + b"x" * (MAX_BUFFER + 10)
+    chunks = [long_line[i : i + 4096] for i in range(0, len(long_line), 4096)]
+    rest = b"\n" + USAGE_CHUNK + DONE + b'data: {"an incomplete line'
+    if ends == "mid-chunk":
+        chunks.append(b'"}' + rest)
+    else:
+        chunks[-1] += b'"}'
+        chunks.append(rest)
+
+    assert _usage_of(chunks) == Usage(67, 66, 8)
+
+
+def test_a_zero_the_host_reports_is_recorded_as_zero_not_unknown():
+    usage = {**USAGE, "prompt_tokens_details": {"cached_tokens": 0}}
+
+    assert _usage_of([_event({"choices": [], "usage": usage})]) == Usage(67, 0, 8)
+
+
 def test_other_content_types_count_nothing():
     body = json.dumps({"usage": USAGE}).encode()
 
@@ -303,3 +331,16 @@ def test_a_responses_stream_counts_the_usage_of_its_completed_response():
     )
 
     assert _usage_of([stream]) == Usage(prompt_tokens=70, cached_tokens=64, completion_tokens=6)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"input_tokens": 9, "cache_read_input_tokens": None, "output_tokens": 2},  # Anthropic
+        {"input_tokens": 9, "input_tokens_details": None, "output_tokens": 2},  # Responses
+    ],
+)
+def test_input_tokens_with_a_null_cache_count_give_the_prompt_and_no_cached_count(
+    usage: dict[str, object],
+):
+    assert _usage_of([_event({"usage": usage})]) == Usage(9, None, 2)

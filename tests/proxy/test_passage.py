@@ -1,0 +1,213 @@
+"""The passage from a placed (or waiting) request to the host's response head, seen from the
+outside: the head it returns and the trail of the attempt that got it, what the client hears
+when hosts fail, where a waiting request shows it waits, and requests that take no slot.
+
+No server: the in-memory fleet of tests/core/test_placement.py, and hosts that answer
+`Passage.forward` as each test says (a head, or a reset that marks the host down, as
+`routing.proxy.upstream.forward` does). The stateful model (test_passage_model.py) checks the
+slot promises over random runs; these pin what a client and the request's row see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+
+from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown
+from routing.core.placement import Placement, Waiting
+from routing.core.running import RunningTable
+from routing.proxy.ask import Ask
+from routing.proxy.passage import Passage
+from routing.proxy.record import Arrival, Trail
+from routing.runtime import Runtime
+from tests.core.test_placement import (
+    MODEL,
+    WAIT,
+    MemoryFleet,
+    Route,
+    assert_nothing_held,
+    host,
+    placer,
+    settle,
+)
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """The two fields of `Ask` a passage reads itself; the rest is `forward`'s."""
+
+    model: str | None = MODEL
+    host: str = ""
+
+
+class Fleet(MemoryFleet):
+    """The in-memory fleet as the passage's runtime: its hosts answer `forward`, and
+    `probe_down` (asking hosts that are down how they are now) brings back `comes_back`."""
+
+    def __init__(self, hosts: dict[str, dict[str, Any]], route: Route, resetting: set[str]):
+        super().__init__(hosts, route)
+        self.resetting = resetting
+        self.asked: list[tuple[object, object, str | None, str]] = []
+        self.probed: list[object] = []
+        self.comes_back = ""
+
+    async def forward(self, runtime: Any, ask: Any, model: str | None, name: str) -> Any:
+        self.asked.append((runtime, ask, model, name))
+        if name in self.resetting:
+            self.hosts[name]["healthy"] = False
+            raise HostDown(f"host {name} closed the connection")
+        return ("head of", name)
+
+    async def probe_down(self, route: object) -> None:
+        self.probed.append(route)
+        if self.comes_back:
+            self.hosts[self.comes_back]["healthy"] = True
+
+
+async def passage(
+    fleet: Fleet, route: Route, *, slot: bool = True, trail: Trail | None = None, **ask: Any
+) -> Passage:
+    """The passage of one request: placed now (it may wait), or one that takes no slot."""
+    request = placer(fleet, route) if slot else None
+    first = await request.now() if request is not None else None
+    return Passage(
+        cast(Runtime, fleet), cast(Any, route), cast(Ask, _Ask(**ask)),
+        trail or Trail(Arrival()), cast(Any, request), first, forward=fleet.forward,
+    )  # fmt: skip
+
+
+def fleet_of(route: Route, resetting: Iterable[str] = (), **specs: dict[str, Any]) -> Fleet:
+    return Fleet(specs or {name: host() for name in route.hosts}, route, set(resetting))
+
+
+async def test_the_head_returned_is_the_hosts_with_the_trail_of_the_attempt_that_got_it() -> None:
+    route = Route()
+    fleet = fleet_of(route)
+    table = RunningTable()
+    running = table.add(route.name, MODEL, "")
+    arrival = Arrival(t0=time.perf_counter() - 2.0)  # it arrived two seconds ago
+    request = await passage(fleet, route, trail=Trail(arrival, running=running))
+    assert request.waiting is None  # placed at once: nothing to show
+
+    answered = await request.through()
+
+    assert isinstance(answered.placement, Placement)
+    served_by = answered.placement.host
+    assert answered.upstream == ("head of", served_by)
+    assert fleet.asked == [(fleet, request.ask, MODEL, served_by)]  # the passage's runtime
+    trail = answered.trail
+    assert (trail.host, trail.lease, trail.placement) == (served_by, "new", "new")
+    assert trail.ttfb_ms is not None
+    assert 2000 <= trail.ttfb_ms <= (time.perf_counter() - arrival.t0) * 1000
+    assert [(row.host, row.queued_ms) for row in table.snapshot()] == [(served_by, 0)]
+    answered.placement.slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_with_nowhere_else_to_go_the_client_hears_which_host_failed() -> None:
+    route = Route(hosts=("gpu1",))
+    request = await passage(fleet := fleet_of(route, {"gpu1"}), route)
+
+    with pytest.raises(HostDown, match="host gpu1 closed the connection"):
+        await request.through()
+
+    assert_nothing_held(fleet)
+
+
+async def test_a_strict_route_names_its_pinned_host_when_that_host_fails() -> None:
+    route = Route(strict=True)
+    request = await passage(fleet := fleet_of(route, {"gpu1", "gpu2"}), route)
+
+    with pytest.raises(PinnedHostDown) as refused:
+        await request.through()
+
+    assert refused.value.host == fleet.asked[0][3]
+    assert_nothing_held(fleet)
+
+
+async def test_a_waiting_request_shows_where_it_waits_until_it_has_its_slot() -> None:
+    route = Route(hosts=("gpu1",))
+    fleet = fleet_of(route, gpu1=host(queue_max=1))
+    ahead = await placer(fleet, route).now()
+    assert isinstance(ahead, Placement)
+    request = await passage(fleet, route)
+    waiting = request.waiting
+    assert isinstance(waiting, Waiting)
+    # A row for a wait that fails names where it waited: in its home's line.
+    trail = request.trail
+    assert (trail.host, trail.lease, trail.placement) == ("gpu1", "reused", "home")
+    task = asyncio.create_task(request.through())
+    await settle()
+    assert request.waiting is waiting and not task.done()
+
+    ahead.slot.release()
+    answered = await asyncio.wait_for(task, WAIT)
+
+    assert request.waiting is None
+    assert answered.upstream == ("head of", "gpu1")
+    assert answered.placement is not None
+    answered.placement.slot.release()
+    assert_nothing_held(fleet)
+
+
+# -- requests that take no slot (a model inspected, a host's own state) ----------------------
+
+
+async def test_a_request_without_a_slot_skips_a_host_found_down_for_the_next() -> None:
+    route = Route()
+    fleet = fleet_of(route, {"gpu1"})
+
+    table = RunningTable()
+    running = table.add(route.name, MODEL, "")
+    request = await passage(fleet, route, slot=False, trail=Trail(Arrival(), running=running))
+
+    answered = await request.through()
+
+    assert answered.upstream == ("head of", "gpu2") and answered.placement is None
+    assert fleet.asked == [(fleet, request.ask, MODEL, "gpu1"), (fleet, request.ask, MODEL, "gpu2")]
+    assert answered.trail.host == "gpu2"
+    assert [(row.host, row.queued_ms) for row in table.snapshot()] == [("gpu2", 0)]
+    assert_nothing_held(fleet)
+
+
+async def test_a_request_without_a_slot_hears_the_last_failure_when_every_host_fails() -> None:
+    route = Route()
+    fleet = fleet_of(route, {"gpu1", "gpu2"})
+
+    with pytest.raises(HostDown, match="host gpu2 closed the connection"):
+        await (await passage(fleet, route, slot=False)).through()
+
+    assert fleet.probed == []  # there were usable hosts: nothing to probe
+
+
+@pytest.mark.parametrize("comes_back", ["gpu2", ""])
+async def test_a_request_without_a_slot_and_no_usable_host_probes_them_once_first(
+    comes_back: str,
+) -> None:
+    route = Route()
+    fleet = fleet_of(route, gpu1=host(healthy=False), gpu2=host(healthy=False))
+    fleet.comes_back = comes_back
+    request = await passage(fleet, route, slot=False)
+
+    if comes_back:
+        assert (await request.through()).upstream == ("head of", comes_back)
+    else:
+        with pytest.raises(NoHealthyHost):
+            await request.through()
+
+    assert fleet.probed == [route]
+
+
+async def test_an_operator_naming_one_host_reaches_it_whatever_its_health() -> None:
+    route = Route()
+    fleet = fleet_of(route, gpu1=host(), gpu2=host(healthy=False))
+
+    answered = await (await passage(fleet, route, slot=False, host="gpu2")).through()
+
+    assert answered.upstream == ("head of", "gpu2")
+    assert fleet.probed == []
