@@ -39,6 +39,10 @@ DEFAULT_HOLD_TTL = 5.0
 DEFAULT_PREFIX = "crossbar:"
 # Errors that mean "Redis is not there (or not writable) right now", as opposed to a bug.
 POOL_SIZE = 32  # connections to Redis per process, the grant listener's included
+# How long a call may wait for one of them. Waiting means this process is busy, not that Redis
+# is away (that shows as a refused or timed-out connection), so it is longer than a socket's
+# timeout: 160 requests at once on a loaded machine waited past 2 s and read as an outage.
+POOL_WAIT = 10.0
 
 UNREACHABLE = (
     redis_errors.ConnectionError,  # refused, reset, authentication, still loading its data
@@ -117,14 +121,14 @@ class Shared:
         self.proc = secrets.token_hex(6)
         # One retry on a dropped connection (a pooled connection that died with a restarted
         # Redis); every script is idempotent, so a retry after a lost reply changes nothing.
-        # A blocking pool: past POOL_SIZE calls at once, a call waits (up to `timeout`) for a
+        # A blocking pool: past POOL_SIZE calls at once, a call waits (up to POOL_WAIT) for a
         # connection rather than failing, as redis-py's default pool does past 100; a script
         # takes Redis tens of microseconds, so a few dozen connections serve thousands of
         # requests a second.
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=POOL_SIZE,
-            timeout=timeout,
+            timeout=POOL_WAIT,
             decode_responses=True,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
