@@ -137,8 +137,9 @@ async def connect():
 
 
 async def receive_until(communicator: WebsocketCommunicator, wanted):
-    """The first message `wanted(message)` accepts; fail after 5 seconds."""
-    async with asyncio.timeout(5):
+    """The first message `wanted(message)` accepts; fail after 15 seconds (a host's first
+    health poll falls anywhere in the first interval, 5 s by default: hosts.poller)."""
+    async with asyncio.timeout(15):
         while True:
             message = await communicator.receive_json_from(timeout=5)
             if wanted(message):

@@ -39,7 +39,7 @@ def test_a_model_to_load_goes_where_loading_it_unloads_nothing_busy(gateway):
         # "other" has a live conversation on gpu1: loading "small" there would unload it.
         assert ask(gateway.url, "small").headers["x-crossbar-host"] == "gpu2"
         # Now "other" is loaded on gpu1 and "small" on gpu2. Keep "other" busy on gpu1:
-        busy.token_delay = 0.3
+        busy.token_delay = 1.0  # 30 s: busy through the waits below, on a loaded machine too
         holding = threading.Thread(
             target=ask, args=(gateway.url, "other"), kwargs={"max_tokens": 30, "stream": True}
         )
