@@ -11,7 +11,8 @@ it:
   counts). No slot; a usable host serving the model. A client.
 - *host state*: the host's health and settings, read only and harmless (`/health`,
   `GET /props`, a router's model events `/models/sse`). No body read; a usable host of the
-  route. A client.
+  route. A client; the health check anyone, key or none, as llama-server answers it without
+  its API key (a load balancer's probe carries no key).
 - *host control*: exposes or changes a host's state for every user (`/slots` shows other
   users' prompts; `POST /props`, `POST /lora-adapters`, a slot's save, restore and erase
   (`POST /slots/<id>`), stopping a resumable stream (`DELETE /v1/stream`), model load and
@@ -64,12 +65,14 @@ class Endpoint:
     """What the gateway does with one endpoint, and who may reach it.
 
     `names_model`: the body names the model, so the gateway reads it and asks a host serving
-    that model. `opened_by` and `why` are a host control's: the route setting that opens it to
-    clients, and what a client could do with it (said when one is refused).
+    that model. `keyless`: anyone may ask it, whatever key they send or not, and it counts
+    against no key's limits. `opened_by` and `why` are a host control's: the route setting that
+    opens it to clients, and what a client could do with it (said when one is refused).
     """
 
     kind: Kind
     names_model: bool = False
+    keyless: bool = False
     opened_by: Opener | None = None
     why: str = ""
 
@@ -87,6 +90,7 @@ class Endpoint:
 GENERATE = Endpoint(Kind.GENERATE, names_model=True)
 INSPECT = Endpoint(Kind.INSPECT, names_model=True)
 STATE = Endpoint(Kind.HOST_STATE)
+HEALTH = Endpoint(Kind.HOST_STATE, keyless=True)
 MODELS = Endpoint(Kind.MODELS)
 SHOWS = Endpoint(
     Kind.HOST_CONTROL,
@@ -149,7 +153,8 @@ ENDPOINTS: Mapping[str, tuple[Endpoint, Endpoint]] = {
     "/v1/chat/completions/input_tokens": (INSPECT, INSPECT),
     "/chat/completions/input_tokens": (INSPECT, INSPECT),
     "/v1/responses/input_tokens": (INSPECT, INSPECT),
-    "/health": (STATE, STATE),
+    "/health": (HEALTH, HEALTH),
+    "/v1/health": (HEALTH, HEALTH),
     "/props": (STATE, CHANGES),
     "/slots": (SHOWS, SHOWS),
     SLOT: (SHOWS, CHANGES),  # ?action=save, restore or erase: one slot's cache, on the host's disk

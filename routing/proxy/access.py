@@ -3,8 +3,9 @@
 A client is anyone while client keys are not in use, else a request with a valid key
 (`Authorization: Bearer <key>` or `X-Api-Key`). An operator sends the operators' token
 (`Authorization: Bearer $CROSSBAR_METRICS_TOKEN`, as `/metrics` takes it) or is staff signed in
-to the admin. Host controls are an operator's unless the route opens them; one named host's own
-endpoints (`/<route>/hosts/<host>/...`) are always an operator's.
+to the admin. The health check is anyone's. Host controls are an operator's unless the route
+opens them; one named host's own endpoints (`/<route>/hosts/<host>/...`) are always an
+operator's.
 
 The proxy path has no middleware (crossbar_site/handler.py), so the admin session is read here
 with Django's async session and auth API, and only for an operator's endpoints: a request that
@@ -51,6 +52,8 @@ async def check_access(
     operators' token.
     """
     pinned = path.startswith(HOSTS_PREFIX)
+    if endpoint.keyless and not pinned:
+        return Caller()
     if pinned or endpoint.operators_only:
         if await _is_operator(request):
             return OPERATOR

@@ -33,6 +33,8 @@ def test_host_state_is_only_health_reading_props_and_a_routers_model_events() ->
     assert classes(Kind.HOST_STATE) == {
         ("GET", "/health"),
         ("POST", "/health"),
+        ("GET", "/v1/health"),
+        ("POST", "/v1/health"),
         ("GET", "/props"),
         ("GET", "/models/sse"),
         ("POST", "/models/sse"),
@@ -88,9 +90,15 @@ def test_one_named_host_serves_its_state_and_controls_but_not_model_loading() ->
     about = {path for path in ENDPOINTS if served("GET", path).about_the_host}
 
     assert about == {
-        "/health", "/props", "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/cors-proxy",
+        "/health", "/v1/health", "/props", "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/cors-proxy",
         "/v1/stream", "/v1/streams/lookup", "/models/sse",
     }  # fmt: skip
+
+
+def test_only_the_health_check_is_anyones() -> None:
+    assert {(m, p) for p in ENDPOINTS for m in ("GET", "POST") if served(m, p).keyless} == {
+        (method, path) for method in ("GET", "POST") for path in ("/health", "/v1/health")
+    }
 
 
 def test_a_resumable_stream_is_a_host_control_since_its_id_is_all_it_asks() -> None:

@@ -2,7 +2,7 @@
 the fake llama-server, by the status the caller sees and whether the host saw the request.
 
 Classes (routing/core/endpoints.py): generate, inspect, host state and models are a client's
-(with a valid key when keys are in use); host controls are an operator's (the metrics token, or
+(with a valid key when keys are in use), the health check anyone's; host controls are an operator's (the metrics token, or
 a signed-in staff session) unless the route opens them; one named host's own endpoints are
 always an operator's.
 """
@@ -112,7 +112,8 @@ CELLS = [
     # class         method  path                         body    nobody key token admin opened +key
     ("generate",     "POST", "/v1/chat/completions",      chat(), (NK, OK, BK, NK, NK, OK)),
     ("inspect",      "POST", "/tokenize",                 TEXT,   (NK, OK, BK, NK, NK, OK)),
-    ("host state",   "GET",  "/health",                   None,   (NK, OK, BK, NK, NK, OK)),
+    ("health",       "GET",  "/health",                   None,   (OK, OK, OK, OK, OK, OK)),
+    ("health",       "GET",  "/v1/health",                None,   (OK, OK, OK, OK, OK, OK)),
     ("host state",   "GET",  "/props",                    None,   (NK, OK, BK, NK, NK, OK)),
     ("host state",   "GET",  "/models/sse",               None,   (NK, OK, BK, NK, NK, OK)),
     ("models",       "GET",  "/v1/models",                None,   (NK, GW, BK, NK, NK, GW)),

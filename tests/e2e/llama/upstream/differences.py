@@ -32,10 +32,6 @@ BY_DESIGN: dict[str, str] = {
     ),
     "unit/test_security.py::test_incorrect_api_key": _KEY,
     "unit/test_router.py::test_router_api_key_required": _KEY,
-    "unit/test_security.py::test_access_public_endpoint[/health]": (
-        "by design: with client keys in use every route endpoint needs one, /<route>/health too "
-        "(the gateway's own /health needs none)"
-    ),
     "unit/test_compat_gcp.py::": (
         "by design: Vertex AI's prediction route (AIP_MODE; its path set by AIP_PREDICT_ROUTE) "
         "is the host's own deployment, not passed through"
