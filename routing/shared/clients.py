@@ -87,7 +87,9 @@ return redis.call('HLEN', running_key(ARGV[2]))
 """
 
 # ARGV: P, process, count, (name, pass id)*: after Redis restarted empty (or this process's
-# liveness lapsed), the passes this process still runs count again.
+# liveness lapsed), the passes this process still runs count again, even past a key's
+# max_concurrent (others may have admitted more meanwhile): their requests run, and ending one
+# for a quota would lose a generation; the key is refused until it is under its limit again.
 _RESTORE = r"""
 local i = 4
 for _ = 1, tonumber(ARGV[3]) do

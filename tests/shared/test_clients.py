@@ -122,3 +122,35 @@ async def test_after_a_redis_restart_the_requests_still_running_count_again(
         await running.arelease()
         await (await b.admit(spec, "chat")).arelease()
         assert await b.in_flight("team") == 0
+
+
+async def test_a_process_back_from_a_stall_counts_its_running_requests_again_past_the_limit(
+    redis_url,
+):
+    """A quota is not worth a running generation: what the stalled process still runs counts
+    again when it is back, and the key is refused until it is under its limit."""
+    spec = ClientSpec("team", max_concurrent=1)
+    live, stalled = Shared(redis_url), Shared(redis_url, hold_ttl=1.0)
+    a, b = RedisClients(live), RedisClients(stalled)
+    await live.start()
+    await stalled.beat()  # its liveness renewed once: it stalls from here
+    try:
+        running = await b.admit(spec, "chat")
+
+        async def admitted_here():
+            with contextlib.suppress(ClientLimited):
+                return await a.admit(spec, "chat")
+            return None
+
+        taken = await eventually(admitted_here, "the stalled process's request reclaimed")
+        await stalled.beat()  # it resumes
+
+        assert await a.in_flight("team") == 2
+        await taken.arelease()
+        with pytest.raises(ClientLimited):
+            await a.admit(spec, "chat")  # 1 running: still at the limit
+        await running.arelease()
+        await (await a.admit(spec, "chat")).arelease()
+    finally:
+        await live.aclose()
+        await stalled.aclose()
