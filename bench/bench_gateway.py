@@ -86,6 +86,7 @@ def load(
     chunks: int = CHUNKS,
     reconnect: bool = False,
     seconds: float = PHASE_SECONDS,
+    new_conversations: bool = False,
 ) -> dict:
     command = [PYTHON, str(BENCH / "loadgen.py"), "--url", url, "--watch-pid", str(server.pid)]
     if server.tree:
@@ -96,6 +97,8 @@ def load(
     command += ["--chunks", str(chunks), "--max-seconds", str(seconds)]
     if reconnect:
         command.append("--reconnect")
+    if new_conversations:
+        command.append("--new-conversations")
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"the load generator failed against {url}:\n{done.stderr[-3000:]}")

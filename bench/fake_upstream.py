@@ -1,6 +1,7 @@
 """A lean fake llama-server for benchmarks: streamed chat completions at a few µs per token.
 
     python bench/fake_upstream.py --port 9001 --token-delay 0.002
+    python bench/fake_upstream.py --port 9001 --port 9002 ...   # one process, many hosts
 
 The fake of the tests (`tests/fakes/llama_server.py`) models a KV cache, slots and failures;
 for that it compares every prompt with the recent ones (with 512 slots, milliseconds per
@@ -167,26 +168,34 @@ class Upstream(asyncio.Protocol):
         self.streaming = loop.call_later(self.token_delay, next_token)
 
 
-async def serve(host: str, port: int, token_delay: float) -> None:
+async def serve(host: str, ports: list[int], token_delay: float) -> None:
+    """Answer on every port of `ports` (one per host of a benchmark's fleet) until a signal."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: Upstream(token_delay), host, port, backlog=4096, reuse_address=True
-    )
+    servers = [
+        await loop.create_server(
+            lambda: Upstream(token_delay), host, port, backlog=4096, reuse_address=True
+        )
+        for port in ports
+    ]
     stop = loop.create_future()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set_result, None)
-    print(f"fake upstream on http://{host}:{port} (pid {os.getpid()})", flush=True)
-    async with server:
-        await stop
+    where = f"http://{host}:{ports[0]}" + (f" and {len(ports) - 1} more ports" if ports[1:] else "")
+    print(f"fake upstream on {where} (pid {os.getpid()})", flush=True)
+    await stop
+    for server in servers:
+        server.close()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="A lean fake llama-server for benchmarks.")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9001)
+    parser.add_argument(
+        "--port", type=int, action="append", help="a port to answer on (repeat for more; 9001)"
+    )
     parser.add_argument("--token-delay", type=float, default=0.002, help="seconds per token")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port, args.token_delay))
+    asyncio.run(serve(args.host, args.port or [9001], args.token_delay))
 
 
 if __name__ == "__main__":

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -201,13 +203,21 @@ class ResponseReader(asyncio.Protocol):
 
 
 class Client:
-    """One simulated user: a conversation of its own on a connection of its own."""
+    """One simulated user: a conversation of its own on a connection of its own (or, with
+    `fresh`, a new conversation every request: `fresh()` builds each request)."""
 
     def __init__(
-        self, host: str, port: int, request: bytes, timeout: float, reconnect: bool
+        self,
+        host: str,
+        port: int,
+        request: bytes,
+        timeout: float,
+        reconnect: bool,
+        fresh: Callable[[], bytes] | None = None,
     ) -> None:
         self.host, self.port, self.request, self.timeout = host, port, request, timeout
         self.reconnect = reconnect
+        self.fresh = fresh
         self.reader: ResponseReader | None = None
 
     async def send(self) -> Sample:
@@ -218,6 +228,8 @@ class Client:
                 self.close()
                 loop = asyncio.get_running_loop()
                 _, self.reader = await loop.create_connection(ResponseReader, self.host, self.port)
+            if self.fresh is not None:
+                self.request = self.fresh()
             async with asyncio.timeout(self.timeout):
                 sample = await self.reader.send(self.request)
             if self.reconnect:
@@ -238,7 +250,9 @@ class Client:
             self.reader.transport.close()
 
 
-def build_request(url: str, number: int, chunks: int, model: str, headers: list[str]) -> bytes:
+def build_request(
+    url: str, number: int | str, chunks: int, model: str, headers: list[str]
+) -> bytes:
     parts = urlsplit(url)
     body = json.dumps(
         {
@@ -386,6 +400,13 @@ def redis_between(
 async def run(args: argparse.Namespace) -> dict[str, object]:
     parts = urlsplit(args.url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    conversations = itertools.count()
+    prefix = os.urandom(4).hex()  # a run's conversations are its own, whatever ran before
+
+    def fresh() -> bytes:
+        number = f"{prefix}-{next(conversations)}"
+        return build_request(args.url, number, args.chunks, args.model, args.header)
+
     clients = [
         Client(
             host,
@@ -393,6 +414,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             build_request(args.url, number, args.chunks, args.model, args.header),
             args.timeout,
             args.reconnect,
+            fresh if args.new_conversations else None,
         )
         for number in range(args.concurrency)
     ]
@@ -487,6 +509,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--reconnect",
         action="store_true",
         help="a new connection per request (llama-server closes one after every stream)",
+    )
+    parser.add_argument(
+        "--new-conversations",
+        action="store_true",
+        help="every request a new conversation (its first message differs), not one per client",
     )
     parser.add_argument("--watch-pid", type=int, default=0, help="report this process's CPU")
     parser.add_argument(
