@@ -35,10 +35,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # routing, for the lease ids
 
+from bench_gateway import load  # noqa: E402
 from processes import (  # noqa: E402  (bench/ is not a package)
     BENCH,
     PYTHON,
@@ -51,7 +53,6 @@ from processes import (  # noqa: E402  (bench/ is not a package)
     serving,
     source_tree,
 )
-from bench_gateway import load  # noqa: E402
 
 RESULTS = BENCH / "results"
 SLOTS_PER_HOST = 4
@@ -93,6 +94,13 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def memory_bytes(pid: int, redis_url: str | None) -> float:
+    """What holds the conversations: Redis's used_memory, or the gateway's RSS."""
+    if redis_url:
+        return float(cast(int, redis_state(redis_url)["used_memory"]))
+    return rss_mb(pid) * 2**20
 
 
 def hosts_up(url: str) -> int:
@@ -224,14 +232,12 @@ def one_backing(
             names = [f"h{index:04d}" for index in range(hosts)]
             seeded = 0
             for count in sorted(args.conversations):
-                before = redis_state(redis_url)["used_memory"] if redis_url else rss_mb(gateway.pid)
+                before = memory_bytes(gateway.pid, redis_url)
                 if redis_url:
                     seed_redis(redis_url, count - seeded, names)
                 else:
                     seed_by_requests(url, gateway, count - seeded)
-                after = redis_state(redis_url)["used_memory"] if redis_url else rss_mb(gateway.pid)
-                grown = (after - before) if redis_url else (after - before) * 2**20
-                per = grown / max(1, count - seeded)
+                per = (memory_bytes(gateway.pid, redis_url) - before) / max(1, count - seeded)
                 seeded = count
                 row = {
                     "bytes_per_conversation": per,
@@ -243,13 +249,17 @@ def one_backing(
 
 
 def table(results: dict[str, dict]) -> str:
-    lines = ["| backing | fleet | CPU ms / request | x smallest | idle core | RSS MB | round trips |"]
+    lines = [
+        "| backing | fleet | CPU ms / request | x smallest | idle core | RSS MB | round trips |"
+    ]
     lines.append("|---|---|---|---|---|---|---|")
     for backing, out in results.items():
         rows = out["hosts"]
         base = rows[min(rows)]["cpu_ms_per_request"] if rows else float("nan")
         for hosts, row in rows.items():
-            idle_core = " + ".join(f"{name} {share:.1%}" for name, share in row["idle_core"].items())
+            idle_core = " + ".join(
+                f"{name} {share:.1%}" for name, share in row["idle_core"].items()
+            )
             trips = row.get("round_trips_per_request")
             lines.append(
                 f"| {backing} | {hosts} hosts | {row['cpu_ms_per_request']:.2f} | "

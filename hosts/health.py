@@ -42,13 +42,19 @@ class HealthTable:
     """The last known health of every host, by name.
 
     `on_eligible(host)` is called, synchronously, whenever a host that could not take new work
-    becomes eligible again (back up, or forgotten after its address changed).
+    becomes eligible again (back up, or forgotten after its address changed); `on_change(host)`
+    whenever what ranks it changes: its state, the models it has loaded or its description.
     """
 
-    def __init__(self, on_eligible: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_eligible: Callable[[str], None] | None = None,
+        on_change: Callable[[str], None] | None = None,
+    ) -> None:
         self._hosts: dict[str, HostHealth] = {}
         self._urls: dict[str, str] = {}
         self._on_eligible = on_eligible
+        self._on_change = on_change
 
     def track(self, hosts: dict[str, str]) -> None:
         """Set the hosts to keep health for ({name: url}).
@@ -61,6 +67,7 @@ class HealthTable:
             del self._hosts[name]
         self._urls = dict(hosts)
         for name in forgotten:
+            self._changed(name)
             self._became_eligible(name)
 
     def get(self, host: str) -> HostHealth:
@@ -89,21 +96,30 @@ class HealthTable:
             return
         current = self._hosts.get(host)
         was_eligible = self.eligible(host)
-        if current is None or current.state != state:
+        changed = current is None or current.state != state
+        if current is None or changed:
             if current is not None:
                 level = logging.WARNING if state == HostState.DOWN else logging.INFO
                 log.log(level, "host=%s state=%s reason=%s", host, state, reason or "-")
             current = HostHealth(state=state, reason=reason)
             self._hosts[host] = current
         current.reason = reason
-        if loaded is not None or state != HostState.UP:
+        if (loaded is not None or state != HostState.UP) and current.loaded != loaded:
             current.loaded = loaded
-        if described is not None:
+            changed = True
+        if described is not None and described != current.described:
             current.described = described
+            changed = True
         if described_at is not None:
             current.described_at = described_at
+        if changed:
+            self._changed(host)
         if not was_eligible and self.eligible(host):
             self._became_eligible(host)
+
+    def _changed(self, host: str) -> None:
+        if self._on_change is not None:
+            self._on_change(host)
 
     def _became_eligible(self, host: str) -> None:
         if self._on_eligible is not None:

@@ -33,6 +33,7 @@ from routing.core.choose import Candidate
 from routing.core.clients import Admitted, ClientGate, ClientSpec
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
+from routing.core.ranking import Ranking, Rankings
 from routing.core.running import RunningTable
 from routing.core.state import FleetState, LocalState
 from routing.shared.fleet_state import SharedState
@@ -52,15 +53,23 @@ class Runtime:
         conf = settings.CROSSBAR
         self.fleet = fleet
         self.loop = asyncio.get_running_loop()
-        self.limiter = Limiter()
-        self.leases = LeaseTable()
+        # Each route's hosts in the chooser's order, per model: whatever changes a host's
+        # place (its slots, line, leases, health) touches it there.
+        self.rankings = Rankings(self._candidate)
+        touch = self.rankings.touch
         self.shared: SharedState | None = None
         if conf["REDIS_URL"]:
-            self.shared = SharedState(conf["REDIS_URL"], hold_ttl=conf["REDIS_HOLD_TTL"])
-        # The limiter and lease table stay empty when the state is shared.
-        self.state: FleetState = self.shared or LocalState(self.limiter, self.leases)
+            self.shared = SharedState(
+                conf["REDIS_URL"], hold_ttl=conf["REDIS_HOLD_TTL"], on_change=touch,
+                on_refresh=self.rankings.touch_all,
+            )  # fmt: skip
+            self.state: FleetState = self.shared
+        else:
+            self.state = LocalState(Limiter(on_change=touch), LeaseTable(on_change=touch))
         # A host that becomes usable again offers its free slots to the requests waiting.
-        self.health = HealthTable(on_eligible=self.state.wake)
+        self.health = HealthTable(on_eligible=self.state.wake, on_change=touch)
+        self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
+        self._served: dict[str, frozenset[str]] = {}  # the models each route serves
         self.poller = Poller(self.health, conf["HEALTH_INTERVAL"], conf["HEALTH_TIMEOUT"])
         self.clients = ClientGate(require=conf["REQUIRE_KEY"])
         self.running = RunningTable()
@@ -128,6 +137,11 @@ class Runtime:
         self.health.track({host.name: host.url for host in fleet.hosts.values()})
         self.clients.configure(fleet.clients)
         self.fleet = fleet
+        self.rankings.clear()
+        self._route_hosts = {name: frozenset(route.hosts) for name, route in fleet.routes.items()}
+        self._served = {
+            name: frozenset(fleet.route_models(route)) for name, route in fleet.routes.items()
+        }
         for name in fleet.hosts:  # undrained, enabled or added to a route: waiters may go there
             self.state.wake(name)
         log.info(
@@ -184,66 +198,69 @@ class Runtime:
 
     def serves(self, route: RouteConfig, model: str) -> bool:
         """Whether any enabled host of the route lists the model."""
-        hosts = self.fleet.hosts
-        return any(
-            (host := hosts.get(name)) is not None and host.enabled and model in host.models
-            for name in route.hosts
-        )
+        return model in self._served.get(route.name, ())
 
     def usable(self, route: RouteConfig, model: str, name: str) -> bool:
         """Whether a host may take new work for this route and model right now."""
         host = self.fleet.hosts.get(name)
         return (
             host is not None
-            and name in route.hosts
+            and name in self._route_hosts.get(route.name, ())
             and host.enabled
             and not host.draining
             and model in host.models
             and self.health.eligible(name)
         )
 
-    def candidates(self, route: RouteConfig, model: str | None) -> list[Candidate]:
-        """The route's hosts as the chooser sees them, in route order.
+    def ranking(self, route: RouteConfig, model: str | None) -> Ranking:
+        """The route's usable hosts for `model` in the chooser's order (kept, not rebuilt:
+        routing/core/ranking.py). `model` None: a request that names none (a GET such as
+        /props), for which every enabled host qualifies by its free slots over all models."""
+        self.state.expire_leases()  # the counts as of now, as `candidates` would read them
+        return self.rankings.of(route.name, route.hosts, model)
 
-        Without a model (a GET such as /props), every enabled host qualifies and free slots
-        are counted over all its models.
-        """
-        out = []
-        for name in route.hosts:
-            host = self.fleet.hosts.get(name)
-            if host is None or not host.enabled:
-                continue
-            evicts_busy = False
-            if model is None:
-                can_serve = loaded = True
-                free = self.state.free_slots(name)
-                queued = 0
-            else:
-                spec = host.models.get(model)
-                can_serve = spec is not None
-                health = self.health.get(name)
-                known = health.loaded
-                loaded = spec is not None and (
-                    known is None or (spec.upstream_name or spec.name) in known
-                )
-                free = self.state.free_for(name, model) if can_serve else 0
-                queued = self.state.queued(name, model)
-                evicts_busy = can_serve and not loaded and self._evicts_busy(host, health)
-            out.append(
-                Candidate(
-                    host=name,
-                    healthy=self.health.eligible(name),
-                    draining=host.draining,
-                    loaded=loaded,
-                    can_serve=can_serve,
-                    free=free,
-                    queued=queued,
-                    weight=host.weight,
-                    leases=self.state.leases_held(name),
-                    evicts_busy=evicts_busy,
-                )
+    def candidates(self, route: RouteConfig, model: str | None) -> list[Candidate]:
+        """The route's enabled hosts as the chooser sees them, in route order: what
+        `ranking` keeps ordered (`choose.ranked` of these is its order)."""
+        return [
+            candidate
+            for name in route.hosts
+            if (candidate := self._candidate(name, model)) is not None
+        ]
+
+    def _candidate(self, name: str, model: str | None) -> Candidate | None:
+        """One host as the chooser sees it for `model`; None when it is unknown or disabled."""
+        host = self.fleet.hosts.get(name)
+        if host is None or not host.enabled:
+            return None
+        evicts_busy = False
+        if model is None:
+            can_serve = loaded = True
+            free = self.state.free_slots(name)
+            queued = 0
+        else:
+            spec = host.models.get(model)
+            can_serve = spec is not None
+            health = self.health.get(name)
+            known = health.loaded
+            loaded = spec is not None and (
+                known is None or (spec.upstream_name or spec.name) in known
             )
-        return out
+            free = self.state.free_for(name, model) if can_serve else 0
+            queued = self.state.queued(name, model)
+            evicts_busy = can_serve and not loaded and self._evicts_busy(host, health)
+        return Candidate(
+            host=name,
+            healthy=self.health.eligible(name),
+            draining=host.draining,
+            loaded=loaded,
+            can_serve=can_serve,
+            free=free,
+            queued=queued,
+            weight=host.weight,
+            leases=self.state.leases_held(name),
+            evicts_busy=evicts_busy,
+        )
 
     def _evicts_busy(self, host: HostConfig, health: HostHealth) -> bool:
         """Whether loading one more model on this router-mode host would unload a busy one:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Candidate", "ranked"]
+__all__ = ["Candidate", "RankKey", "rank_key", "ranked"]
+
+# What orders a route's eligible hosts, smallest first (see `ranked`).
+RankKey = tuple[bool, bool, float, int, int, int]
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,15 +49,19 @@ def ranked(candidates: Sequence[Candidate]) -> list[str]:
     shorter queue, then to route order. A full host (``free == 0``) is still ranked: its
     request may queue there.
     """
-    eligible = [(index, c) for index, c in enumerate(candidates) if c.eligible]
-    eligible.sort(
-        key=lambda entry: (
-            not entry[1].loaded,
-            entry[1].evicts_busy,
-            -entry[1].free * entry[1].weight,
-            entry[1].leases,
-            entry[1].queued,
-            entry[0],
-        )
+    keyed = [(rank_key(c, index), c.host) for index, c in enumerate(candidates) if c.eligible]
+    keyed.sort()
+    return [host for _, host in keyed]
+
+
+def rank_key(candidate: Candidate, index: int) -> RankKey:
+    """Where an eligible candidate goes in `ranked`'s order (`index`: its place in the route).
+    Unique per host of a route, since the index ends it."""
+    return (
+        not candidate.loaded,
+        candidate.evicts_busy,
+        -candidate.free * candidate.weight,
+        candidate.leases,
+        candidate.queued,
+        index,
     )
-    return [candidate.host for _, candidate in eligible]

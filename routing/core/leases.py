@@ -43,13 +43,18 @@ class LeaseTable:
     Loop safety: call every method from one event loop; nothing here suspends.
     """
 
-    __slots__ = ("_clock", "_leases", "_max_entries", "_held", "_held_models")
+    __slots__ = ("_clock", "_leases", "_max_entries", "_held", "_held_models", "_changed")
 
     def __init__(
-        self, max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic
+        self,
+        max_entries: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str], None] | None = None,
     ) -> None:
         self._max_entries = max(1, max_entries)
         self._clock = clock
+        # Told the host whenever the count of leases it holds changes (synchronously).
+        self._changed = on_change
         self._leases: OrderedDict[LeaseKey, _Lease] = OrderedDict()
         self._held: dict[str, int] = {}  # stored leases per host
         self._held_models: dict[tuple[str, str], int] = {}  # ... per (host, model)
@@ -98,6 +103,11 @@ class LeaseTable:
             return self._held_models.get((host, model), 0)
         return self._held.get(host, 0)
 
+    def expire(self) -> None:
+        """Forget the leases that expired, from the least recently used end (as `held` does
+        before it counts), so the counts are as of now."""
+        self._trim(self._clock())
+
     def held_by_host(self) -> dict[str, int]:
         """Unexpired leases per host, for the dashboard (walks the table)."""
         now = self._clock()
@@ -126,6 +136,8 @@ class LeaseTable:
     def _count(self, host: str, model: str, change: int) -> None:
         _add(self._held, host, change)
         _add(self._held_models, (host, model), change)
+        if self._changed is not None:
+            self._changed(host)
 
 
 def _add(counts: dict[Any, int], key: object, change: int) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 __all__ = ["Limiter", "PairSnapshot", "Slot", "Waiter"]
@@ -97,6 +97,10 @@ def _accept_any(pair: Pair) -> bool:
     return True
 
 
+def _ignore(host: str) -> None:
+    pass
+
+
 class Waiter:
     """A request waiting for a slot: its place in one pair's line, and its watches on others.
 
@@ -169,6 +173,7 @@ class Waiter:
 
     def _grant(self, pair: _Pair) -> None:
         pair.in_flight += 1  # counted now, so a newcomer cannot take the slot meanwhile
+        self._limiter._changed(pair.host)
         self._leave()
         self.granted.set_result(Slot(self._limiter, pair))
 
@@ -203,12 +208,16 @@ class Limiter:
     Loop safety: call every method from the same event loop; nothing here is thread-safe.
     """
 
-    __slots__ = ("_pairs",)
+    __slots__ = ("_pairs", "_changed")
 
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[str], None] | None = None) -> None:
         # host -> model -> pair. Unconfigured pairs exist only while they are in use, so
         # clients naming arbitrary models cannot grow this without bound.
         self._pairs: dict[str, dict[str, _Pair]] = {}
+        # Told the host whenever a pair's slots in flight, line or limits change (a ranking
+        # of hosts then finds the host's place again). Called synchronously, never twice per
+        # change; it must not call back into the limiter.
+        self._changed: Callable[[str], None] = on_change or _ignore
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:
         """Set the pair's limits, keeping its in-flight slots and its line.
@@ -221,6 +230,7 @@ class Limiter:
         pair.parallel = max(1, parallel)
         pair.queue_max = max(0, queue_max)
         pair.configured = True
+        self._changed(host)
         self._hand_over(pair)
 
     def remove(self, host: str, model: str) -> None:
@@ -229,27 +239,32 @@ class Limiter:
         if pair is None:
             return
         pair.parallel, pair.queue_max, pair.configured = 1, 0, False
+        self._changed(host)
         self._forget_if_idle(pair)
 
-    def place(self, pairs: Sequence[Pair]) -> Slot | Waiter | None:
+    def place(self, pairs: Iterable[Pair]) -> Slot | Waiter | None:
         """A free slot on the first of `pairs` that has one; else a place in the line of the
-        first with room; else None (all full). One step: nothing else runs in between."""
-        found = [self._pair(host, model) for host, model in pairs]
-        try:
-            for pair in found:
-                if pair.has_free_slot():
-                    pair.in_flight += 1
-                    return Slot(self, pair)
-            for pair in found:
-                if self._has_room(pair):
-                    waiter = Waiter(self, pair)
-                    pair.queue.append(waiter)
-                    pair.queued += 1
-                    return waiter
-            return None
-        finally:
-            for pair in found:
-                self._forget_if_idle(pair)
+        first with room; else None (all full). One step: nothing else runs in between.
+
+        `pairs` is read lazily, at most twice (a ranking's order: the first free slot is
+        usually the first pair's), so it must not be an iterator."""
+        for host, model in pairs:
+            pair = self._find(host, model)
+            if pair is None:  # unconfigured: one slot, no line (kept only while it is held)
+                pair = self._pair(host, model)
+            if pair.has_free_slot():
+                pair.in_flight += 1
+                self._changed(host)
+                return Slot(self, pair)
+        for host, model in pairs:
+            pair = self._find(host, model)
+            if pair is not None and self._has_room(pair):
+                waiter = Waiter(self, pair)
+                pair.queue.append(waiter)
+                pair.queued += 1
+                self._changed(host)
+                return waiter
+        return None
 
     def waiter(self) -> Waiter:
         """A waiter with no place in any line, for a request that can only watch (`watch`)."""
@@ -339,6 +354,7 @@ class Limiter:
     def _release(self, pair: _Pair) -> None:
         if pair.in_flight > 0:
             pair.in_flight -= 1
+            self._changed(pair.host)
         self._hand_over(pair)
         self._forget_if_idle(pair)
 
@@ -368,6 +384,7 @@ class Limiter:
         return None
 
     def _line_moved(self, pair: _Pair) -> None:
+        self._changed(pair.host)
         if pair.listeners:
             for waiter in pair.queue:
                 if waiter._attached and waiter._changed is not None:

@@ -28,15 +28,15 @@ state is `routing.core.state.FleetState`: in-process, or shared through Redis.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, Protocol, TypeGuard, TypeVar, cast
 
-from routing.core.choose import Candidate, ranked
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.limiter import Pair
+from routing.core.ranking import Ranking
 from routing.core.state import FleetState, Held, InLine
 
 __all__ = ["Placement", "Placer", "Reason", "Waiting"]
@@ -85,8 +85,8 @@ class Fleet(Protocol[RouteT]):
     @property
     def state(self) -> FleetState: ...
 
-    def candidates(self, route: RouteT, model: str) -> list[Candidate]:
-        """The route's hosts for `model`, in route order."""
+    def ranking(self, route: RouteT, model: str) -> Ranking:
+        """The route's usable hosts for `model`, best first (`routing.core.ranking`)."""
         ...
 
     def usable(self, route: RouteT, model: str, host: str) -> bool:
@@ -162,12 +162,14 @@ class Placer(Generic[RouteT]):
             reason, lease = Reason.NEW, LeaseOutcome.NEW
         else:
             reason, lease = Reason.NONE, LeaseOutcome.NONE
-        order = self._ranked()
+        ranking = self._ranking()
+        order = ranking.hosts()
         if not order:
-            return self._homeless(self._listed(), reason, lease, NoHealthyHost())
-        got = await self.fleet.state.place(self._pairs(order))
+            return self._homeless(list(ranking.listed), reason, lease, NoHealthyHost())
+        best = order[0]  # the order may change while the place is asked for
+        got = await self.fleet.state.place(ranking.pairs())
         if got is None:
-            raise QueueFull(order[0], self.model)
+            raise QueueFull(best, self.model)
         await self._keep_lease(got.host, got)
         return self._result(got, reason, lease)
 
@@ -180,7 +182,7 @@ class Placer(Generic[RouteT]):
         loop = asyncio.get_running_loop()
         waiter = waiting.waiter
         timers = [loop.call_at(self.started + self.route.queue_timeout, self._time_out, waiter)]
-        if waiting.host and len(self._listed()) > 1:
+        if waiting.host and len(self._ranking().listed) > 1:
             patience = self.started + self.route.lease_patience
             timers.append(loop.call_at(patience, self._spill, waiter))
         fallback = self.fleet.fallback_of(self.route)
@@ -198,7 +200,7 @@ class Placer(Generic[RouteT]):
             for timer in timers:
                 timer.cancel()
         waited = loop.time() - self.started
-        own = slot.model == self.model and slot.host in self._listed()
+        own = slot.model == self.model and self._ranking().lists(slot.host)
         if fallback is not None and not own:
             return Placement(
                 slot, Reason.FALLBACK, LeaseOutcome.NONE, fallback.name, slot.model, waited,
@@ -223,13 +225,15 @@ class Placer(Generic[RouteT]):
 
     async def _at_home(self, home: str) -> Placement | Waiting:
         state = self.fleet.state
-        others = [host for host in self._ranked() if host != home]
+        ranking = self._ranking()
         if self.route.lease_patience <= 0:
-            got = await state.place(self._pairs([home, *others]))
+            got = await state.place(_HomeFirst((home, self.model), ranking.pairs()))
         else:
-            got = await state.place(self._pairs([home]))
-            if got is None and others:
-                got = await state.place(self._pairs(others))
+            got = await state.place([(home, self.model)])
+            # Home has neither a slot nor room in its line: the others, in order (home among
+            # them still has neither, or took one back meanwhile: then it is home's).
+            if got is None and len(ranking.hosts()) > 1:
+                got = await state.place(ranking.pairs())
         if got is None:
             raise QueueFull(home, self.model)
         await self._keep_lease(home, got)
@@ -260,12 +264,12 @@ class Placer(Generic[RouteT]):
 
     def _spill(self, waiter: InLine) -> None:
         """Patience spent: a slot freed on another usable host of the route may take it."""
-        self.fleet.state.watch(waiter, self._pairs(self._ranked()), self._accepts)
+        self.fleet.state.watch(waiter, list(self._ranking().pairs()), self._accepts)
 
     def _fall_back(self, waiter: InLine, fallback: RouteT) -> None:
         """Waited `fallback_after`: a free slot of the fallback route may take it."""
         model = self._fallback_model()
-        pairs = [(host, model) for host in ranked(self.fleet.candidates(fallback, model))]
+        pairs = list(self.fleet.ranking(fallback, model).pairs())
         self._fallback = fallback
         self._fallback_pairs.update(pairs)
         self.fleet.state.watch(waiter, pairs, self._accepts)
@@ -279,12 +283,9 @@ class Placer(Generic[RouteT]):
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _ranked(self) -> list[str]:
-        return ranked(self.fleet.candidates(self.route, self.model))
-
-    def _listed(self) -> list[str]:
-        """The route's hosts that list the model, usable now or not."""
-        return [c.host for c in self.fleet.candidates(self.route, self.model) if c.can_serve]
+    def _ranking(self) -> Ranking:
+        # Asked of the fleet each time: a reload replaces the rankings.
+        return self.fleet.ranking(self.route, self.model)
 
     def _pairs(self, hosts: Sequence[str]) -> list[Pair]:
         return [(host, self.model) for host in hosts]
@@ -318,6 +319,22 @@ class Placer(Generic[RouteT]):
                 if granted is not None:
                     granted.release()
             raise
+
+
+class _HomeFirst:
+    """Home's pair, then the ranking's others in order: read as often as it is iterated."""
+
+    __slots__ = ("home", "others")
+
+    def __init__(self, home: Pair, others: Sequence[Pair]) -> None:
+        self.home = home
+        self.others = others
+
+    def __iter__(self) -> Iterator[Pair]:
+        yield self.home
+        for pair in self.others:
+            if pair != self.home:
+                yield pair
 
 
 def _is_held(got: Held | InLine) -> TypeGuard[Held]:

@@ -13,7 +13,7 @@ never decide whether a place is free, which only `place` does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from routing.core.leases import LeaseKey, LeaseTable
@@ -71,9 +71,10 @@ class InLine(Protocol):
 class FleetState(Protocol):
     """Slots, lines and leases of the whole fleet, and counts of them for ranking."""
 
-    async def place(self, pairs: Sequence[Pair]) -> Held | InLine | None:
+    async def place(self, pairs: Iterable[Pair]) -> Held | InLine | None:
         """A free slot on the first pair with one; else a place in the first line with room;
-        else None (all full)."""
+        else None (all full). `pairs` is read at most twice, before the first suspension (it
+        may be a ranking's own sequence, which changes at the ranking's next read)."""
         ...
 
     def watcher(self) -> InLine | None:
@@ -107,6 +108,10 @@ class FleetState(Protocol):
     def snapshot(self) -> list[PairSnapshot]: ...
     def leases_held(self, host: str, model: str | None = None) -> int: ...
     def leases_by_host(self) -> dict[str, int]: ...
+    def expire_leases(self) -> None:
+        """Count the leases that expired by now out of `leases_held` (before a ranking is
+        read; a shared state's counts are a tick's)."""
+        ...
 
 
 class LocalState:
@@ -118,7 +123,7 @@ class LocalState:
         self.limiter = limiter
         self.leases = leases
 
-    async def place(self, pairs: Sequence[Pair]) -> Slot | Waiter | None:
+    async def place(self, pairs: Iterable[Pair]) -> Slot | Waiter | None:
         return self.limiter.place(pairs)
 
     def watcher(self) -> Waiter:
@@ -166,4 +171,7 @@ class LocalState:
 
     def leases_by_host(self) -> dict[str, int]:
         return self.leases.held_by_host()
+
+    def expire_leases(self) -> None:
+        self.leases.expire()
 

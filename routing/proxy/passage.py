@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 import httpx
 
 from routing.config.shape import RouteConfig
-from routing.core.choose import ranked
 from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown
 from routing.core.placement import Placement, Placer, Waiting
 from routing.proxy import upstream
@@ -131,7 +130,7 @@ class Passage:
         raise failure or NoHealthyHost()
 
     def _next_host(self, tried: set[str]) -> str | None:
-        for host in ranked(self.runtime.candidates(self.route, self.ask.model)):
+        for host in self.runtime.ranking(self.route, self.ask.model).hosts():
             if host not in tried:
                 return host
         return None

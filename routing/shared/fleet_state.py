@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from routing.core.leases import LeaseKey
@@ -244,9 +244,20 @@ class SharedWatcher(SharedPlace):
 class SharedState:
     """Slots, lines, leases and client counts in Redis, for one process and event loop."""
 
-    def __init__(self, url: str, *, hold_ttl: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        hold_ttl: float,
+        on_change: Callable[[str], None] | None = None,
+        on_refresh: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_change(host)`: a count of the host changed here (this process's slots, its
+        new leases, a configuration); `on_refresh()`: every count was read again (a tick)."""
+        self._changed = on_change or _ignore
+        self._refreshed = on_refresh or _nothing
         self.shared = Shared(url, hold_ttl=hold_ttl)
-        self.slots = RedisSlots(self.shared)
+        self.slots = RedisSlots(self.shared, on_change=self._changed)
         self.leases = RedisLeases(self.shared)
         self.clients = RedisClients(self.shared)
         self._limits: dict[Pair, tuple[int, int]] = {}  # as configured here
@@ -281,7 +292,8 @@ class SharedState:
 
     # -- placing ------------------------------------------------------------------------
 
-    async def place(self, pairs: Sequence[Pair]) -> SharedSlot | SharedPlace | None:
+    async def place(self, pairs: Iterable[Pair]) -> SharedSlot | SharedPlace | None:
+        pairs = list(pairs)  # read now: a ranking's own sequence changes at its next read
         if not pairs:
             return None
         got = await self.slots.place(pairs)
@@ -322,16 +334,19 @@ class SharedState:
             return
         # Counted at once, so conversations arriving within a tick spread over hosts.
         self._new_leases[host] = self._new_leases.get(host, 0) + 1
+        self._changed(host)
 
     # -- configuration ------------------------------------------------------------------
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:
         self._limits[(host, model)] = (max(1, parallel), max(0, queue_max))
         self.slots.configure_soon(host, model, parallel, queue_max)
+        self._changed(host)
 
     def remove(self, host: str, model: str) -> None:
         self._limits.pop((host, model), None)
         self.slots.remove_soon(host, model)
+        self._changed(host)
 
     def drop_host(self, host: str) -> None:
         self._lease_counts.pop(host, None)
@@ -378,6 +393,9 @@ class SharedState:
         hosts = self._lease_counts.keys() | self._new_leases.keys()
         return {host: self.leases_held(host) for host in hosts}
 
+    def expire_leases(self) -> None:
+        pass  # Redis expires them; the counts are read every tick
+
     async def _refresh(self) -> None:
         new_leases = dict(self._new_leases)
         pairs = await self.slots.snapshot(others_only=True)
@@ -387,6 +405,7 @@ class SharedState:
         # The snapshot counts other processes' slots only (ours: `slots.held_on`, exact).
         # New leases made while it was read stay counted (it may or may not hold them).
         self._new_leases = _since(self._new_leases, new_leases)
+        self._refreshed()
 
     # -- internals ----------------------------------------------------------------------
 
@@ -395,6 +414,14 @@ class SharedState:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _ignore(host: str) -> None:
+    pass
+
+
+def _nothing() -> None:
+    pass
 
 
 def _since(now: dict[Any, int], before: dict[Any, int]) -> dict[Any, int]:

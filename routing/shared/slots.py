@@ -50,7 +50,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,8 +111,16 @@ class RedisSlots:
     limiter. Only configured pairs can be placed on (ValueError otherwise).
     """
 
-    def __init__(self, shared: Shared, *, max_wait: float = DEFAULT_MAX_WAIT) -> None:
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        max_wait: float = DEFAULT_MAX_WAIT,
+        on_change: Callable[[str], None] | None = None,
+    ) -> None:
         self._shared = shared
+        # Told the host whenever this instance's count of slots held there changes.
+        self._changed = on_change
         # A queued request's record outlives any wait shorter than this; a longer wait loses
         # its place (the wait then fails with StateUnavailable at the next check).
         self._max_wait_ms = int(max_wait * 1000)
@@ -234,7 +242,7 @@ class RedisSlots:
 
     # -- placing, waiting ---------------------------------------------------------------
 
-    async def place(self, pairs: Sequence[tuple[str, str]]) -> Grant | Queued | None:
+    async def place(self, pairs: Iterable[tuple[str, str]]) -> Grant | Queued | None:
         """Take a slot of the first pair with one free, else a place in the queue of the first
         pair with room, else None. One round trip. Raises StateUnavailable, or ValueError for
         no pairs or a pair not configured here."""
@@ -414,7 +422,7 @@ class RedisSlots:
         self._last_id = next(self._ids)
         return f"{self._shared.proc}.{self._last_id}"
 
-    def _known(self, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    def _known(self, pairs: Iterable[tuple[str, str]]) -> list[str]:
         ids = []
         for host, model in pairs:
             pair = pair_id(host, model)
@@ -429,6 +437,8 @@ class RedisSlots:
         grant = self._held[gid] = Grant(host, model, gid, waited)
         counted = self._held_per_pair
         counted[(host, model)] = counted.get((host, model), 0) + 1
+        if self._changed is not None:
+            self._changed(host)
         return grant
 
     def _unhold(self, grant: Grant) -> bool:
@@ -440,6 +450,8 @@ class RedisSlots:
         left = self._held_per_pair.pop((grant.host, grant.model)) - 1
         if left:
             self._held_per_pair[(grant.host, grant.model)] = left
+        if self._changed is not None:
+            self._changed(grant.host)
         return True
 
     def _landed(self, entry: _Wait, pair: str) -> Grant:

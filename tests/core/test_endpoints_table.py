@@ -90,7 +90,8 @@ def test_one_named_host_serves_its_state_and_controls_but_not_model_loading() ->
     about = {path for path in ENDPOINTS if served("GET", path).about_the_host}
 
     assert about == {
-        "/health", "/v1/health", "/props", "/slots", "/slots/<id>", "/metrics", "/lora-adapters", "/cors-proxy",
+        "/health", "/v1/health", "/props", "/slots", "/slots/<id>", "/metrics", "/lora-adapters",
+        "/cors-proxy",
         "/v1/stream", "/v1/streams/lookup", "/models/sse",
     }  # fmt: skip
 

@@ -23,6 +23,7 @@ from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueT
 from routing.core.leases import LeaseKey, LeaseOutcome, LeaseTable
 from routing.core.limiter import Limiter, Slot
 from routing.core.placement import Placement, Placer, Reason, Waiting
+from routing.core.ranking import Ranking, Rankings
 from routing.core.state import Held, LocalState
 
 MODEL = "llama3"
@@ -67,11 +68,16 @@ def host(
 
 
 class MemoryFleet:
-    """`routing.core.placement.Fleet` over plain dicts: hosts by name, routes by name."""
+    """`routing.core.placement.Fleet` over plain dicts: hosts by name, routes by name.
+
+    Its rankings are kept as the runtime keeps them (routing/core/ranking.py): the limiter and
+    the lease table touch a host whose counts change, and a change of a host's dict must go
+    through `mark` or `set_host` (as the runtime's health table and reloads touch it)."""
 
     def __init__(self, hosts: dict[str, dict[str, Any]], *routes: Route) -> None:
-        self.limiter = Limiter()
-        self.leases = LeaseTable()
+        self.rankings = Rankings(self.candidate)
+        self.limiter = Limiter(on_change=self.rankings.touch)
+        self.leases = LeaseTable(on_change=self.rankings.touch)
         self.state = LocalState(self.limiter, self.leases)
         self.hosts = hosts
         self.routes = {route.name: route for route in routes}
@@ -79,25 +85,31 @@ class MemoryFleet:
             for model, limits in spec["models"].items():
                 self.limiter.configure(name, model, limits["parallel"], limits["queue_max"])
 
+    def candidate(self, name: str, model: str | None) -> Candidate | None:
+        spec = self.hosts.get(name)
+        if spec is None:
+            return None
+        serves = model in spec["models"]
+        state = self.state
+        return Candidate(
+            host=name,
+            healthy=spec["healthy"],
+            draining=spec["draining"],
+            loaded=serves,
+            can_serve=serves,
+            free=state.free_for(name, model) if serves and model is not None else 0,
+            queued=state.queued(name, model) if model is not None else 0,
+            weight=spec["weight"],
+            leases=state.leases_held(name),
+        )
+
     def candidates(self, route: Route, model: str) -> list[Candidate]:
-        out = []
-        for name in route.hosts:
-            spec = self.hosts[name]
-            serves = model in spec["models"]
-            out.append(
-                Candidate(
-                    host=name,
-                    healthy=spec["healthy"],
-                    draining=spec["draining"],
-                    loaded=serves,
-                    can_serve=serves,
-                    free=self.limiter.free_for(name, model) if serves else 0,
-                    queued=self.limiter.queued(name, model),
-                    weight=spec["weight"],
-                    leases=self.leases.held(name),
-                )
-            )
-        return out
+        """The route's hosts from scratch: `choose.ranked` of these is what `ranking` keeps."""
+        return [c for name in route.hosts if (c := self.candidate(name, model)) is not None]
+
+    def ranking(self, route: Route, model: str) -> Ranking:
+        self.state.expire_leases()
+        return self.rankings.of(route.name, route.hosts, model)
 
     def usable(self, route: Route, model: str, host: str) -> bool:
         spec = self.hosts.get(host)
@@ -112,10 +124,16 @@ class MemoryFleet:
     def fallback_of(self, route: Route) -> Route | None:
         return self.routes.get(route.fallback) if route.fallback else None
 
-    def set_host(self, name: str, **state: Any) -> None:
-        """Change a host's state; then offer its slots again through the fleet's state, as the
-        runtime's health table does (so `LocalState.wake` is on the tested path too)."""
+    def mark(self, name: str, **state: Any) -> None:
+        """Change a host's state, as a health answer or a reload changes it (the rankings
+        hear of it)."""
         self.hosts[name].update(state)
+        self.rankings.touch(name)
+
+    def set_host(self, name: str, **state: Any) -> None:
+        """`mark`; then offer its slots again through the fleet's state, as the runtime's
+        health table does (so `LocalState.wake` is on the tested path too)."""
+        self.mark(name, **state)
         self.state.wake(name)
 
     def occupy(self, name: str, model: str = MODEL) -> Slot:

@@ -2,9 +2,9 @@
 the fake llama-server, by the status the caller sees and whether the host saw the request.
 
 Classes (routing/core/endpoints.py): generate, inspect, host state and models are a client's
-(with a valid key when keys are in use), the health check anyone's; host controls are an operator's (the metrics token, or
-a signed-in staff session) unless the route opens them; one named host's own endpoints are
-always an operator's.
+(with a valid key when keys are in use), the health check anyone's; host controls are an
+operator's (the metrics token, or a signed-in staff session) unless the route opens them; one
+named host's own endpoints are always an operator's.
 """
 
 from __future__ import annotations

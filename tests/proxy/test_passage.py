@@ -59,14 +59,14 @@ class Fleet(MemoryFleet):
     async def forward(self, runtime: Any, ask: Any, model: str | None, name: str) -> Any:
         self.asked.append((runtime, ask, model, name))
         if name in self.resetting:
-            self.hosts[name]["healthy"] = False
+            self.mark(name, healthy=False)  # as the runtime marks it down
             raise HostDown(f"host {name} closed the connection")
         return ("head of", name)
 
     async def probe_down(self, route: object) -> None:
         self.probed.append(route)
         if self.comes_back:
-            self.hosts[self.comes_back]["healthy"] = True
+            self.set_host(self.comes_back, healthy=True)
 
 
 async def passage(

@@ -39,6 +39,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from routing.core.choose import ranked
 from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown, QueueFull
 from routing.core.placement import Placer, Waiting
 from routing.proxy.ask import Ask
@@ -175,7 +176,7 @@ class RequestPath(RuleBasedStateMachine):
         try:
             mode = self.hosts[name].mode
             if mode == "reset":
-                self.fleet.hosts[name]["healthy"] = False  # forward marks the host down
+                self.mark_down(name)  # forward marks the host down
                 raise HostDown(f"host {name} closed the connection")
             if mode == "hang":
                 answer = self.loop.create_future()
@@ -323,6 +324,18 @@ class RequestPath(RuleBasedStateMachine):
             held = self.held(pair)
             assert held == len(holders), f"{pair}: {held} slots held, by requests {holders}"
 
+    @invariant()
+    def each_ranking_kept_is_the_order_the_chooser_gives_from_scratch(self) -> None:
+        """What changes a host's place touches it in its rankings: none is ever stale."""
+        if not hasattr(self, "fleet"):
+            return
+        for process in (0, 1):
+            fleet = self.fleet_of(process)
+            for route, model in ((self.route, MODEL), (fleet.routes["cpu"], SMALL)):
+                assert list(fleet.ranking(route, model).hosts()) == ranked(
+                    fleet.candidates(route, model)
+                ), f"the ranking of {route.name} for {model} at process {process}"
+
     def teardown(self) -> None:
         if hasattr(self, "fleet"):
             for state in self.hosts.values():
@@ -365,6 +378,9 @@ class RequestPath(RuleBasedStateMachine):
 
     def set_host(self, name: str, **state: bool) -> None:
         self.fleet.set_host(name, **state)
+
+    def mark_down(self, name: str) -> None:
+        self.fleet.mark(name, healthy=False)
 
     def configure(self, name: str, parallel: int, queue_max: int) -> None:
         self.fleet.limiter.configure(name, MODEL, parallel, queue_max)

@@ -97,7 +97,7 @@ async def _leave_as_the_head_arrives() -> tuple[bytes, int]:
     runtime = Runtime(_fleet(), 0)
     try:
         slot = await runtime.state.place([("gpu1", MODEL)])
-        assert isinstance(slot, Slot) and runtime.limiter.in_flight("gpu1", MODEL) == 1
+        assert isinstance(slot, Slot) and runtime.state.in_flight("gpu1", MODEL) == 1
         placement = Placement(slot, Reason.NEW, LeaseOutcome.NEW, ROUTE, MODEL, waited=0.5)
         trail = Trail(Arrival(), route=ROUTE, model=MODEL, streamed=True)
         passage = _AnswerOnCue(placement, trail)
@@ -108,7 +108,7 @@ async def _leave_as_the_head_arrives() -> tuple[bytes, int]:
         stream.close()  # the client is gone
 
         await asyncio.wait_for(passage.body.closed.wait(), timeout=10)
-        return frame, runtime.limiter.in_flight("gpu1", MODEL)
+        return frame, runtime.state.in_flight("gpu1", MODEL)
     finally:
         await runtime.aclose()
 
@@ -154,7 +154,7 @@ async def _running_after_a_grant_while_the_client_reads() -> list[bytes]:
         frames.append(await asyncio.wait_for(anext(stream), timeout=60))
         status.close()  # the client leaves: the slot and the host's answer are given back
         await asyncio.wait_for(body.closed.wait(), timeout=10)
-        assert runtime.limiter.in_flight("gpu1", MODEL) == 0
+        assert runtime.state.in_flight("gpu1", MODEL) == 0
         return frames
     finally:
         await runtime.aclose()

@@ -25,7 +25,6 @@ import pytest
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, Phase, settings
 
-from routing.core.choose import Candidate
 from routing.shared.fleet_state import SharedState
 from tests.core.test_placement import MODEL, MemoryFleet, Route
 from tests.proxy.test_passage_model import RequestPath
@@ -44,23 +43,6 @@ class SharedFleet(MemoryFleet):
         super().__init__(hosts, *routes)
         self.state = state  # type: ignore[assignment]  # the shared backing stands in
 
-    def candidates(self, route: Route, model: str) -> list[Candidate]:
-        state = self.state
-        return [
-            Candidate(
-                host=name,
-                healthy=spec["healthy"],
-                draining=spec["draining"],
-                loaded=model in spec["models"],
-                can_serve=model in spec["models"],
-                free=state.free_for(name, model) if model in spec["models"] else 0,
-                queued=state.queued(name, model),
-                weight=spec["weight"],
-                leases=state.leases_held(name),
-            )
-            for name in route.hosts
-            for spec in (self.hosts[name],)
-        ]
 
 
 class SharedRequestPath(RequestPath):
@@ -74,7 +56,8 @@ class SharedRequestPath(RequestPath):
     def make_loop(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.new_event_loop()
         loop.run_until_complete(self._flushed())  # each run starts from an empty Redis
-        self.states = [loop.run_until_complete(self._started()) for _ in range(2)]
+        self.fleets: list[SharedFleet] = []
+        self.states = [loop.run_until_complete(self._started(process)) for process in range(2)]
         return loop
 
     async def _flushed(self) -> None:
@@ -84,8 +67,18 @@ class SharedRequestPath(RequestPath):
         finally:
             await client.aclose()
 
-    async def _started(self) -> SharedState:
-        state = SharedState(self.redis_url, hold_ttl=5.0)
+    async def _started(self, process: int) -> SharedState:
+        """A process's state, whose counts touch its fleet's rankings as the runtime's do."""
+
+        def touch(host: str) -> None:
+            if self.fleets:
+                self.fleets[process].rankings.touch(host)
+
+        def refreshed() -> None:
+            if self.fleets:
+                self.fleets[process].rankings.touch_all()
+
+        state = SharedState(self.redis_url, hold_ttl=5.0, on_change=touch, on_refresh=refreshed)
         await state.start()
         return state
 
@@ -116,9 +109,14 @@ class SharedRequestPath(RequestPath):
         self._configure(name, MODEL, parallel, queue_max)
 
     def set_host(self, name: str, **state: bool) -> None:
-        self.fleet.hosts[name].update(state)  # one dict: both processes see the change
+        for fleet in self.fleets:  # one dict: both processes see the change
+            fleet.mark(name, **state)
         for shared in self.states:
             self.act(functools.partial(shared.wake, name))
+
+    def mark_down(self, name: str) -> None:
+        for fleet in self.fleets:
+            fleet.mark(name, healthy=False)
 
     def let_pass(self, seconds: float) -> None:
         self.loop.run_until_complete(asyncio.sleep(seconds))
