@@ -49,6 +49,8 @@ __all__ = ["SharedPlace", "SharedSlot", "SharedState", "SharedWatcher"]
 
 log = logging.getLogger("crossbar.shared")
 
+HEAD = 8  # the hosts a placement asks first for a free slot (`SharedState.place`)
+
 
 class SharedSlot:
     """One slot held in Redis. `release()` is idempotent and returns at once."""
@@ -296,7 +298,15 @@ class SharedState:
         pairs = list(pairs)  # read now: a ranking's own sequence changes at its next read
         if not pairs:
             return None
-        got = await self.slots.place(pairs)
+        got: Grant | Queued | None = None
+        if len(pairs) > HEAD:
+            # This process's ranking puts the hosts with free slots first (other processes'
+            # counts are up to a tick old): asking its head for a slot is one short walk,
+            # both in the round trip and in Redis; only when the head had none (the counts
+            # moved, or every host is busy) does the whole order go, for a slot or a line.
+            got = await self.slots.place(pairs[:HEAD], queue=False)
+        if got is None:
+            got = await self.slots.place(pairs)
         if got is None:
             return None
         if isinstance(got, Grant):

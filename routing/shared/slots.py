@@ -7,6 +7,7 @@ operation (routing/shared/slots_lua.py), so each is atomic and costs one round t
 
 - `place(pairs)`: the first pair, in the order given, with a free slot is taken (`Grant`);
   else a place in the queue of the first pair with room (`Queued`); else None (all full).
+  With `queue=False`, a free slot or None. The script reads only the pairs it walks.
 - `wait(queued)`: resolves with the `Grant` a release hands this waiter, oldest first.
 - `watch(queued, pairs)`: the waiter may also take a free slot of these other pairs when no
   one waits there (a spill after a patience, a fallback route); grants at once if one is free.
@@ -242,10 +243,12 @@ class RedisSlots:
 
     # -- placing, waiting ---------------------------------------------------------------
 
-    async def place(self, pairs: Iterable[tuple[str, str]]) -> Grant | Queued | None:
-        """Take a slot of the first pair with one free, else a place in the queue of the first
-        pair with room, else None. One round trip. Raises StateUnavailable, or ValueError for
-        no pairs or a pair not configured here."""
+    async def place(
+        self, pairs: Iterable[tuple[str, str]], *, queue: bool = True
+    ) -> Grant | Queued | None:
+        """Take a slot of the first pair with one free, else (`queue`) a place in the queue of
+        the first pair with room, else None. One round trip. Raises StateUnavailable, or
+        ValueError for no pairs or a pair not configured here."""
         ids = self._known(pairs)
         if not ids:
             raise ValueError("place() needs at least one (host, model) pair")
@@ -253,14 +256,15 @@ class RedisSlots:
         entry = _Wait(wid, ids, asyncio.get_running_loop().create_future(), time.monotonic())
         # Registered before the script runs: the grant's message may come before its reply.
         self._waits[wid] = entry
+        mode = "queue" if queue else "slots"
         try:
-            reply = await self._place(wid, self._max_wait_ms, *ids)
+            reply = await self._place(wid, self._max_wait_ms, mode, "0", *ids)
             if reply[0] == "lapsed":  # Redis restarted, or this process was away: tick first
                 await self._shared.revive()
-                reply = await self._place(wid, self._max_wait_ms, *ids)
+                reply = await self._place(wid, self._max_wait_ms, mode, "1", *ids)
             elif reply[0] == "unconfigured":  # another process removed the pair meanwhile
                 await self._restore()
-                reply = await self._place(wid, self._max_wait_ms, *ids)
+                reply = await self._place(wid, self._max_wait_ms, mode, "1", *ids)
         except BaseException:
             # The script may have run without its reply reaching us: what it took must go.
             del self._waits[wid]

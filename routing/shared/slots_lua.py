@@ -171,34 +171,40 @@ tidy(pair)
 return 1
 """
 
-# ARGV: P, waiter id, waiter record ttl ms, pair1..pairN.
+# ARGV: P, waiter id, waiter record ttl ms, 'queue' or 'slots' (a free slot or nothing),
+# '1' when the same waiter asks again (its first call's outcome unknown) else '0',
+# pair1..pairN. Each pair's limits are read only once it is reached: the first free slot is
+# usually the first pair's, so a call costs what it walks, not the length of the list.
 # Reply: {'grant', pair} | {'queued', pair, position} | {'full'} | {'unconfigured', pair} |
 # {'lapsed'} (the process's liveness key is gone: what it took now would not count as its own)
 PLACE = PRELUDE + r"""
-local w = ARGV[2]
-local granted = held_by(w, 4, #ARGV)
-if granted then return {'grant', granted} end
-if not alive(proc_of(w)) then return {'lapsed'} end
-local mine = redis.call('HGET', waiter_key(w), 'pair')
-if mine then return {'queued', mine, (redis.call('LPOS', queue_key(mine), w) or -1) + 1} end
-local limits = {}
-for i = 4, #ARGV do
-  local parallel, queue_max = conf(ARGV[i])
-  if not parallel then return {'unconfigured', ARGV[i]} end
-  limits[i] = {parallel, queue_max}
+local w, first = ARGV[2], 6
+if ARGV[5] == '1' then
+  local granted = held_by(w, first, #ARGV)
+  if granted then return {'grant', granted} end
 end
-for i = 4, #ARGV do
+if not alive(proc_of(w)) then return {'lapsed'} end
+if ARGV[5] == '1' then
+  local mine = redis.call('HGET', waiter_key(w), 'pair')
+  if mine then return {'queued', mine, (redis.call('LPOS', queue_key(mine), w) or -1) + 1} end
+end
+local queue_max = {}
+for i = first, #ARGV do
   local pair = ARGV[i]
-  if has_free(pair, limits[i][1]) then
+  local parallel, most = conf(pair)
+  if not parallel then return {'unconfigured', pair} end
+  queue_max[i] = most
+  if has_free(pair, parallel) then
     redis.call('HSET', held_key(pair), w, proc_of(w))
     return {'grant', pair}
   end
 end
-for i = 4, #ARGV do
-  local pair, queue_max = ARGV[i], limits[i][2]
+if ARGV[4] ~= 'queue' then return {'full'} end
+for i = first, #ARGV do
+  local pair, most = ARGV[i], queue_max[i]
   local q = queue_key(pair)
-  if queue_max > 0 and redis.call('LLEN', q) >= queue_max then purge(pair) end
-  if redis.call('LLEN', q) < queue_max then
+  if most > 0 and redis.call('LLEN', q) >= most then purge(pair) end
+  if redis.call('LLEN', q) < most then
     local seq = redis.call('INCR', P .. 'seq')
     local position = redis.call('RPUSH', q, w)
     redis.call('HSET', waiter_key(w), 'pair', pair, 'seq', seq, 'watches', '[]')

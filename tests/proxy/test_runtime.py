@@ -10,6 +10,7 @@ from asgiref.sync import sync_to_async
 from hosts.models import Host, HostModel
 from routing.core.limiter import Slot, Waiter
 from routing.core.placement import Placement, Placer
+from routing.core.state import LocalState
 from routing.runtime import Runtime, close_runtime, get_runtime
 from tests.fleet import MODEL, add_host, add_route
 
@@ -21,6 +22,12 @@ async def runtime():
     rt = await get_runtime()
     yield rt
     await close_runtime()
+
+
+def local(runtime: Runtime) -> LocalState:
+    """The runtime's own limiter and lease table (no CROSSBAR_REDIS_URL here)."""
+    assert isinstance(runtime.state, LocalState)
+    return runtime.state
 
 
 @sync_to_async
@@ -43,24 +50,26 @@ async def test_an_edit_in_the_orm_reaches_the_running_gateway_with_slots_kept(ru
     gpu1 = await sync_to_async(add_host)("gpu1", "http://127.0.0.1:9", models={MODEL: (2, 4)})
     await sync_to_async(add_route)("chat", [gpu1])
     await runtime.refresh()
-    held = [runtime.limiter.place([("gpu1", MODEL)]) for _ in range(2)]
-    waiter = runtime.limiter.place([("gpu1", MODEL)])
+    held = [local(runtime).limiter.place([("gpu1", MODEL)]) for _ in range(2)]
+    waiter = local(runtime).limiter.place([("gpu1", MODEL)])
     assert isinstance(waiter, Waiter)
-    assert runtime.limiter.queued("gpu1", MODEL) == 1
+    assert local(runtime).limiter.queued("gpu1", MODEL) == 1
 
     await set_parallel("gpu1", 3)
     await runtime.refresh()
     granted = await asyncio.wait_for(waiter.granted, 2)
 
-    assert runtime.limiter.in_flight("gpu1", MODEL) == 3  # two kept, the waiter granted at once
+    # two kept, the waiter granted at once
+    assert local(runtime).limiter.in_flight("gpu1", MODEL) == 3
     await set_parallel("gpu1", 1)
     await runtime.refresh()
     for slot in held:
         assert isinstance(slot, Slot)
         slot.release()
-    assert runtime.limiter.free_for("gpu1", MODEL) == 0  # one still held, and the limit is 1
+    # one still held, and the limit is 1
+    assert local(runtime).limiter.free_for("gpu1", MODEL) == 0
     granted.release()
-    assert runtime.limiter.free_for("gpu1", MODEL) == 1
+    assert local(runtime).limiter.free_for("gpu1", MODEL) == 1
 
 
 async def test_a_deleted_host_loses_its_leases_and_others_keep_theirs(runtime):
@@ -77,7 +86,7 @@ async def test_a_deleted_host_loses_its_leases_and_others_keep_theirs(runtime):
     await runtime.refresh()
 
     assert await place(runtime, on_gpu1) == ("gpu2", "new")
-    assert runtime.leases.held_by_host() == {"gpu2": 2}
+    assert local(runtime).leases.held_by_host() == {"gpu2": 2}
 
 
 async def test_draining_a_host_stops_new_leases_at_once(runtime):

@@ -103,6 +103,36 @@ def usable_when(flags: dict[str, bool]) -> Callable[[Pair], bool]:
     return lambda pair: flags[pair[0]]
 
 
+# -- the order placement asks in ---------------------------------------------------------
+
+ROW = [(f"r{index:02d}", "m") for index in range(12)]  # a route longer than the head asked first
+
+
+async def test_a_free_slot_past_the_head_is_found_when_the_head_is_full(redis_url):
+    async with fleet(redis_url, dict.fromkeys(ROW, (1, 1))) as (a, b):
+        taken = [await slot_of(b, [pair]) for pair in ROW[:10]]  # the head, and then some
+
+        got = await slot_of(a, ROW)  # as a's ranking orders them: its counts are a tick old
+
+        assert (got.host, got.model) == ROW[10]
+        for slot in [*taken, got]:
+            slot.release()
+
+
+async def test_with_every_slot_taken_the_request_queues_at_the_first_line_with_room(redis_url):
+    async with fleet(redis_url, {**dict.fromkeys(ROW, (1, 0)), ROW[9]: (1, 1)}) as (a, b):
+        taken = [await slot_of(b, [pair]) for pair in ROW]
+
+        place = await place_of(a, ROW)
+
+        assert place.host == ROW[9][0]
+        taken[9].release()
+        assert (await granted(place)).host == ROW[9][0]
+        for slot in taken[:9] + taken[10:]:
+            slot.release()
+        (await granted(place)).release()
+
+
 # -- places in line ----------------------------------------------------------------------
 
 
