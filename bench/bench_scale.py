@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -46,12 +47,12 @@ from processes import (  # noqa: E402  (bench/ is not a package)
     PYTHON,
     Server,
     crossbar,
-    free_port,
     machine,
     redis_server,
     redis_state,
-    serving,
     source_tree,
+    stop,
+    wait_for,
 )
 
 RESULTS = BENCH / "results"
@@ -76,12 +77,27 @@ def fleet_toml(ports: list[int], slots: int) -> str:
 
 @contextlib.contextmanager
 def upstream(work: Path, hosts: int) -> Iterator[tuple[Server, list[int]]]:
-    ports = [free_port() for _ in range(hosts)]
+    """One fake upstream process answering on `hosts` ports the system picks."""
+    listing = work / f"upstream-{hosts}.ports"
+    log = work / f"upstream-{hosts}.log"
+    listing.unlink(missing_ok=True)  # another backing's run of the same fleet left its own
     command = [PYTHON, str(BENCH / "fake_upstream.py"), "--token-delay", "0.002"]
-    for port in ports:
-        command += ["--port", str(port)]
-    with serving(command, ports[0], "/health", work / f"upstream-{hosts}.log") as server:
-        yield server, ports
+    command += ["--count", str(hosts), "--ports-file", str(listing)]
+    with log.open("wb") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while not listing.exists():
+                if process.poll() is not None or time.monotonic() > deadline:
+                    sys.exit(f"the fake upstream did not start; its log ({log}):\n"
+                             f"{log.read_text()}")  # fmt: skip
+                time.sleep(0.05)
+            ports = json.loads(listing.read_text())
+            url = f"http://127.0.0.1:{ports[0]}"
+            wait_for(url + "/health", process, "fake_upstream", log, 30)
+            yield Server(url, process.pid, log), ports
+        finally:
+            stop(process)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -1,7 +1,7 @@
 """A lean fake llama-server for benchmarks: streamed chat completions at a few µs per token.
 
     python bench/fake_upstream.py --port 9001 --token-delay 0.002
-    python bench/fake_upstream.py --port 9001 --port 9002 ...   # one process, many hosts
+    python bench/fake_upstream.py --count 200 --ports-file ports.json   # one process, 200 hosts
 
 The fake of the tests (`tests/fakes/llama_server.py`) models a KV cache, slots and failures;
 for that it compares every prompt with the recent ones (with 512 slots, milliseconds per
@@ -168,8 +168,12 @@ class Upstream(asyncio.Protocol):
         self.streaming = loop.call_later(self.token_delay, next_token)
 
 
-async def serve(host: str, ports: list[int], token_delay: float) -> None:
-    """Answer on every port of `ports` (one per host of a benchmark's fleet) until a signal."""
+async def serve(
+    host: str, ports: list[int], token_delay: float, ports_file: str | None = None
+) -> None:
+    """Answer on every port of `ports` (one per host of a benchmark's fleet; 0: one the system
+    picks) until a signal. With `ports_file`, the ports listened on are written there as a JSON
+    list once all listen."""
     loop = asyncio.get_running_loop()
     servers = [
         await loop.create_server(
@@ -177,6 +181,9 @@ async def serve(host: str, ports: list[int], token_delay: float) -> None:
         )
         for port in ports
     ]
+    ports = [server.sockets[0].getsockname()[1] for server in servers]
+    if ports_file:
+        _write_ports(ports, ports_file)
     stop = loop.create_future()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set_result, None)
@@ -187,6 +194,14 @@ async def serve(host: str, ports: list[int], token_delay: float) -> None:
         server.close()
 
 
+def _write_ports(ports: list[int], path: str) -> None:
+    """All at once (a reader never sees half of the list)."""
+    partial = f"{path}.partial"
+    with open(partial, "w") as out:
+        json.dump(ports, out)
+    os.replace(partial, path)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="A lean fake llama-server for benchmarks.")
     parser.add_argument("--host", default="127.0.0.1")
@@ -194,8 +209,13 @@ def main(argv: list[str] | None = None) -> None:
         "--port", type=int, action="append", help="a port to answer on (repeat for more; 9001)"
     )
     parser.add_argument("--token-delay", type=float, default=0.002, help="seconds per token")
+    parser.add_argument(
+        "--count", type=int, default=0, help="listen on this many ports the system picks"
+    )
+    parser.add_argument("--ports-file", help="write the ports listened on here (JSON)")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port or [9001], args.token_delay))
+    ports = args.port or ([0] * args.count if args.count else [9001])
+    asyncio.run(serve(args.host, ports, args.token_delay, args.ports_file))
 
 
 if __name__ == "__main__":

@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import math
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
+
+
+def validate_base_url(value: str) -> None:
+    """The engine's base URL, to which the gateway adds llama-server's own paths (`/v1/chat/
+    completions`, `/health`): an OpenAI base URL's `/v1` would double them."""
+    path = urlsplit(value.strip()).path.rstrip("/")
+    if path == "/v1" or path.endswith("/v1"):
+        bare = value.strip().rstrip("/").removesuffix("/v1")
+        raise ValidationError(
+            f"Leave out the /v1: crossbar adds each endpoint's own path (/v1/chat/completions,"
+            f" /health), so this URL would send requests to /v1/v1/... Use {bare}."
+        )
 
 
 def validate_weight(value: float) -> None:
@@ -23,7 +36,7 @@ class Host(models.Model):
     )
     url = models.CharField(
         max_length=500,
-        validators=[URLValidator(schemes=["http", "https"])],
+        validators=[URLValidator(schemes=["http", "https"]), validate_base_url],
         help_text="Base URL of the engine, e.g. http://10.0.0.5:8080 (no /v1).",
     )
     weight = models.FloatField(

@@ -394,6 +394,16 @@ def test_check_passes_with_warnings_only() -> None:
     )
 
 
+def test_check_refuses_a_host_url_ending_in_v1_and_says_what_to_write(tmp_path: Path) -> None:
+    openai_style = FLEET.replace('url = "http://10.0.0.6:8080"', 'url = "http://10.0.0.6:8080/v1"')
+
+    with pytest.raises(CommandError) as caught:
+        crossbar_config("check", write(tmp_path, openai_style))
+
+    assert "error: hosts.gpu2.url: Leave out the /v1" in str(caught.value)
+    assert "Use http://10.0.0.6:8080." in str(caught.value)
+
+
 def test_check_judges_a_file_on_its_own(tmp_path: Path) -> None:
     assert crossbar_config("check", write(tmp_path, FLEET)).endswith(": 0 errors, 0 warnings")
 

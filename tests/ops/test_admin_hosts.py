@@ -124,6 +124,25 @@ def test_an_invalid_host_is_shown_again_with_its_errors(admin_client: Client) ->
     assert not HostModel.objects.exists()
 
 
+@pytest.mark.parametrize("url", ["http://10.0.0.5:8080/v1", "http://10.0.0.5:8080/v1/"])
+def test_an_openai_base_url_is_refused_with_the_url_to_use_instead(
+    admin_client: Client, url: str
+) -> None:
+    response = admin_client.post(ADD, host_form([], url=url))
+
+    assert response.status_code == 200
+    assert "Leave out the /v1" in response.content.decode()
+    assert "Use http://10.0.0.5:8080." in response.content.decode()
+    assert not Host.objects.exists()
+
+
+def test_a_url_with_a_path_of_its_own_is_kept(admin_client: Client) -> None:
+    response = admin_client.post(ADD, host_form([], url="http://proxy.lan/llama/gpu1"))
+
+    assert response.status_code == 302
+    assert Host.objects.get().url == "http://proxy.lan/llama/gpu1"
+
+
 def test_a_negative_queue_is_a_form_error(admin_client: Client) -> None:
     response = admin_client.post(ADD, host_form([{"name": "llama3", "queue_max": "-1"}]))
 
