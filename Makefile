@@ -53,7 +53,7 @@ LITELLM_VENV := bench/.venv-litellm
 LITELLM_PIN := litellm[proxy]==1.108.7
 BENCH_INSTALLED := bench/results/.requirements-installed
 
-.PHONY: bench bench-compare bench-idle-queue bench-poller
+.PHONY: bench bench-compare bench-idle-queue bench-poller bench-scale
 
 $(BENCH_INSTALLED): bench/requirements.txt $(VENV)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
@@ -71,6 +71,9 @@ bench-idle-queue: $(BENCH_INSTALLED)
 
 bench-poller: $(VENV)/.installed
 	$(PY) bench/bench_poller.py $(BENCH_ARGS)
+
+bench-scale: $(BENCH_INSTALLED)
+	$(PY) bench/bench_scale.py $(BENCH_ARGS)
 
 $(LITELLM_VENV)/.installed:
 	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)

@@ -222,7 +222,7 @@ def one_backing(
         with contextlib.ExitStack() as stack:
             env: dict[str, str] = {}
             redis_url = None
-            name = f"{backing}-{hosts}"
+            name = f"{backing}-{hosts}-{source.name}"
             if backing == "redis":
                 redis_url = stack.enter_context(redis_server(work, name))
                 env["CROSSBAR_REDIS_URL"] = redis_url
@@ -306,7 +306,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--chunks", type=int, default=16)
     parser.add_argument("--requests", type=int, default=40, help="measured requests per client")
     parser.add_argument("--idle-seconds", type=float, default=20.0)
-    parser.add_argument("--rev", help="measure this commit (git archive) instead of the tree")
+    parser.add_argument(
+        "--rev", action="append", default=[],
+        help="measure this commit (git archive); repeat for several, side by side in one run, "
+        "and name `tree` for the working tree among them (default: the tree alone)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -315,11 +319,21 @@ def main(argv: list[str] | None = None) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     work = RESULTS / f"scale-{stamp}"
     work.mkdir(parents=True, exist_ok=True)
-    source, provenance = source_tree(work, args.rev)
-    print(f"bench-scale: {provenance}", flush=True)
-    results = {backing: one_backing(backing, work, source, args) for backing in args.backings}
+    results: dict[str, dict] = {}
+    provenances = []
+    for rev in args.rev or ["tree"]:
+        source, provenance = source_tree(work, None if rev == "tree" else rev)
+        provenances.append(provenance)
+        print(f"bench-scale: {provenance}", flush=True)
+        label = (
+            ""
+            if len(args.rev) < 2
+            else f"{provenance['commit']}{'+tree' if rev == 'tree' else ''} "
+        )
+        for backing in args.backings:
+            results[label + backing] = one_backing(backing, work, source, args)
     print(table(results))
-    document = {"provenance": provenance, "machine": machine(), "args": vars(args), **results}
+    document = {"provenance": provenances, "machine": machine(), "args": vars(args), **results}
     path = RESULTS / f"scale-{stamp}.json"
     path.write_text(json.dumps(document, indent=2, default=str))
     print(f"written: {path}")
