@@ -219,15 +219,6 @@ class Runtime:
         self.state.expire_leases()  # the counts as of now, as `candidates` would read them
         return self.rankings.of(route.name, route.hosts, model)
 
-    def candidates(self, route: RouteConfig, model: str | None) -> list[Candidate]:
-        """The route's enabled hosts as the chooser sees them, in route order: what
-        `ranking` keeps ordered (`choose.ranked` of these is its order)."""
-        return [
-            candidate
-            for name in route.hosts
-            if (candidate := self._candidate(name, model)) is not None
-        ]
-
     def _candidate(self, name: str, model: str | None) -> Candidate | None:
         """One host as the chooser sees it for `model`; None when it is unknown or disabled."""
         host = self.fleet.hosts.get(name)
