@@ -34,6 +34,10 @@ def test_a_model_to_load_goes_where_loading_it_unloads_nothing_busy(gateway):
         ]
         add_route("chat", hosts, lease_ttl=2)  # conversations soon forgotten: only work is busy
         gateway.sync()
+        # Both routers polled: one polled (nothing loaded) against one not yet (assumed
+        # loaded) would rank by that, not by weight.
+        wait_for_health_poll(busy)
+        wait_for_health_poll(idle)
         assert ask(gateway.url, "other").headers["x-crossbar-host"] == "gpu1"
         wait_for_health_poll(busy)  # which tells the gateway "other" is loaded
         # "other" has a live conversation on gpu1: loading "small" there would unload it.
