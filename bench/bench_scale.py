@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -54,6 +55,7 @@ from processes import (  # noqa: E402  (bench/ is not a package)
     stop,
     wait_for,
 )
+from profile_report import report  # noqa: E402
 
 RESULTS = BENCH / "results"
 SLOTS_PER_HOST = 4
@@ -148,6 +150,33 @@ def idle(pids: dict[str, int], seconds: float) -> dict[str, float]:
     return {name: (cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
 
 
+def idle_profile(pid: int, seconds: float, out: Path) -> None:
+    """py-spy on the idle gateway for `seconds`: where its upkeep goes, into `out`."""
+    pyspy = shutil.which("py-spy", path=str(Path(PYTHON).parent)) or shutil.which("py-spy")
+    if pyspy is None:
+        sys.exit("py-spy is not installed: `.venv/bin/pip install -r bench/requirements.txt`")
+    raw = out.with_suffix(".txt")
+    subprocess.run(
+        [pyspy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
+         "--output", str(raw), "--duration", str(int(seconds))],
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    text = report(raw.read_text(errors="replace"))
+    out.with_suffix(".report.txt").write_text(text + "\n")
+    print(text, flush=True)
+
+
+def reads(url: str) -> int:
+    """The requests Redis has read from its clients so far: its round trips."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        return int(client.info("stats")["total_reads_processed"])
+    finally:
+        client.close()
+
+
 def redis_pid(url: str) -> int:
     import redis
 
@@ -239,8 +268,18 @@ def one_backing(
                 pids["redis"] = redis_pid(redis_url)
             url = gateway.url + "/bench/v1/chat/completions"
             load(url, gateway, 8, 2, chunks=args.chunks, new_conversations=True)  # warm up
+            if args.idle_profile:
+                idle_profile(gateway.pid, args.idle_seconds, work / f"idle-{name}")
+            reads_before = reads(redis_url) if redis_url else 0
             quiet = idle(pids, args.idle_seconds)
+            upkeep = (reads(redis_url) - reads_before) / args.idle_seconds if redis_url else 0.0
             row = {"idle_core": quiet, **measure(url, gateway, args, pids.get("redis"))}
+            if redis_url:
+                # The ticks' round trips (liveness, counts) go on during the requests too:
+                # what is left without them is the requests' own.
+                row["upkeep_round_trips_per_s"] = upkeep
+                row["request_round_trips"] = row["round_trips_per_request"] - upkeep * row[
+                    "wall_s"] / max(1, row["requests"])  # fmt: skip
             out["hosts"][hosts] = row  # type: ignore[index]
             print(f"  {backing:5} {hosts:4} hosts: {row}", flush=True)
             if hosts != max(args.hosts) or not args.conversations:
@@ -277,10 +316,14 @@ def table(results: dict[str, dict]) -> str:
                 f"{name} {share:.1%}" for name, share in row["idle_core"].items()
             )
             trips = row.get("round_trips_per_request")
+            if "request_round_trips" in row:
+                trips_text = f"{trips:.2f} ({row['request_round_trips']:.2f} less upkeep)"
+            else:
+                trips_text = "" if trips is None else f"{trips:.2f}"
             lines.append(
                 f"| {backing} | {hosts} hosts | {row['cpu_ms_per_request']:.2f} | "
                 f"{row['cpu_ms_per_request'] / base:.2f}x | {idle_core} | "
-                f"{row['rss_peak_mb']:.0f} | {'' if trips is None else f'{trips:.2f}'} |"
+                f"{row['rss_peak_mb']:.0f} | {trips_text} |"
             )
         rows = out["conversations"]
         base = rows[min(rows)]["cpu_ms_per_request"] if rows else float("nan")
@@ -306,6 +349,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--chunks", type=int, default=16)
     parser.add_argument("--requests", type=int, default=40, help="measured requests per client")
     parser.add_argument("--idle-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--idle-profile", action="store_true",
+        help="also py-spy the idle gateway (before the idle measure) and print where it goes",
+    )  # fmt: skip
     parser.add_argument(
         "--rev", action="append", default=[],
         help="measure this commit (git archive); repeat for several, side by side in one run, "

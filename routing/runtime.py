@@ -60,9 +60,8 @@ class Runtime:
         self.shared: SharedState | None = None
         if conf["REDIS_URL"]:
             self.shared = SharedState(
-                conf["REDIS_URL"], hold_ttl=conf["REDIS_HOLD_TTL"], on_change=touch,
-                on_refresh=self.rankings.touch_all,
-            )  # fmt: skip
+                conf["REDIS_URL"], hold_ttl=conf["REDIS_HOLD_TTL"], on_change=touch
+            )
             self.state: FleetState = self.shared
         else:
             self.state = LocalState(Limiter(on_change=touch), LeaseTable(on_change=touch))

@@ -28,14 +28,15 @@ state is `routing.core.state.FleetState`: in-process, or shared through Redis.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Generic, Protocol, TypeGuard, TypeVar, cast
+from typing import Generic, Protocol, TypeVar, cast
 
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.limiter import Pair
+from routing.core.opening import Opening, give_back, is_held
 from routing.core.ranking import Ranking
 from routing.core.state import FleetState, Held, InLine
 
@@ -146,32 +147,50 @@ class Placer(Generic[RouteT]):
         Raises QueueFull (every usable host full), NoHealthyHost or PinnedHostDown (when the
         route has no fallback to wait for).
         """
-        home = None
-        if self.key is not None:
-            home = await self.fleet.state.find_lease(self.key, self.route.lease_ttl)
-        self._home = None
-        if home is not None:
-            if self.fleet.usable(self.route, self.model, home):
-                self._home = home
-                return await self._at_home(home)
-            if self.route.strict:
-                refusal = PinnedHostDown(home)
-                return self._homeless([home], Reason.HOME, LeaseOutcome.REUSED, refusal)
-            reason, lease = Reason.MOVED, LeaseOutcome.MOVED
-        elif self.key is not None:
-            reason, lease = Reason.NEW, LeaseOutcome.NEW
-        else:
-            reason, lease = Reason.NONE, LeaseOutcome.NONE
         ranking = self._ranking()
+        if self.key is None:
+            order = ranking.hosts()
+            if not order:
+                return self._homeless(list(ranking.listed), Reason.NONE, LeaseOutcome.NONE,
+                                      NoHealthyHost())  # fmt: skip
+            best = order[0]  # the order may change while the place is asked for
+            got = await self.fleet.state.place(ranking.pairs())
+            if got is None:
+                raise QueueFull(best, self.model)
+            return self._result(got, Reason.NONE, LeaseOutcome.NONE)
         order = ranking.hosts()
-        if not order:
-            return self._homeless(list(ranking.listed), reason, lease, NoHealthyHost())
-        best = order[0]  # the order may change while the place is asked for
-        got = await self.fleet.state.place(ranking.pairs())
-        if got is None:
+        best = order[0] if order else ""
+        opening = Opening(
+            key=self.key,
+            ttl=self.route.lease_ttl,
+            pairs=ranking.pairs(),
+            usable=self._usable,
+            unusable=ranking.unusable(),
+            strict=self.route.strict,
+            patient=self.route.lease_patience > 0,
+        )
+        opened = await self.fleet.state.open(opening)
+        home = opened.home
+        self._home = home if opened.at_home else None
+        if opened.pinned:
+            assert home is not None
+            return self._homeless([home], Reason.HOME, LeaseOutcome.REUSED, PinnedHostDown(home))
+        if opened.at_home:
+            assert home is not None
+            if opened.got is None:
+                raise QueueFull(home, self.model)
+            if opened.got.host != home:
+                return self._result(opened.got, Reason.SPILLED, LeaseOutcome.SPILLED)
+            return self._result(opened.got, Reason.HOME, LeaseOutcome.REUSED)
+        if home is not None:
+            reason, lease = Reason.MOVED, LeaseOutcome.MOVED
+        else:
+            reason, lease = Reason.NEW, LeaseOutcome.NEW
+        if opened.got is None:
+            if not best:
+                return self._homeless(list(ranking.listed), reason, lease, NoHealthyHost())
             raise QueueFull(best, self.model)
-        await self._keep_lease(got.host, got)
-        return self._result(got, reason, lease)
+        return self._result(opened.got, reason, lease)
 
     async def wait(self, waiting: Waiting) -> Placement:
         """Wait for the slot; raises QueueTimeout after the route's queue_timeout.
@@ -223,24 +242,6 @@ class Placer(Generic[RouteT]):
 
     # -- the steps ------------------------------------------------------------------------
 
-    async def _at_home(self, home: str) -> Placement | Waiting:
-        state = self.fleet.state
-        ranking = self._ranking()
-        if self.route.lease_patience <= 0:
-            got = await state.place(_HomeFirst((home, self.model), ranking.pairs()))
-        else:
-            got = await state.place([(home, self.model)])
-            # Home has neither a slot nor room in its line: the others, in order (home among
-            # them still has neither, or took one back meanwhile: then it is home's).
-            if got is None and len(ranking.hosts()) > 1:
-                got = await state.place(ranking.pairs())
-        if got is None:
-            raise QueueFull(home, self.model)
-        await self._keep_lease(home, got)
-        if got.host != home:
-            return self._result(got, Reason.SPILLED, LeaseOutcome.SPILLED)
-        return self._result(got, Reason.HOME, LeaseOutcome.REUSED)
-
     def _homeless(
         self, hosts: list[str], reason: Reason, lease: LeaseOutcome, refusal: Exception
     ) -> Waiting:
@@ -256,7 +257,7 @@ class Placer(Generic[RouteT]):
     def _result(
         self, got: Held | InLine, reason: Reason, lease: LeaseOutcome
     ) -> Placement | Waiting:
-        if _is_held(got):
+        if is_held(got):
             # A slot at once spent no time in a line (a shared state's round trips are not one).
             return Placement(got, reason, lease, self.route.name, self.model, 0.0)
         waiter = cast(InLine, got)
@@ -290,6 +291,9 @@ class Placer(Generic[RouteT]):
     def _pairs(self, hosts: Sequence[str]) -> list[Pair]:
         return [(host, self.model) for host in hosts]
 
+    def _usable(self, host: str) -> bool:
+        return self.fleet.usable(self.route, self.model, host)
+
     def _accepts(self, pair: Pair) -> bool:
         """Whether a slot freed on `pair` may go to this request right now."""
         host, model = pair
@@ -312,30 +316,5 @@ class Placer(Generic[RouteT]):
         try:
             await self.fleet.state.keep_lease(self.key, host, self.route.lease_ttl, self._home)
         except BaseException:
-            if _is_held(got):
-                got.release()
-            else:
-                granted = cast(InLine, got).cancel()
-                if granted is not None:
-                    granted.release()
+            give_back(got)
             raise
-
-
-class _HomeFirst:
-    """Home's pair, then the ranking's others in order: read as often as it is iterated."""
-
-    __slots__ = ("home", "others")
-
-    def __init__(self, home: Pair, others: Sequence[Pair]) -> None:
-        self.home = home
-        self.others = others
-
-    def __iter__(self) -> Iterator[Pair]:
-        yield self.home
-        for pair in self.others:
-            if pair != self.home:
-                yield pair
-
-
-def _is_held(got: Held | InLine) -> TypeGuard[Held]:
-    return not hasattr(got, "granted")  # a place in line has a future; a slot has none

@@ -19,7 +19,7 @@ Pure: standard library only. Not thread-safe; call from one event loop.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Set
 
 from routing.core.choose import Candidate, RankKey, rank_key
 from routing.core.limiter import Pair
@@ -37,7 +37,7 @@ class Ranking:
     change at the next read, so copy what must outlive an `await`."""
 
     __slots__ = ("model", "listed", "_listed", "_facts", "_index", "_keys", "_hosts", "_pairs",
-                 "_key_of", "_dirty")  # fmt: skip
+                 "_key_of", "_dirty", "_out")  # fmt: skip
 
     def __init__(self, hosts: Iterable[str], model: str | None, facts: Facts) -> None:
         self.model = model
@@ -65,6 +65,7 @@ class Ranking:
             self._hosts.append(host)
             self._pairs.append((host, model or ""))
             self._key_of[host] = key
+        self._out = {host for host in self.listed if host not in self._key_of}
 
     def lists(self, host: str) -> bool:
         """Whether `host` lists the model (usable now or not)."""
@@ -80,13 +81,16 @@ class Ranking:
         self._settle()
         return self._pairs
 
+    def unusable(self) -> Set[str]:
+        """The hosts that list the model but are not eligible now (down, draining), as a set
+        of the ranking's own."""
+        self._settle()
+        return self._out
+
     def touch(self, host: str) -> None:
         """Something behind `host`'s key changed: its place is found again at the next read."""
         if host in self._index:
             self._dirty.add(host)
-
-    def touch_all(self) -> None:
-        self._dirty.update(self._index)
 
     def _settle(self) -> None:
         # Reading a host's facts may change another's (a lease found expired): until none left.
@@ -112,6 +116,11 @@ class Ranking:
             self._hosts.insert(at, host)
             self._pairs.insert(at, (host, self.model or ""))
             self._key_of[host] = new
+        if host in self._listed:
+            if new is None:
+                self._out.add(host)
+            else:
+                self._out.discard(host)
 
 
 class Rankings:
@@ -138,10 +147,6 @@ class Rankings:
     def touch(self, host: str) -> None:
         for ranking in self._of_host.get(host, ()):
             ranking.touch(host)
-
-    def touch_all(self) -> None:
-        for ranking in self._rankings.values():
-            ranking.touch_all()
 
     def clear(self) -> None:
         """Forget every ranking (the configuration changed): each is built again when read."""

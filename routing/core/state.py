@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from routing.core.leases import LeaseKey, LeaseTable
 from routing.core.limiter import Limiter, Pair, PairSnapshot, Slot, Waiter
+from routing.core.opening import Opened, Opening, open_with
 
 __all__ = ["FleetState", "Held", "InLine", "LocalState", "Losable", "on_lost"]
 
@@ -77,6 +78,11 @@ class FleetState(Protocol):
         may be a ranking's own sequence, which changes at the ranking's next read)."""
         ...
 
+    async def open(self, opening: Opening) -> Opened:
+        """A conversation's first step (routing.core.opening): its lease read, the place that
+        follows and the lease kept, as one step; raises as `place` does."""
+        ...
+
     def watcher(self) -> InLine | None:
         """A place in no line, that only watches; None where the backing has none."""
         ...
@@ -125,6 +131,9 @@ class LocalState:
 
     async def place(self, pairs: Iterable[Pair]) -> Slot | Waiter | None:
         return self.limiter.place(pairs)
+
+    async def open(self, opening: Opening) -> Opened:
+        return await open_with(self, opening)
 
     def watcher(self) -> Waiter:
         return self.limiter.waiter()

@@ -9,6 +9,10 @@ with one process or many. What differs, and why:
   first line with room. So `parallel` holds and lines are FIFO across processes; only the
   ranking's counts of other processes may be up to a tick old (refreshed every tick; this
   process's own slots are counted exactly, by RedisSlots).
+- `open`, a conversation's first step, is one script too (lease read, place, lease write:
+  routing/core/opening.py's choice). Health and drain are this process's own: the script is
+  given the hosts it may not use, and a home it offers that this process refuses after all is
+  given back and the choice made again here.
 - A place in line hears of its grant by pub/sub (routing/shared/slots.py), never by polling.
 - Watches (a spill after the route's patience, a fallback) are given only the pairs usable
   when they begin: Redis cannot ask this process whether a freed slot may go to a request.
@@ -25,7 +29,7 @@ with one process or many. What differs, and why:
   another took the slot back, or Redis restarted and the pair filled up before this process
   put its slots back. It is never counted again; `SharedSlot.on_lost` tells its holder.
 
-Redis unreachable: `place`, `find_lease` and `admit` raise `StateUnavailable` (503
+Redis unreachable: `place`, `open`, `find_lease` and `admit` raise `StateUnavailable` (503
 `state_unavailable` with Retry-After); a lease write that fails is logged and the request
 goes on, since it holds its slot already and a lease is only where its cache is warm.
 """
@@ -39,9 +43,10 @@ from typing import Any
 
 from routing.core.leases import LeaseKey
 from routing.core.limiter import Pair, PairSnapshot
+from routing.core.opening import Opened, Opening, give_back, open_with
 from routing.core.state import InLine
 from routing.shared.clients import RedisClients
-from routing.shared.leases import RedisLeases
+from routing.shared.leases import RedisLeases, lease_id, lease_ms
 from routing.shared.slots import Grant, Queued, RedisSlots
 from routing.shared.state import Shared, StateUnavailable
 
@@ -252,18 +257,17 @@ class SharedState:
         *,
         hold_ttl: float,
         on_change: Callable[[str], None] | None = None,
-        on_refresh: Callable[[], None] | None = None,
     ) -> None:
-        """`on_change(host)`: a count of the host changed here (this process's slots, its
-        new leases, a configuration); `on_refresh()`: every count was read again (a tick)."""
+        """`on_change(host)`: a count of the host changed (this process's slots, its new
+        leases, a configuration; other processes' counts as a tick reads them)."""
         self._changed = on_change or _ignore
-        self._refreshed = on_refresh or _nothing
         self.shared = Shared(url, hold_ttl=hold_ttl)
         self.slots = RedisSlots(self.shared, on_change=self._changed)
         self.leases = RedisLeases(self.shared)
         self.clients = RedisClients(self.shared)
         self._limits: dict[Pair, tuple[int, int]] = {}  # as configured here
         self._others: dict[Pair, PairSnapshot] = {}  # other processes' slots, and the queues
+        self._others_read: list[PairSnapshot] = []  # the snapshot `_others` was made from
         self._lease_counts: dict[str, int] = {}
         self._new_leases: dict[str, int] = {}  # this process's, since the last refresh
         self._watchers: set[SharedWatcher] = set()
@@ -307,6 +311,39 @@ class SharedState:
             got = await self.slots.place(pairs[:HEAD], queue=False)
         if got is None:
             got = await self.slots.place(pairs)
+        return self._wrap(got)
+
+    async def open(self, opening: Opening) -> Opened:
+        """`routing.core.opening`'s choice in one round trip (the OPEN script) where it can:
+        what the script leaves (a big route whose head is full, a home this process may not
+        use after all) goes on through `open_with`, with the lease as the script found it."""
+        key = opening.key
+        pairs = list(opening.pairs)  # read now: a ranking's own sequence changes at its next read
+        head = pairs[:HEAD]
+        short = len(pairs) > HEAD  # the head asked for a slot only, as `place` does
+        lease = (lease_id(key), lease_ms(opening.ttl), self.leases.max_entries)
+        got, (found, leased, at_home) = await self.slots.open(
+            lease, key.model, head, queue=not short, unusable=opening.unusable,
+            strict=opening.strict, patient=opening.patient,
+        )  # fmt: skip
+        home = found or None
+        if leased:
+            self._leased(leased)
+        if got == "pinned":
+            return Opened(home, False, None, pinned=True)
+        assert not isinstance(got, str)
+        taken = self._wrap(got)
+        if at_home == "1" and home is not None and not opening.usable(home):
+            # Redis saw home as usable, this process does not (it left the route, or its
+            # state changed during the round trip): give it back and choose again.
+            if taken is not None:
+                give_back(taken)
+            taken = None
+        elif taken is not None or not short:
+            return Opened(home, at_home == "1", taken)
+        return await open_with(self, opening, home)
+
+    def _wrap(self, got: Grant | Queued | None) -> SharedSlot | SharedPlace | None:
         if got is None:
             return None
         if isinstance(got, Grant):
@@ -342,6 +379,9 @@ class SharedState:
         except StateUnavailable as exc:
             log.warning("lease not kept (%s): the conversation may move next turn", exc)
             return
+        self._leased(host)
+
+    def _leased(self, host: str) -> None:
         # Counted at once, so conversations arriving within a tick spread over hosts.
         self._new_leases[host] = self._new_leases.get(host, 0) + 1
         self._changed(host)
@@ -410,12 +450,22 @@ class SharedState:
         new_leases = dict(self._new_leases)
         pairs = await self.slots.snapshot(others_only=True)
         leases = await self.leases.held_by_host()
-        self._others = {(snap.host, snap.model): snap for snap in pairs}
-        self._lease_counts = leases
-        # The snapshot counts other processes' slots only (ours: `slots.held_on`, exact).
-        # New leases made while it was read stay counted (it may or may not hold them).
-        self._new_leases = _since(self._new_leases, new_leases)
-        self._refreshed()
+        changed: set[str] = set()
+        if pairs is not self._others_read:  # the same list: nothing changed in Redis
+            others = {(snap.host, snap.model): snap for snap in pairs}
+            changed.update(pair[0] for pair in others.keys() ^ self._others.keys())
+            changed.update(p[0] for p, snap in others.items() if self._others.get(p) != snap)
+            self._others, self._others_read = others, pairs
+        if leases is not self._lease_counts or new_leases:
+            held_before = {host: self.leases_held(host) for host in leases.keys() | new_leases}
+            held_before.update((host, self.leases_held(host)) for host in self._lease_counts)
+            self._lease_counts = leases
+            # The snapshot counts other processes' slots only (ours: `slots.held_on`, exact).
+            # New leases made while it was read stay counted (it may or may not hold them).
+            self._new_leases = _since(self._new_leases, new_leases)
+            changed.update(h for h, held in held_before.items() if self.leases_held(h) != held)
+        for host in changed:  # the rankings hear of these hosts only
+            self._changed(host)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -427,10 +477,6 @@ class SharedState:
 
 
 def _ignore(host: str) -> None:
-    pass
-
-
-def _nothing() -> None:
     pass
 
 

@@ -28,12 +28,14 @@ from routing.core.errors import NoHealthyHost, PinnedHostDown
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.shared.state import Shared
 
-__all__ = ["RedisLeases"]
+__all__ = ["LEASE_FUNCTIONS", "RedisLeases", "lease_id", "lease_ms"]
 
-_PRELUDE = r"""
-local P = ARGV[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+# The lease operations as Lua functions, for these scripts and for the slots' OPEN script
+# (routing/shared/slots_lua.py), which reads and writes a lease in the same call as a place.
+# Needs `P` (the key prefix) defined before it.
+LEASE_FUNCTIONS = r"""
+local lease_t = redis.call('TIME')
+local now = tonumber(lease_t[1]) * 1000 + math.floor(tonumber(lease_t[2]) / 1000)
 -- An index lives as long as its longest-lived member.
 local function outlive(key, expires)
   local left = redis.call('PTTL', key)
@@ -43,48 +45,56 @@ local function index(key, expires, id)
   redis.call('ZADD', key, expires, id)
   outlive(key, expires)
 end
+-- The host of lease `id`, its TTL slid to `ms` from now; false without a live lease.
+local function lease_read(id, ms)
+  local key = P .. 'lease:' .. id
+  local host = redis.call('GET', key)
+  if not host then return false end
+  local expires = now + ms
+  redis.call('PEXPIREAT', key, expires)
+  index(P .. 'leases', expires, id)
+  index(P .. 'lease-host:' .. host, expires, id)
+  return host
+end
+-- Lease `id` to `host` for `ms` unless another process changed it since it was read as
+-- `expected` ('' for none, '*' for any): then the host it has is returned.
+local function lease_write(id, host, ms, cap, expected)
+  local key = P .. 'lease:' .. id
+  local current = redis.call('GET', key) or ''
+  if current ~= expected and current ~= '' and expected ~= '*' then return current end
+  if current ~= '' then redis.call('ZREM', P .. 'lease-host:' .. current, id) end
+  local expires = now + ms
+  redis.call('SET', key, host, 'PXAT', expires)
+  index(P .. 'leases', expires, id)
+  index(P .. 'lease-host:' .. host, expires, id)
+  redis.call('SADD', P .. 'lease-hosts', host)
+  outlive(P .. 'lease-hosts', expires)
+  local all = P .. 'leases'
+  redis.call('ZREMRANGEBYSCORE', all, '-inf', now)
+  local over = redis.call('ZCARD', all) - cap
+  if over > 0 then
+    for _, victim in ipairs(redis.call('ZRANGE', all, 0, over - 1)) do
+      local vkey = P .. 'lease:' .. victim
+      local vhost = redis.call('GET', vkey)
+      if vhost then redis.call('ZREM', P .. 'lease-host:' .. vhost, victim) end
+      redis.call('DEL', vkey)
+    end
+    redis.call('ZREMRANGEBYRANK', all, 0, over - 1)
+  end
+  return host
+end
 """
 
+_PRELUDE = "local P = ARGV[1]\n" + LEASE_FUNCTIONS
+
 # ARGV: P, id, ttl ms. Reply: the host, or nil. Slides the TTL of a live lease.
-_READ = _PRELUDE + r"""
-local key = P .. 'lease:' .. ARGV[2]
-local host = redis.call('GET', key)
-if not host then return false end
-local expires = now + tonumber(ARGV[3])
-redis.call('PEXPIREAT', key, expires)
-index(P .. 'leases', expires, ARGV[2])
-index(P .. 'lease-host:' .. host, expires, ARGV[2])
-return host
-"""
+_READ = _PRELUDE + "return lease_read(ARGV[2], tonumber(ARGV[3]))"
 
 # ARGV: P, id, host, ttl ms, cap, expected current host ('' for none, '*' for any). Sets the
 # lease unless another process changed it since it was read (then its host is returned).
-_WRITE = _PRELUDE + r"""
-local id, host = ARGV[2], ARGV[3]
-local key = P .. 'lease:' .. id
-local current = redis.call('GET', key) or ''
-if current ~= ARGV[6] and current ~= '' and ARGV[6] ~= '*' then return current end
-if current ~= '' then redis.call('ZREM', P .. 'lease-host:' .. current, id) end
-local expires = now + tonumber(ARGV[4])
-redis.call('SET', key, host, 'PXAT', expires)
-index(P .. 'leases', expires, id)
-index(P .. 'lease-host:' .. host, expires, id)
-redis.call('SADD', P .. 'lease-hosts', host)
-outlive(P .. 'lease-hosts', expires)
-local all = P .. 'leases'
-redis.call('ZREMRANGEBYSCORE', all, '-inf', now)
-local over = redis.call('ZCARD', all) - tonumber(ARGV[5])
-if over > 0 then
-  for _, victim in ipairs(redis.call('ZRANGE', all, 0, over - 1)) do
-    local vkey = P .. 'lease:' .. victim
-    local vhost = redis.call('GET', vkey)
-    if vhost then redis.call('ZREM', P .. 'lease-host:' .. vhost, victim) end
-    redis.call('DEL', vkey)
-  end
-  redis.call('ZREMRANGEBYRANK', all, 0, over - 1)
-end
-return host
-"""
+_WRITE = _PRELUDE + (
+    "return lease_write(ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6])"
+)
 
 # ARGV: P, host. Reply: how many leases went.
 _DROP_HOST = _PRELUDE + r"""
@@ -103,7 +113,8 @@ redis.call('SREM', P .. 'lease-hosts', ARGV[2])
 return gone
 """
 
-# ARGV: P. Reply: flat list of host, live leases.
+# ARGV: P, the digest of the caller's last reply ('' for none). Reply: this one's digest,
+# then a flat list of host, live leases; the digest alone when it is the caller's.
 _HELD = _PRELUDE + r"""
 local out = {}
 for _, host in ipairs(redis.call('SMEMBERS', P .. 'lease-hosts')) do
@@ -117,6 +128,9 @@ for _, host in ipairs(redis.call('SMEMBERS', P .. 'lease-hosts')) do
     table.insert(out, count)
   end
 end
+local digest = redis.sha1hex(table.concat(out, ' '))
+if digest == ARGV[2] then return {digest} end
+table.insert(out, 1, digest)
 return out
 """
 
@@ -140,11 +154,12 @@ class RedisLeases:
     """
 
     def __init__(self, shared: Shared, *, max_entries: int = 100_000) -> None:
-        self._max_entries = max(1, max_entries)
+        self.max_entries = max(1, max_entries)
         self._read = shared.script(_READ)
         self._write = shared.script(_WRITE)
         self._drop_host = shared.script(_DROP_HOST)
         self._held = shared.script(_HELD)
+        self._last_held: tuple[str, dict[str, int]] = ("", {})
         self._count = shared.script(_COUNT)
 
     async def lease(
@@ -166,45 +181,51 @@ class RedisLeases:
         """
         if not key.fingerprint:
             return _chosen(choose), LeaseOutcome.NONE
-        ident, ms = lease_id(key), _ms(ttl)
+        ident, ms = lease_id(key), lease_ms(ttl)
         current = await self._read(ident, ms)
         if current is not None and usable(current):
             return current, LeaseOutcome.REUSED
         if current is not None and strict:
             raise PinnedHostDown(current)
         host = _chosen(choose)
-        stored = await self._write(ident, host, ms, self._max_entries, current or "")
+        stored = await self._write(ident, host, ms, self.max_entries, current or "")
         if stored != host and usable(stored):
             return stored, LeaseOutcome.REUSED  # another process placed this conversation first
         if stored != host:
-            await self._write(ident, host, ms, self._max_entries, stored)
+            await self._write(ident, host, ms, self.max_entries, stored)
         return host, LeaseOutcome.MOVED if current is not None else LeaseOutcome.NEW
 
     async def slide(self, key: LeaseKey, ttl: float) -> str | None:
         """The host of a live lease for `key`, its TTL slid to `ttl` from now; None without."""
-        return await self._read(lease_id(key), _ms(ttl))
+        return await self._read(lease_id(key), lease_ms(ttl))
 
     async def keep(self, key: LeaseKey, host: str, ttl: float) -> None:
         """Lease `key` to `host` for `ttl` seconds from now, whatever it was (one round trip).
         An empty fingerprint is never stored."""
         if key.fingerprint:
-            await self._write(lease_id(key), host, _ms(ttl), self._max_entries, "*")
+            await self._write(lease_id(key), host, lease_ms(ttl), self.max_entries, "*")
 
     async def drop_host(self, host: str) -> int:
         """Remove every lease held by `host` (a deleted host); return how many went."""
         return int(await self._drop_host(host))
 
     async def held_by_host(self) -> dict[str, int]:
-        """Live leases per host, for the dashboard."""
-        flat = await self._held()
-        return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        """Live leases per host (ranking, dashboard). When no count changed since the last
+        call, the dict that call returned (do not change it)."""
+        digest, last = self._last_held
+        flat = await self._held(digest)
+        if flat[0] == digest:
+            return last
+        held = {flat[i]: int(flat[i + 1]) for i in range(1, len(flat), 2)}
+        self._last_held = (flat[0], held)
+        return held
 
     async def count(self) -> int:
         """Live leases in all."""
         return int(await self._count())
 
 
-def _ms(ttl: float) -> int:
+def lease_ms(ttl: float) -> int:
     return max(1, int(ttl * 1000))
 
 

@@ -57,7 +57,7 @@ from typing import Any
 
 from routing.core.limiter import PairSnapshot
 from routing.shared import slots_lua as lua
-from routing.shared.state import UNREACHABLE, Shared, StateUnavailable
+from routing.shared.state import UNREACHABLE, Script, Shared, StateUnavailable
 
 __all__ = ["Grant", "Queued", "RedisSlots", "StateUnavailable"]
 
@@ -128,6 +128,7 @@ class RedisSlots:
         self._configure = shared.script(lua.CONFIGURE)
         self._remove = shared.script(lua.REMOVE)
         self._place = shared.script(lua.PLACE)
+        self._open = shared.script(lua.OPEN)
         self._watch = shared.script(lua.WATCH)
         self._cancel = shared.script(lua.CANCEL)
         self._release = shared.script(lua.RELEASE)
@@ -150,6 +151,7 @@ class RedisSlots:
         self._epoch = ""  # Redis's epoch when this process last put its slots back
         self._restoring = asyncio.Lock()
         self._waits: dict[str, _Wait] = {}
+        self._snapshots: dict[str, tuple[str, list[PairSnapshot]]] = {}  # by skip: digest, list
         # Set when a call's outcome in Redis is unknown (Redis away, the call cancelled): the
         # next tick drops whatever Redis holds for this process that it no longer knows of.
         self._reconcile_needed = False
@@ -252,39 +254,78 @@ class RedisSlots:
         ids = self._known(pairs)
         if not ids:
             raise ValueError("place() needs at least one (host, model) pair")
+        got, _ = await self._placing(self._place, "queue" if queue else "slots", (), ids, ids)
+        return got
+
+    async def open(
+        self,
+        lease: tuple[str, int, int],
+        model: str,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        queue: bool,
+        unusable: Iterable[str],
+        strict: bool,
+        patient: bool,
+    ) -> tuple[Grant | Queued | str | None, list[Any]]:
+        """A conversation's lease read, the place that follows and the lease written, in one
+        round trip (the OPEN script's choice; `lease`: its id, ttl ms and cap; `pairs` the
+        ranking's, best first; `queue` as `place`'s, for `pairs`). Returns what was taken
+        (None when full, "pinned" for a strict route's unusable home) and the reply's lease
+        fields: the lease's host as found, the host leased now, and whether home was usable.
+        Raises StateUnavailable, or ValueError for a pair not configured here."""
+        ids = self._known(pairs)
+        out = list(unusable)
+        args = (*lease, model, "1" if strict else "0", "1" if patient else "0", len(out), *out)
+        # Home's pair is read in Redis: a lost reply is settled over every pair of the model.
+        cover = [pair for pair in self._configs if split_pair(pair)[1] == model]
+        got, reply = await self._placing(self._open, "queue" if queue else "slots", args, ids,
+                                         cover)  # fmt: skip
+        if reply[0] == "pinned":
+            return "pinned", reply[3:]
+        return got, reply[3:]
+
+    async def _placing(
+        self, script: Script, mode: str, args: tuple[Any, ...], ids: list[str], cover: list[str]
+    ) -> tuple[Grant | Queued | None, list[Any]]:
+        """Run a placing script (PLACE, OPEN) for a new waiter id; what it took, and its reply.
+        `cover`: every pair the script may take, to give back when its reply is lost."""
         wid = self._new_id()
-        entry = _Wait(wid, ids, asyncio.get_running_loop().create_future(), time.monotonic())
+        entry = _Wait(wid, list(cover), asyncio.get_running_loop().create_future(),
+                      time.monotonic())  # fmt: skip
         # Registered before the script runs: the grant's message may come before its reply.
         self._waits[wid] = entry
-        mode = "queue" if queue else "slots"
         try:
-            reply = await self._place(wid, self._max_wait_ms, mode, "0", *ids)
+            reply = await script(wid, self._max_wait_ms, mode, "0", *args, *ids)
             if reply[0] == "lapsed":  # Redis restarted, or this process was away: tick first
                 await self._shared.revive()
-                reply = await self._place(wid, self._max_wait_ms, mode, "1", *ids)
+                reply = await script(wid, self._max_wait_ms, mode, "1", *args, *ids)
             elif reply[0] == "unconfigured":  # another process removed the pair meanwhile
                 await self._restore()
-                reply = await self._place(wid, self._max_wait_ms, mode, "1", *ids)
+                reply = await script(wid, self._max_wait_ms, mode, "1", *args, *ids)
         except BaseException:
             # The script may have run without its reply reaching us: what it took must go.
             del self._waits[wid]
             if entry.future.done() and not entry.future.cancelled():
                 self._unhold(entry.future.result())  # its grant's message came first
-            self._settle_soon(wid, ids)
+            self._settle_soon(wid, cover)
             raise
         kind = reply[0]
         if kind == "queued":
             if entry.future.done() and not entry.future.cancelled():
                 del self._waits[wid]  # granted before the reply arrived
-                return entry.future.result()
+                return entry.future.result(), reply
             host, model = split_pair(reply[1])
+            # A place in a line is granted there, or on what it watches later: no longer on
+            # every pair `cover` named.
+            entry.pairs = list(dict.fromkeys((reply[1], *ids)))
             entry.queued = Queued(wid, host, model, int(reply[2]), entry.since)
-            return entry.queued
+            return entry.queued, reply
         del self._waits[wid]
         if kind == "grant":
-            return self._hold(wid, reply[1], 0.0)
-        if kind == "full":
-            return None
+            return self._hold(wid, reply[1], 0.0), reply
+        if kind in ("full", "pinned"):
+            return None, reply
         raise StateUnavailable(f"shared state lost the configuration of {', '.join(ids)}")
 
     async def wait(self, queued: Queued) -> Grant:
@@ -404,13 +445,20 @@ class RedisSlots:
 
     async def snapshot(self, *, others_only: bool = False) -> list[PairSnapshot]:
         """In flight and queued per configured pair over every process (or, `others_only`,
-        over every other process), sorted."""
-        flat = await self._snapshot(self._shared.proc if others_only else "")
+        over every other process), sorted. When nothing changed since the last call, the
+        list that call returned (do not change it)."""
+        skip = self._shared.proc if others_only else ""
+        digest, last = self._snapshots.get(skip, ("", []))
+        flat = await self._snapshot(skip, digest)
+        if flat[0] == digest:
+            return last  # the same list as the last time: nothing changed
         states = []
-        for i in range(0, len(flat), 5):
+        for i in range(1, len(flat), 5):
             host, model = split_pair(flat[i])
             states.append(PairSnapshot(host, model, *(int(value) for value in flat[i + 1 : i + 5])))
-        return sorted(states, key=lambda state: (state.host, state.model))
+        states.sort(key=lambda state: (state.host, state.model))
+        self._snapshots[skip] = (flat[0], states)
+        return states
 
     def held(self) -> int:
         """Grants of this instance not yet released (for tests and the shutdown log)."""

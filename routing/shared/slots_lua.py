@@ -25,6 +25,7 @@ Every script is idempotent for its ids (a retry after a lost reply changes nothi
 
 from __future__ import annotations
 
+from routing.shared.leases import LEASE_FUNCTIONS
 from routing.shared.state import ALIVE
 
 PRELUDE = ALIVE + r"""
@@ -171,48 +172,129 @@ tidy(pair)
 return 1
 """
 
-# ARGV: P, waiter id, waiter record ttl ms, 'queue' or 'slots' (a free slot or nothing),
-# '1' when the same waiter asks again (its first call's outcome unknown) else '0',
-# pair1..pairN. Each pair's limits are read only once it is reached: the first free slot is
-# usually the first pair's, so a call costs what it walks, not the length of the list.
-# Reply: {'grant', pair} | {'queued', pair, position} | {'full'} | {'unconfigured', pair} |
-# {'lapsed'} (the process's liveness key is gone: what it took now would not count as its own)
-PLACE = PRELUDE + r"""
-local w, first = ARGV[2], 6
-if ARGV[5] == '1' then
-  local granted = held_by(w, first, #ARGV)
-  if granted then return {'grant', granted} end
+# Placing on a list of pairs, for PLACE and OPEN.
+PLACING = r"""
+local function listed(first)
+  local list = {}
+  for i = first, #ARGV do list[#list + 1] = ARGV[i] end
+  return list
 end
-if not alive(proc_of(w)) then return {'lapsed'} end
-if ARGV[5] == '1' then
+-- A call made again with the same waiter id (its first outcome unknown): what it got then.
+local function granted_before(w, list)
+  for _, pair in ipairs(list) do
+    if redis.call('HEXISTS', held_key(pair), w) == 1 then return {'grant', pair} end
+  end
+  return nil
+end
+local function queued_before(w)
   local mine = redis.call('HGET', waiter_key(w), 'pair')
   if mine then return {'queued', mine, (redis.call('LPOS', queue_key(mine), w) or -1) + 1} end
+  return nil
 end
-local queue_max = {}
-for i = first, #ARGV do
-  local pair = ARGV[i]
-  local parallel, most = conf(pair)
-  if not parallel then return {'unconfigured', pair} end
-  queue_max[i] = most
-  if has_free(pair, parallel) then
-    redis.call('HSET', held_key(pair), w, proc_of(w))
-    return {'grant', pair}
+-- A free slot of the first pair in `list` with one, else (mode 'queue') a place in the first
+-- line with room. Each pair's limits are read only once it is reached: the first free slot is
+-- usually the first pair's, so a call costs what it walks, not the length of the list.
+local function walk(w, ttl, mode, list)
+  local queue_max = {}
+  for i, pair in ipairs(list) do
+    local parallel, most = conf(pair)
+    if not parallel then return {'unconfigured', pair} end
+    queue_max[i] = most
+    if has_free(pair, parallel) then
+      redis.call('HSET', held_key(pair), w, proc_of(w))
+      return {'grant', pair}
+    end
+  end
+  if mode ~= 'queue' then return {'full'} end
+  for i, pair in ipairs(list) do
+    local most = queue_max[i]
+    local q = queue_key(pair)
+    if most > 0 and redis.call('LLEN', q) >= most then purge(pair) end
+    if redis.call('LLEN', q) < most then
+      local seq = redis.call('INCR', P .. 'seq')
+      local position = redis.call('RPUSH', q, w)
+      redis.call('HSET', waiter_key(w), 'pair', pair, 'seq', seq, 'watches', '[]')
+      redis.call('PEXPIRE', waiter_key(w), ttl)
+      return {'queued', pair, position}
+    end
+  end
+  return {'full'}
+end
+"""
+
+# ARGV: P, waiter id, waiter record ttl ms, 'queue' or 'slots' (a free slot or nothing),
+# '1' when the same waiter asks again (its first call's outcome unknown) else '0',
+# pair1..pairN.
+# Reply: {'grant', pair} | {'queued', pair, position} | {'full'} | {'unconfigured', pair} |
+# {'lapsed'} (the process's liveness key is gone: what it took now would not count as its own)
+PLACE = PRELUDE + PLACING + r"""
+local w, again = ARGV[2], ARGV[5] == '1'
+local list = listed(6)
+if again then
+  local got = granted_before(w, list)
+  if got then return got end
+end
+if not alive(proc_of(w)) then return {'lapsed'} end
+if again then
+  local got = queued_before(w)
+  if got then return got end
+end
+return walk(w, ARGV[3], ARGV[4], list)
+"""
+
+# A conversation's first step in one call: its lease read, the place that follows from it,
+# and the lease written (the same choice as routing/core/opening.py `open_with`).
+# ARGV: P, waiter id, waiter record ttl ms, mode (as PLACE's, for the ranking's pairs; home's
+# own line is always a choice), again (as PLACE's), lease id, lease ttl ms, lease cap, model,
+# strict ('1'/'0'), patient ('1': home alone first, the others only when its line is full),
+# n, then the n hosts this process may not use now, then the ranking's pairs, best first.
+# Reply: {kind, pair, position, the lease's host as found or '', the host leased now or '',
+# '1' when home was usable (the place was asked there first) else '0'}, kind as PLACE's or
+# 'pinned' (a strict route whose home may not be used).
+OPEN = PRELUDE + PLACING + LEASE_FUNCTIONS + r"""
+local w, ttl, mode, again = ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
+local id, ms, cap, model = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
+local strict, patient, n = ARGV[10] == '1', ARGV[11] == '1', tonumber(ARGV[12])
+local unusable = {}
+for i = 13, 12 + n do unusable[ARGV[i]] = true end
+local ranked = listed(13 + n)
+local home = lease_read(id, ms)
+local at_home = home and not unusable[home] and conf(home .. '/' .. model) ~= nil
+local order, others = ranked, ranked
+if at_home then
+  local own = home .. '/' .. model
+  order, others = {own}, {}
+  for _, pair in ipairs(ranked) do
+    if pair ~= own then
+      order[#order + 1] = pair
+      others[#others + 1] = pair
+    end
   end
 end
-if ARGV[4] ~= 'queue' then return {'full'} end
-for i = first, #ARGV do
-  local pair, most = ARGV[i], queue_max[i]
-  local q = queue_key(pair)
-  if most > 0 and redis.call('LLEN', q) >= most then purge(pair) end
-  if redis.call('LLEN', q) < most then
-    local seq = redis.call('INCR', P .. 'seq')
-    local position = redis.call('RPUSH', q, w)
-    redis.call('HSET', waiter_key(w), 'pair', pair, 'seq', seq, 'watches', '[]')
-    redis.call('PEXPIRE', waiter_key(w), ARGV[3])
-    return {'queued', pair, position}
-  end
+local function reply(got, leased)
+  return {got[1], got[2] or '', got[3] or 0, home or '', leased, at_home and '1' or '0'}
 end
-return {'full'}
+if again then
+  local got = granted_before(w, order)
+  if got then return reply(got, '') end
+end
+if not alive(proc_of(w)) then return {'lapsed'} end
+if again then
+  local got = queued_before(w)
+  if got then return reply(got, '') end
+end
+if at_home then  -- its lease slid as it was read
+  if not patient then return reply(walk(w, ttl, mode, order), '') end
+  local got = walk(w, ttl, 'queue', {order[1]})
+  if got[1] == 'full' and #others > 0 then got = walk(w, ttl, mode, others) end
+  return reply(got, '')
+end
+if home and strict then return reply({'pinned'}, '') end
+local got = walk(w, ttl, mode, ranked)
+if got[1] ~= 'grant' and got[1] ~= 'queued' then return reply(got, '') end
+local host = string.match(got[2], '^([^/]*)/')
+lease_write(id, host, ms, cap, '*')
+return reply(got, host)
 """
 
 # ARGV: P, waiter id, own pair, pair1..pairN to watch.
@@ -350,8 +432,10 @@ end
 return 1
 """
 
-# ARGV: P, a process whose slots not to count ('' for none). Reply: flat list of pair,
-# parallel, queue_max, in flight, queued.
+# ARGV: P, a process whose slots not to count ('' for none), the digest of the caller's last
+# reply ('' for none). Reply: the digest of this one, then a flat list of pair, parallel,
+# queue_max, in flight, queued; the digest alone when it is the caller's (nothing changed:
+# an idle fleet's tick reads one short string, not every pair).
 SNAPSHOT = PRELUDE + r"""
 local out, skip = {}, ARGV[2]
 for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
@@ -372,6 +456,9 @@ for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
     table.insert(out, redis.call('LLEN', queue_key(pair)))
   end
 end
+local digest = redis.sha1hex(table.concat(out, ' '))
+if digest == ARGV[3] then return {digest} end
+table.insert(out, 1, digest)
 return out
 """
 

@@ -16,7 +16,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from routing.core.errors import QueueTimeout
+from routing.core.leases import LeaseKey
 from routing.core.limiter import Pair
+from routing.core.opening import Opening
 from routing.core.state import on_lost
 from routing.shared.fleet_state import SharedPlace, SharedSlot, SharedState
 from routing.shared.slots import Grant
@@ -134,6 +136,149 @@ async def test_with_every_slot_taken_the_request_queues_at_the_first_line_with_r
 
 
 # -- places in line ----------------------------------------------------------------------
+
+
+# -- a conversation's opening: lease and place in one call ------------------------------
+
+KEY = LeaseKey("chat", "conversation", "m")
+
+
+def opening(
+    pairs: list[Pair], *, usable: Callable[[str], bool] = lambda host: True,
+    unusable: frozenset[str] = frozenset(), strict: bool = False, patient: bool = True,
+) -> Opening:  # fmt: skip
+    return Opening(KEY, 60.0, pairs, usable, unusable, strict, patient)
+
+
+async def test_a_new_conversation_is_leased_to_the_host_it_is_placed_on_and_found_there_next(
+    redis_url,
+):
+    async with fleet(redis_url, {H1: (1, 0), H2: (1, 0)}) as (a, b):
+        first = await a.open(opening([H2, H1]))
+        assert (first.home, first.at_home) == (None, False)
+        assert isinstance(first.got, SharedSlot) and first.got.host == "h2"
+        first.got.release()
+        await eventually(lambda: _none_held(a, H2), "the first turn's slot released")
+
+        again = await b.open(opening([H1, H2]))  # another process, another order
+
+        assert (again.home, again.at_home) == ("h2", True)
+        assert isinstance(again.got, SharedSlot) and again.got.host == "h2"
+        assert await b.find_lease(KEY, 60.0) == "h2"
+        again.got.release()
+
+
+async def test_a_busy_home_with_room_in_its_line_keeps_the_conversation_waiting_there(redis_url):
+    async with fleet(redis_url, {H1: (1, 1), H2: (1, 0)}) as (a, b):
+        await b.keep_lease(KEY, "h1", 60.0, None)
+        busy = await slot_of(b, [H1])
+
+        opened = await a.open(opening([H2, H1]))
+
+        assert opened.at_home and isinstance(opened.got, SharedPlace)
+        assert opened.got.host == "h1"
+        busy.release()
+        (await granted(opened.got)).release()
+
+
+async def test_a_home_with_no_slot_and_no_room_in_line_spills_and_keeps_the_lease(redis_url):
+    async with fleet(redis_url, {H1: (1, 0), H2: (1, 0)}) as (a, b):
+        await b.keep_lease(KEY, "h1", 60.0, None)
+        busy = await slot_of(b, [H1])
+
+        opened = await a.open(opening([H2, H1]))
+
+        assert opened.at_home and isinstance(opened.got, SharedSlot)
+        assert opened.got.host == "h2"
+        assert await a.find_lease(KEY, 60.0) == "h1"
+        for slot in (busy, opened.got):
+            slot.release()
+
+
+async def test_a_home_this_process_may_not_use_moves_the_conversation_and_its_lease(redis_url):
+    async with fleet(redis_url, {H1: (1, 0), H2: (1, 0)}) as (a, b):
+        await b.keep_lease(KEY, "h1", 60.0, None)
+
+        opened = await a.open(opening([H2], unusable=frozenset({"h1"})))
+
+        assert (opened.home, opened.at_home) == ("h1", False)
+        assert isinstance(opened.got, SharedSlot) and opened.got.host == "h2"
+        assert await in_flight(a, H1) == 0
+        assert await a.find_lease(KEY, 60.0) == "h2"
+        opened.got.release()
+
+
+async def test_a_strict_route_whose_home_may_not_be_used_takes_nothing_and_keeps_the_lease(
+    redis_url,
+):
+    async with fleet(redis_url, {H1: (1, 0), H2: (1, 0)}) as (a, b):
+        await b.keep_lease(KEY, "h1", 60.0, None)
+
+        opened = await a.open(opening([H2], unusable=frozenset({"h1"}), strict=True))
+
+        assert (opened.home, opened.pinned, opened.got) == ("h1", True, None)
+        assert await in_flight(a, H1) == await in_flight(a, H2) == 0
+        assert await a.find_lease(KEY, 60.0) == "h1"
+
+
+async def test_a_home_redis_offers_but_this_process_refuses_is_given_back_and_moved(redis_url):
+    async with fleet(redis_url, {H1: (1, 0), H2: (1, 0)}) as (a, b):
+        await b.keep_lease(KEY, "h1", 60.0, None)
+
+        # h1 left the route here: it is in no unusable list, yet `usable` refuses it.
+        opened = await a.open(opening([H2], usable=lambda host: host != "h1"))
+
+        assert (opened.home, opened.at_home) == ("h1", False)
+        assert isinstance(opened.got, SharedSlot) and opened.got.host == "h2"
+        await eventually(lambda: _none_held(a, H1), "the slot taken at h1 given back")
+        assert await a.find_lease(KEY, 60.0) == "h2"
+        opened.got.release()
+
+
+async def test_a_new_conversation_on_a_big_route_whose_head_is_full_goes_past_the_head(redis_url):
+    async with fleet(redis_url, dict.fromkeys(ROW, (1, 0))) as (a, b):
+        taken = [await slot_of(b, [pair]) for pair in ROW[:10]]
+
+        opened = await a.open(opening(ROW))
+
+        assert isinstance(opened.got, SharedSlot) and opened.got.host == ROW[10][0]
+        assert await a.find_lease(KEY, 60.0) == ROW[10][0]
+        for slot in [*taken, opened.got]:
+            slot.release()
+
+
+async def _none_held(state: SharedState, pair: Pair) -> bool:
+    return await in_flight(state, pair) == 0
+
+
+# -- other processes' counts, read at each tick -----------------------------------------
+
+
+async def test_a_tick_tells_the_rankings_of_the_hosts_other_processes_changed_and_no_others(
+    redis_url,
+):
+    told: list[str] = []
+    async with gateway(redis_url) as b, fleet(redis_url, {H1: (2, 0), H2: (2, 0)}) as (a, _):
+        watched = SharedState(redis_url, hold_ttl=5.0, on_change=told.append)
+        await watched.shared.beat()
+        for (host, model), (parallel, queue_max) in {H1: (2, 0), H2: (2, 0)}.items():
+            watched.configure(host, model, parallel, queue_max)
+        await watched.shared.beat()
+        told.clear()
+
+        slot = await slot_of(a, [H1])
+        await b.keep_lease(KEY, "h2", 60.0, None)
+        await watched.shared.beat()
+        changed = sorted(set(told))
+        counts = (watched.in_flight(*H1), watched.leases_held("h2"))
+        told.clear()
+        await watched.shared.beat()  # nothing changed since
+
+        assert changed == ["h1", "h2"]
+        assert counts == (1, 1)
+        assert told == []
+        slot.release()
+        await watched.aclose()
 
 
 async def test_places_are_granted_on_release_in_arrival_order_across_processes(redis_url):

@@ -74,11 +74,7 @@ class SharedRequestPath(RequestPath):
             if self.fleets:
                 self.fleets[process].rankings.touch(host)
 
-        def refreshed() -> None:
-            if self.fleets:
-                self.fleets[process].rankings.touch_all()
-
-        state = SharedState(self.redis_url, hold_ttl=5.0, on_change=touch, on_refresh=refreshed)
+        state = SharedState(self.redis_url, hold_ttl=5.0, on_change=touch)
         await state.start()
         return state
 
