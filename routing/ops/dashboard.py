@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
@@ -56,15 +58,19 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
         **admin.site.each_context(request),
         "title": "Live dashboard",
         "can_drain": request.user.has_perm("hosts.change_host"),
+        # The page shows every time in the site's zone, as the admin does.
+        "time_zone": settings.TIME_ZONE,
     }
     return render(request, "dashboard/index.html", context)
 
 
 def state(runtime: Runtime) -> dict[str, Any]:
-    """Every configured host with its models, as the dashboard shows them, JSON-ready."""
+    """Every configured host with its models, as the dashboard shows them, JSON-ready, and
+    when this process began (`gateway_since`): the hosts' `since` is its view, from then on."""
     return {
         "type": "state",
         "revision": runtime.fleet.revision,
+        "gateway_since": datetime.fromtimestamp(history.began, UTC).isoformat(timespec="seconds"),
         "hosts": [host.as_json() for host in host_lives(runtime)],
     }
 
