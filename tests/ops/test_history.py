@@ -288,18 +288,19 @@ async def test_a_minute_without_rows_of_a_host_shows_it_idle_in_the_24_hour_view
 
 @pytest.mark.django_db
 def test_a_restarted_history_counts_the_requests_of_the_last_hour_from_the_rows() -> None:
-    now = T0 + 7200
-    for minute in range(0, 120, 2):  # a request every 2 minutes for 2 hours, before the start
+    clock = [T0 + 7080]  # the process starts at minute 118
+    for minute in range(0, 118, 2):  # a request every 2 minutes for 2 hours, before the start
         add_row(minute, status=200 if minute % 10 else 503, code="" if minute % 10 else "boom")
-    rings = History(clock=lambda: now)
-    add_row(119, started=datetime.fromtimestamp(now + 1, UTC))  # served by this process
+    rings = History(clock=lambda: clock[0])
+    add_row(118)  # served by this process, which counted it as it finished
+    clock[0] = T0 + 7200
 
     assert rings.rebuild() is True
     assert rings.rebuild() is False  # once: the rows are not counted twice
 
     five, hour = rings.points("5m"), rings.points("1h")
-    assert total(five) == 2  # minutes 116 and 118
-    assert total(hour) == 29  # minutes 62 to 118: the hour's first step starts at 60:30
+    assert total(five) == 1  # minute 116
+    assert total(hour) == 28  # minutes 62 to 116: the hour's first step starts at 60:30
     assert sum(p["codes"].get("boom", 0) for p in hour) == 5
     assert sum(p["requests"]["5xx"] for p in hour) == 5
     # The rows say when requests ran, not what was queued or running between the samples.
