@@ -11,7 +11,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
@@ -117,21 +117,23 @@ class RequestAdmin(admin.ModelAdmin):
     # A filtered list would otherwise count the whole table again, for "(N total)".
     show_full_result_count = False
 
-    def get_fields(self, request: HttpRequest, obj: Request | None = None) -> list[Any]:
-        # The row's page shows its start to the second too, instead of Django's "8:13 a.m.".
-        return [
-            "started_at" if name == "started" else name for name in super().get_fields(request, obj)
-        ]
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Request | None = None) -> list[Any]:
-        return [*super().get_readonly_fields(request, obj), "started_at"]
-
-    def changelist_view(
-        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        # The table needs the width the app list would take.
-        context = {"is_nav_sidebar_enabled": False, **(extra_context or {})}
-        return super().changelist_view(request, context)
+    # The row's page, read to learn what went wrong: the status, the code and the reason
+    # first, then when, where and how much; the start to the second (not "8:13 a.m.") and once.
+    fieldsets = (
+        (None, {"fields": ("status", "code", "error")}),
+        ("When", {"fields": ("started_at", "queued_ms", "ttfb_ms", "total_ms")}),
+        (
+            "Where",
+            {
+                "fields": (
+                    "route", "model", "host", "client", "placement", "lease", "fallback",
+                    "fingerprint", "streamed",
+                )  # fmt: skip
+            },
+        ),
+        ("Tokens", {"fields": ("prompt_tokens", "cached_tokens", "completion_tokens")}),
+    )
+    readonly_fields = ("started_at",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Request]:
         return PeriodProbingQuerySet(Request).order_by(*self.get_ordering(request))

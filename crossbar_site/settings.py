@@ -110,7 +110,10 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
-TIME_ZONE = "UTC"
+# One zone and one format for every time shown, in the admin and on the dashboard: the site's
+# zone (an IANA name such as Europe/Berlin; UTC by default), as 2025-12-01 14:03:07.
+TIME_ZONE = env.str("CROSSBAR_TIME_ZONE", default="UTC")
+FORMAT_MODULE_PATH = ["crossbar_site.formats"]
 USE_I18N = False
 USE_TZ = True
 

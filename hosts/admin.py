@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
@@ -107,7 +109,9 @@ class HostAdmin(admin.ModelAdmin):
 
     @admin.display(description="models (parallel/queue)")
     def models_summary(self, host: Host) -> str:
-        return ", ".join(f"{m.name}: {m.parallel}/{m.queue_max}" for m in host.models.all())
+        # A line each: a row of three quantized model names is wider than the screen.
+        lines = ((m.name, m.parallel, m.queue_max) for m in host.models.all())
+        return format_html_join(mark_safe("<br>"), "{}: {}/{}", lines)
 
     @admin.display(description="API key")
     def key(self, host: Host) -> str:
@@ -163,25 +167,31 @@ def describe_live(states: HostStates, host: Host) -> str:
     health = str(live.state)
     if live.reason:
         health += f" ({live.reason})"
-    if live.since_iso:
-        health += f" since {live.since_iso[:19].replace('T', ' ')}"
-    lines = [health]
+    if live.since is not None:
+        # Read by this process's health polls: a gateway restart starts it again.
+        seen = timezone.localtime(datetime.fromtimestamp(live.since, UTC))
+        health += f" since {seen:%Y-%m-%d %H:%M:%S} (this gateway's view)"
+    lines = [(health, "")]
     lines += [
-        f"{m.name} {m.in_flight}/{m.parallel} running, {m.queued} queued" for m in live.models
+        (f"{m.name} {m.in_flight}/{m.parallel} running, {m.queued} queued", "")
+        for m in live.models
     ]
     # A parallel above the host's slots queues inside llama-server, where the gateway cannot
     # see it; below, slots stay idle.
     lines += [
-        f"⚠ {m.name}: parallel {m.parallel}, but the host has {live.slots} slots"
+        (f"⚠ {m.name}: parallel {m.parallel}, but the host has {live.slots} slots", "")
         for m in live.models
         if live.slots is not None and m.parallel != live.slots
     ]
     if host.draining:
         busy = live.in_flight + live.queued
-        lines.append("draining, idle" if busy == 0 else f"draining, {busy} still running")
-    # Unbroken lines: the list's table would otherwise squeeze this column a word wide.
-    line = '<span style="white-space: nowrap">{}</span>'
-    return format_html_join(mark_safe("<br>"), line, ((text,) for text in lines))
+        text = "draining, idle" if busy == 0 else f"draining, {busy} still running"
+        lines.append((text, "live-draining"))
+    # A line each; a line wraps where it must (templates/admin/hosts/host/change_list.html
+    # gives the column its width), so the table fits the screen.
+    return format_html_join(
+        mark_safe("<br>"), '<span class="live-line {}">{}</span>', ((c, t) for t, c in lines)
+    )
 
 
 def _hosts(count: int) -> str:

@@ -12,6 +12,7 @@ from django.db.models import Prefetch, QuerySet
 from django.forms import BaseFormSet, BaseInlineFormSet, ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
+from django.utils.html import format_html
 
 from routing.config.validation import (
     DUPLICATE_NAME,
@@ -81,10 +82,12 @@ class RouteHostInline(admin.TabularInline):
 @admin.register(Route)
 class RouteAdmin(admin.ModelAdmin):
     inlines = [RouteHostInline]
+    # The client URL goes right after the name (get_list_display), whole: it is what this list
+    # is opened for, and clients copy it.
     list_display = [
         "name",
         "default_model",
-        "sticky",
+        "sticky_mode",
         "lease_ttl",
         "enabled",
         "hosts_in_order",
@@ -106,9 +109,11 @@ class RouteAdmin(admin.ModelAdmin):
     def get_list_display(self, request: HttpRequest) -> list[Any]:
         @admin.display(description="client URL")
         def client_url(route: Route) -> str:
-            return route_url(request, route.name)
+            url = route_url(request, route.name)
+            return format_html('<span style="white-space: nowrap">{}</span>', url)
 
-        return [*self.list_display, client_url]
+        first, *rest = self.list_display
+        return [first, client_url, *rest]
 
     def changeform_view(
         self,
@@ -129,6 +134,12 @@ class RouteAdmin(admin.ModelAdmin):
         route_hosts = RouteHost.objects.select_related("host")
         routes = super().get_queryset(request).select_related("fallback")
         return routes.prefetch_related(Prefetch("route_hosts", route_hosts))
+
+    @admin.display(description="sticky", ordering="sticky")
+    def sticky_mode(self, route: Route) -> str:
+        # The value, not its label: "prefer (move a conversation when its host is down)" made
+        # the column six lines tall; the filter and the route's page give the label.
+        return route.sticky
 
     @admin.display(description="hosts (in order)")
     def hosts_in_order(self, route: Route) -> str:

@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
@@ -56,15 +58,19 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
         **admin.site.each_context(request),
         "title": "Live dashboard",
         "can_drain": request.user.has_perm("hosts.change_host"),
+        # The page shows every time in the site's zone, as the admin does.
+        "time_zone": settings.TIME_ZONE,
     }
     return render(request, "dashboard/index.html", context)
 
 
 def state(runtime: Runtime) -> dict[str, Any]:
-    """Every configured host with its models, as the dashboard shows them, JSON-ready."""
+    """Every configured host with its models, as the dashboard shows them, JSON-ready, and
+    when this process began (`gateway_since`): the hosts' `since` is its view, from then on."""
     return {
         "type": "state",
         "revision": runtime.fleet.revision,
+        "gateway_since": datetime.fromtimestamp(history.began, UTC).isoformat(timespec="seconds"),
         "hosts": [host.as_json() for host in host_lives(runtime)],
     }
 
@@ -109,8 +115,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     Receives `{"type": "drain", "host": name, "on": true|false}` and
     `{"type": "window", "window": "5m"|"1h"|"24h"}`. Sends a `state` message every `TICK`
     (hosts, the requests finished since the last one, the requests running, the host cards),
-    `history` messages (the whole window on connect and on a window change, `replace: true`;
-    then the points that changed, the step in progress included) and `notice` messages.
+    `history` messages (the whole window on connect, on a window change and once the rings'
+    past is rebuilt from the rows, `replace: true`; then the points that changed, the step in
+    progress included) and `notice` messages.
     """
 
     async def connect(self) -> None:
@@ -125,6 +132,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         self.window = DEFAULT_WINDOW
         self.history_from: int | None = None  # the step the next increment starts at
         self.db_version = -1  # the database history's version last sent
+        self.history_version = history.version  # the rings' past, as last sent
         self.db_refresh: asyncio.Task[None] | None = None
         await self.accept()
         await self.channel_layer.group_add(GROUP, self.channel_name)
@@ -169,17 +177,18 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(message)
 
     async def send_history(self, *, replace: bool) -> None:
-        """The window's points: all of them, or those that changed since the last send."""
+        """The window's points: all of them, or those that changed since the last send.
+
+        A rebuilt past (`history.version`) is sent whole too, whatever was asked."""
         window = WINDOWS[self.window]
-        points: list[dict[str, Any]] | None
+        replace = replace or self.history_version != history.version
+        self.history_version = history.version
+        since = None if replace else self.history_from
         if window.name in RING_WINDOWS:
-            since = None if replace else self.history_from
             points = history.points(window.name, since=since)
-            self.history_from = points[-1]["t"] if points else None
         else:
-            points = await self._database_points(replace)
-            if points is None:
-                return
+            points = await self._day_points(replace, since)
+        self.history_from = points[-1]["t"] if points else None
         await self.send_json(
             {
                 "type": "history",
@@ -191,27 +200,25 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             }
         )
 
-    async def _database_points(self, replace: bool) -> list[dict[str, Any]] | None:
-        """The 24-hour points to send now, or None when nothing changed."""
-        if replace:
-            if database_history.stale:
-                try:
-                    await database_history.refresh()
-                except Exception:
-                    log.exception("dashboard: cannot read the request history")
-                    await self.send_json(
-                        {"type": "notice", "text": "The 24-hour history cannot be read now."}
-                    )
-            self.db_version = database_history.version
-            return database_history.points()
-        if database_history.stale and (self.db_refresh is None or self.db_refresh.done()):
+    async def _day_points(self, replace: bool, since: int | None) -> list[dict[str, Any]]:
+        """The 24-hour points to send now: from `since`, or from the first minute the table's
+        last refresh changed when that is earlier."""
+        if replace and database_history.stale:
+            try:
+                await database_history.refresh()
+            except Exception:
+                log.exception("dashboard: cannot read the request history")
+                await self.send_json(
+                    {"type": "notice", "text": "The 24-hour history cannot be read now."}
+                )
+        elif database_history.stale and (self.db_refresh is None or self.db_refresh.done()):
             # In the background: the live state keeps its pace while the database answers.
             self.db_refresh = asyncio.create_task(database_history.refresh())
             self.db_refresh.add_done_callback(_log_failure)
-        if database_history.version == self.db_version:
-            return None
+        if since is not None and database_history.version != self.db_version:
+            since = min(since, database_history.changed_from)
         self.db_version = database_history.version
-        return database_history.points(since=database_history.changed_from)
+        return history.day_points(database_history, since=since)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if not isinstance(content, dict):

@@ -6,17 +6,23 @@ sampler adds each host's queue depth and requests in flight (`sample`). Rates ar
 a step's counts divided by its length.
 
 A window is served at one resolution from one ring: the last 5 minutes in 5-second steps,
-the last hour in 30-second steps. A ring holds its window and no more, so reading one is a copy
-of at most 120 steps, never a merge of thousands of seconds, and the event loop is not held up
-when a dashboard opens. Memory is bounded by steps x hosts x distinct error codes.
+the last hour in 30-second steps. A ring holds its window (the hour ring ten minutes more, for
+the 24 hours), so reading one is a copy of at most 140 steps, never a merge of thousands of
+seconds, and the event loop is not held up when a dashboard opens. Memory is bounded by steps
+x hosts x distinct error codes.
 
-The last 24 hours come from the Request table instead, in minutes (`DatabaseHistory`): one
-aggregate query in a worker thread, kept for `DB_REFRESH` seconds, and on each refresh only the
-minutes from `DB_OVERLAP` ago are asked for again. Rows are counted in the minute they started
-(their `started` is what the table indexes), queue depth and requests in flight per host are the
-minute's means from the rows' queued and running time (Little's law), and TTFB percentiles
-come from the same buckets as the rings'. A request longer than `DB_OVERLAP` counts in a minute
-that is not asked for again until the next full load, once an hour.
+A restart does not empty the rings: once per process (`History.rebuild`, in a worker thread,
+from the first dashboard, scrape or request on) they are filled from the rows of the requests
+that started before the process did, in the step each finished, with three grouped queries.
+Those steps have no queue depth or in-flight figures: nothing sampled them.
+
+The 24 hours come from the Request table, in minutes (`DatabaseHistory`), up to an hour ago,
+and from the hour ring after that (`History.day_points`): the last hour of the 24 hours is the
+1-hour window's count, the 1-hour window holds the 5 minutes' steps, so a shorter window never
+counts more than a longer one. A table row counts in the minute it finished, as in the rings;
+queue depth and requests in flight are the minute's means from the rows' queued and running
+time (Little's law). The table is read in a worker thread, kept for `DB_REFRESH` seconds, and
+each refresh asks only for the minutes that became an hour old since the last one.
 
 TTFB percentiles are read from counts in fixed buckets (the R10 series, ten per decade, 1 ms to
 800 s) with linear interpolation inside a bucket, as Prometheus' `histogram_quantile` does: a
@@ -37,7 +43,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db.models import Func, IntegerField
+from django.db.models import F, Func, IntegerField
 
 from accounting.recorder import RequestRecord
 from accounting.report import COLD_TURN_SHARE, is_cold_turn
@@ -54,8 +60,9 @@ TTFB_BOUNDS_MS: tuple[float, ...] = tuple(
 SAMPLE_EVERY = 1.0  # seconds between samples of queue depth and in flight
 CARD_SECONDS = 300  # the per-host cards cover the last 5 minutes
 DB_REFRESH = 60.0  # seconds a 24-hour read of the Request table is kept
-DB_OVERLAP = 15 * 60  # seconds of minutes asked for again on each refresh
-DB_FULL_RELOAD = 3600.0  # seconds between full 24-hour loads (catching very long requests)
+DB_FULL_RELOAD = 3600.0  # seconds between full 24-hour loads (catching rows written late)
+HOUR_RING_SPARE = 600  # seconds the hour ring keeps past its hour: where the 24 hours take over
+LONGEST_REQUEST = 3600  # seconds: a row started longer before a window than this is not read
 
 
 @dataclass(slots=True, frozen=True)
@@ -141,6 +148,16 @@ class Stats:
             self.cold += 1
 
     def merge(self, other: Stats) -> None:
+        """Add `other`'s counts and its samples of in flight and queue depth."""
+        self.merge_counts(other)
+        self.flight_sum += other.flight_sum
+        self.queued_sum += other.queued_sum
+        self.samples += other.samples
+        if other.queued_peak is not None:
+            self.queued_peak = max(self.queued_peak or 0.0, other.queued_peak)
+
+    def merge_counts(self, other: Stats) -> None:
+        """Add `other`'s requests, errors, TTFBs and tokens; not its samples."""
         for i, n in enumerate(other.outcomes):
             self.outcomes[i] += n
         for label, n in other.codes.items():
@@ -151,11 +168,6 @@ class Stats:
         self.prompt += other.prompt
         self.cached += other.cached
         self.cold += other.cold
-        self.flight_sum += other.flight_sum
-        self.queued_sum += other.queued_sum
-        self.samples += other.samples
-        if other.queued_peak is not None:
-            self.queued_peak = max(self.queued_peak or 0.0, other.queued_peak)
 
     def ttfb_percentile(self, p: float) -> float | None:
         """The p-th percentile of TTFB in ms, from the buckets; None without a TTFB."""
@@ -188,7 +200,7 @@ class Stats:
         return round(self.queued_sum / self.samples, 2) if self.samples else None
 
 
-def _point(t: int, step: int, by_host: dict[str, Stats]) -> dict[str, Any]:
+def _point(t: int, by_host: dict[str, Stats]) -> dict[str, Any]:
     """One chart point: the fleet's figures and each host's, JSON-ready."""
     total = Stats()
     hosts: dict[str, dict[str, Any]] = {}
@@ -250,15 +262,54 @@ class Ring:
 
 
 class History:
-    """The in-memory rings; every method is safe from any thread."""
+    """The in-memory rings; every method is safe from any thread.
+
+    `began` is when this history started counting: every request the process serves starts
+    later and is counted as it finishes (`observe`); those started before are the rows'
+    (`rebuild`), so none is counted twice. `version` changes when the past changes (a rebuild),
+    for readers to ask for their window whole again.
+    """
 
     def __init__(self, clock: Any = time.time) -> None:
         self._clock = clock
+        self.began: float = clock()
+        self.version = 0
         self._lock = threading.Lock()
+        self._rebuild_lock = threading.Lock()  # held through a rebuild's query: one at a time
+        self._rebuilt = False
+        five, hour = WINDOWS["5m"], WINDOWS["1h"]
         self._rings = {
-            name: Ring(WINDOWS[name].step, WINDOWS[name].seconds // WINDOWS[name].step + 1)
-            for name in RING_WINDOWS
+            "5m": Ring(five.step, five.seconds // five.step + 1),
+            "1h": Ring(hour.step, (hour.seconds + HOUR_RING_SPARE) // hour.step + 1),
         }
+
+    @property
+    def rebuilt(self) -> bool:
+        return self._rebuilt
+
+    def rebuild(self) -> bool:
+        """Count, once, the requests that started before `began` and finished within the rings'
+        reach, from the Request rows; False when that was done already.
+
+        Blocks on the database (three aggregate queries over the rows of about two hours):
+        call it in a worker thread, never on the event loop. The rows say nothing of queue
+        depth and in flight between samples, so the steps before `began` have none.
+        """
+        with self._rebuild_lock:
+            if self._rebuilt:
+                return False
+            step = WINDOWS["5m"].step
+            last = int(self._clock() // step) * step
+            reach = WINDOWS["1h"].seconds + HOUR_RING_SPARE
+            steps = read_steps(last - reach, last + step, step, started_before=self.began)
+            with self._lock:
+                for start, by_host in steps.items():
+                    for host, stats in by_host.items():
+                        for ring in self._rings.values():
+                            ring.at(start, host).merge_counts(stats)
+                self._rebuilt = True
+                self.version += 1
+            return True
 
     def observe(self, record: RequestRecord, now: float | None = None) -> None:
         """Count one finished request in the steps of `now` (default: the clock)."""
@@ -304,31 +355,59 @@ class History:
             first = max(first, int(since // spec.step) * spec.step)
         with self._lock:
             steps = [
-                (start, {host: _copy(stats) for host, stats in slot.items()})
-                for start, slot in self._rings[window].steps(first, last)
+                (start, _merged([slot])) for start, slot in self._rings[window].steps(first, last)
             ]
-        return [_point(start, spec.step, slot) for start, slot in steps]
+        return [_point(start, slot) for start, slot in steps]
+
+    def day_points(
+        self, table: DatabaseHistory, since: int | None = None, now: float | None = None
+    ) -> list[dict[str, Any]]:
+        """The 24-hour window's points, a minute each, oldest first; from minute `since` on.
+
+        Minutes before the table's reach are its rows'; the rest come from the hour ring, two
+        steps a minute, so the last hour is what the 1-hour window counts and the 24 hours never
+        count less. The last point is the minute in progress.
+        """
+        moment = self._clock() if now is None else now
+        last = int(moment // 60) * 60
+        first = last - WINDOWS["24h"].seconds + 60
+        minutes, until = table.read()
+        seam = first if until is None else max(first, until)
+        if since is not None:
+            first = max(first, since)
+        hour = self._rings["1h"]
+        with self._lock:
+            recent = {
+                t: _merged(slot for _, slot in hour.steps(t, t + 30))
+                for t in range(max(seam, first), last + 1, 60)
+            }
+        hosts = {host for by_host in minutes.values() for host in by_host if host}
+        return [
+            _point(t, recent[t] if t >= seam else _with_idle(minutes.get(t, {}), hosts))
+            for t in range(first, last + 1, 60)
+        ]
 
     def cards(self, now: float | None = None) -> dict[str, dict[str, Any]]:
         """Per host, what it did in the last `CARD_SECONDS`: the dashboard's host cards."""
         spec = WINDOWS["5m"]
         moment = self._clock() if now is None else now
         last = int(moment // spec.step) * spec.step
-        merged: dict[str, Stats] = {}
         with self._lock:
-            for _, slot in self._rings["5m"].steps(last - CARD_SECONDS + spec.step, last):
-                for host, stats in slot.items():
-                    if host:
-                        merged.setdefault(host, Stats()).merge(stats)
+            steps = self._rings["5m"].steps(last - CARD_SECONDS + spec.step, last)
+            merged = _merged(slot for _, slot in steps)
+        merged.pop("", None)
         # The step in progress is only partly over: rates are over the time that has passed.
         span = CARD_SECONDS - spec.step + (moment - last)
         return {host: _card(stats, span) for host, stats in sorted(merged.items())}
 
 
-def _copy(stats: Stats) -> Stats:
-    copy = Stats()
-    copy.merge(stats)
-    return copy
+def _merged(slots: Iterable[dict[str, Stats]]) -> dict[str, Stats]:
+    """Each host's stats over `slots`, added up into new Stats (the ring's are not shared)."""
+    merged: dict[str, Stats] = {}
+    for slot in slots:
+        for host, stats in slot.items():
+            merged.setdefault(host, Stats()).merge(stats)
+    return merged
 
 
 def _card(stats: Stats, span: float) -> dict[str, Any]:
@@ -347,16 +426,24 @@ def _card(stats: Stats, span: float) -> dict[str, Any]:
     }
 
 
-# -- the Request table, for the 24-hour view ------------------------------------------------
+# -- the Request table: the 24-hour view, and the rings at start -----------------------------
 
 
 class DatabaseHistory:
-    """Per-minute aggregates of the last 24 hours of Request rows, refreshed in a thread."""
+    """Per-minute aggregates of the Request rows that finished between 24 hours and an hour ago.
+
+    The last hour of the 24-hour view is the hour ring's (`History.day_points`), so only minutes
+    older than an hour are read here: their rows are written by then, and a minute once read
+    does not change, so each refresh asks only for the minutes that aged past the hour since the
+    last one, and a full read every `DB_FULL_RELOAD` seconds catches rows written late (a
+    database that was down, a recorder's backlog).
+    """
 
     def __init__(self, clock: Any = time.time) -> None:
         self._clock = clock
         self._lock = threading.Lock()  # one query at a time; a second caller finds it fresh
         self._minutes: dict[int, dict[str, Stats]] = {}
+        self._until: int | None = None  # the minutes before this one are read; None: none yet
         self._loaded_at = -math.inf
         self._full_at = -math.inf
         self.version = 0  # bumped on every refresh
@@ -379,39 +466,31 @@ class DatabaseHistory:
             now = self._clock()
             if not force and now - self._loaded_at < DB_REFRESH:
                 return
-            end = int(now // 60) * 60 + 60
-            start = end - WINDOWS["24h"].seconds
-            full = force or now - self._full_at >= DB_FULL_RELOAD
-            first = start if full else max(start, int(self._loaded_at // 60) * 60 - DB_OVERLAP)
-            fresh = read_minutes(first, end)
+            until = int((now - WINDOWS["1h"].seconds) // 60) * 60
+            start = int(now // 60) * 60 + 60 - WINDOWS["24h"].seconds
+            full = self._until is None or force or now - self._full_at >= DB_FULL_RELOAD
+            first = start if self._until is None or full else max(start, min(self._until, until))
+            fresh = read_steps(first, until, 60)
             minutes = {t: by_host for t, by_host in self._minutes.items() if start <= t < first}
             minutes.update(fresh)
             self._minutes = minutes
+            self._until = until
             self._loaded_at = now
             if full:
                 self._full_at = now
             self.changed_from = first
             self.version += 1
 
-    def points(self, since: int | None = None) -> list[dict[str, Any]]:
-        """Every minute of the last 24 hours as it was last read, oldest first."""
+    def read(self) -> tuple[dict[int, dict[str, Stats]], int | None]:
+        """The minutes as last read, and the minute they reach to (None before the first read).
+
+        The Stats are shared: read them, never change them."""
         with self._lock:
-            minutes = dict(self._minutes)
-            loaded = self._loaded_at
-        if loaded == -math.inf:
-            return []
-        last = int(loaded // 60) * 60
-        first = last - WINDOWS["24h"].seconds + 60
-        if since is not None:
-            first = max(first, since)
-        hosts = {host for by_host in minutes.values() for host in by_host if host}
-        return [
-            _point(t, 60, _with_idle(minutes.get(t, {}), hosts)) for t in range(first, last + 1, 60)
-        ]
+            return dict(self._minutes), self._until
 
 
 def _with_idle(by_host: dict[str, Stats], hosts: set[str]) -> dict[str, Stats]:
-    """A minute with no row of a host: nothing started there, so none ran or waited (a 0)."""
+    """A minute with no row of a host: nothing finished there, so none ran or waited (a 0)."""
     missing = hosts - by_host.keys()
     if not missing:
         return by_host
@@ -422,27 +501,39 @@ def _with_idle(by_host: dict[str, Stats], hosts: set[str]) -> dict[str, Stats]:
     return idle
 
 
-def read_minutes(start: int, end: int) -> dict[int, dict[str, Stats]]:
-    """{minute start: {host: Stats}} for the rows started in [start, end), by epoch seconds.
+def read_steps(
+    start: int, end: int, step: int, started_before: float | None = None
+) -> dict[int, dict[str, Stats]]:
+    """{step start: {host: Stats}} for the rows that finished in [start, end), by epoch seconds.
+
+    A row finishes at `started` + `total_ms`, the moment the rings count a request, so every
+    window counts a request in the same step. Only rows started at most `LONGEST_REQUEST`
+    seconds before `start` are read (the index is on `started`), and with `started_before`
+    only those started before that moment. `start` and `end` are multiples of `step`.
 
     Three aggregate queries, so the database does the counting and a day of rows is never read
-    row by row: counts and sums per (minute, host); TTFB buckets per minute; errors per
-    (minute, code, status). Buckets and codes are the fleet's, so they go with the no-host
-    entry ("").
+    row by row: counts and sums per (step, host); TTFB buckets per step; errors per
+    (step, code, status). Buckets and codes are the fleet's, so they go with the no-host entry
+    (""). Queue depth and requests in flight are the step's means from the rows' queued and
+    running time (Little's law), in the step each row finished.
     """
     from django.db.models import Count, F, Q, Sum
 
     from accounting.models import Request
 
-    since = datetime.fromtimestamp(start, UTC)
-    until = datetime.fromtimestamp(end, UTC)
+    rows = Request.objects.filter(
+        started__gte=datetime.fromtimestamp(start - LONGEST_REQUEST, UTC),
+        started__lt=datetime.fromtimestamp(end, UTC),
+    )
+    if started_before is not None:
+        rows = rows.filter(started__lt=datetime.fromtimestamp(started_before, UTC))
     rows = (
-        Request.objects.filter(started__gte=since, started__lt=until)
-        .order_by()
-        .annotate(minute=_EpochMinute("started"))
+        rows.order_by()
+        .annotate(step=_FinishedStep(step))
+        .filter(step__gte=start // step, step__lt=end // step)
     )
     both = Q(prompt_tokens__isnull=False, cached_tokens__isnull=False)
-    counted = rows.values("minute", "host").annotate(
+    counted = rows.values("step", "host").annotate(
         n=Count("pk"),
         c4xx=Count("pk", filter=Q(status__gte=400, status__lt=499)),
         c5xx=Count("pk", filter=Q(status__gte=500)),
@@ -461,7 +552,7 @@ def read_minutes(start: int, end: int) -> dict[int, dict[str, Stats]]:
         busy_ms=Sum(F("total_ms") - F("queued_ms")),
         queued_ms=Sum("queued_ms"),
     )
-    minutes: dict[int, dict[str, Stats]] = {}
+    steps: dict[int, dict[str, Stats]] = {}
     for row in counted:
         stats = Stats()
         errors = row["c4xx"] + row["c5xx"] + row["c499"]
@@ -470,53 +561,67 @@ def read_minutes(start: int, end: int) -> dict[int, dict[str, Stats]]:
         stats.prompt = row["prompt"] or 0
         stats.cached = row["cached"] or 0
         stats.cold = row["cold"]
-        # Little's law: the minute's mean number running (or waiting) is their time over 60 s.
-        stats.flight_sum = (row["busy_ms"] or 0) / 60_000
-        stats.queued_sum = (row["queued_ms"] or 0) / 60_000
+        # Little's law: the step's mean number running (or waiting) is their time over its length.
+        stats.flight_sum = (row["busy_ms"] or 0) / (step * 1000)
+        stats.queued_sum = (row["queued_ms"] or 0) / (step * 1000)
         stats.samples = 1
-        minutes.setdefault(row["minute"] * 60, {})[row["host"]] = stats
+        steps.setdefault(row["step"] * step, {})[row["host"]] = stats
 
-    def fleet(minute: int) -> Stats:
-        by_host = minutes.setdefault(minute * 60, {})
+    def fleet(index: int) -> Stats:
+        by_host = steps.setdefault(index * step, {})
         return by_host.get("") or by_host.setdefault("", Stats())
 
     heads = (
         rows.filter(ttfb_ms__isnull=False)
-        .annotate(bucket=_ttfb_bucket(0, len(TTFB_BOUNDS_MS)))
-        .values("minute", "bucket")
+        .annotate(ttfb_bucket=_ttfb_bucket(0, len(TTFB_BOUNDS_MS)))
+        .values("step", "ttfb_bucket")
         .annotate(n=Count("pk"))
     )
     for row in heads:
-        fleet(row["minute"]).ttfb[row["bucket"]] = row["n"]
+        fleet(row["step"]).ttfb[row["ttfb_bucket"]] = row["n"]
     failed = (
         rows.filter(Q(status__gte=400) | ~Q(code=""))
-        .values("minute", "code", "status")
+        .values("step", "code", "status")
         .annotate(n=Count("pk"))
     )
     for row in failed:
         if label := error_label(row["code"], row["status"]):
-            codes = fleet(row["minute"]).codes
+            codes = fleet(row["step"]).codes
             codes[label] = codes.get(label, 0) + row["n"]
-    return minutes
+    return steps
 
 
-class _EpochMinute(Func):
-    """Minutes since the epoch of a datetime column, computed by the database.
+class _FinishedStep(Func):
+    """The step a row finished in (`started` + `total_ms`), counted from the epoch, computed by
+    the database.
 
-    Not TruncMinute: on SQLite that is a Python function called for every row, which made a day
-    of rows take seconds longer to read.
+    Not TruncMinute and friends: on SQLite that is a Python function called for every row,
+    which made a day of rows take seconds longer to read.
     """
 
     output_field = IntegerField()
-    template = "CAST(FLOOR(EXTRACT(EPOCH FROM %(expressions)s) / 60) AS INTEGER)"
 
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        # julianday() is in days; 2440587.5 is the epoch's; the half millisecond keeps a
-        # time on the minute from landing in the minute before by a rounding error.
-        template = (
-            "CAST((julianday(%(expressions)s) - 2440587.5) * 86400.0 + 0.0005 AS INTEGER) / 60"
-        )
-        return self.as_sql(compiler, connection, template=template, **extra)
+    def __init__(self, step: int) -> None:
+        super().__init__(F("started"), F("total_ms"))
+        self.step = step
+
+    def as_sql(  # type: ignore[override]  # a fixed template: no function, joiner or extras
+        self, compiler: Any, connection: Any, **extra: Any
+    ) -> tuple[str, tuple[Any, ...]]:
+        started, total = (compiler.compile(e) for e in self.get_source_expressions())
+        if connection.vendor == "sqlite":
+            # julianday() is in days; 2440587.5 is the epoch's; the half millisecond keeps a
+            # time on a step's start from landing in the step before by a rounding error.
+            sql = (
+                f"CAST((julianday({started[0]}) - 2440587.5) * 86400.0 + {total[0]} / 1000.0"
+                f" + 0.0005 AS INTEGER) / {int(self.step)}"
+            )
+        else:
+            sql = (
+                f"CAST(FLOOR((EXTRACT(EPOCH FROM {started[0]}) + {total[0]} / 1000.0)"
+                f" / {int(self.step)}) AS INTEGER)"
+            )
+        return sql, (*started[1], *total[1])
 
 
 def _ttfb_bucket(low: int, high: int) -> Any:
@@ -540,19 +645,35 @@ history = History()
 database_history = DatabaseHistory()
 
 _samplers: weakref.WeakKeyDictionary[Runtime, asyncio.Task[None]] = weakref.WeakKeyDictionary()
+_rebuilds: weakref.WeakKeyDictionary[Runtime, asyncio.Task[None]] = weakref.WeakKeyDictionary()
 
 
 def ensure_sampler(runtime: Runtime) -> None:
-    """Sample `runtime`'s hosts every second from now on; call on the runtime's loop.
+    """Sample `runtime`'s hosts every second from now on, and have the rings rebuilt from the
+    rows once (in a worker thread); call on the runtime's loop.
 
     The runtime has no hook for this, so whoever first needs the history starts it: a
-    dashboard opening, a scrape, or a request finishing (`routing.ops.metrics.observe`).
+    dashboard opening, a scrape, or a request finishing (`routing.ops.metrics.observe`). A
+    rebuild that failed (the database down) is tried again by the next dashboard or scrape.
     """
     task = _samplers.get(runtime)
     if task is None or task.done():
         _samplers[runtime] = runtime.loop.create_task(
             _sample_forever(runtime), name="crossbar-history"
         )
+    rebuild = _rebuilds.get(runtime)
+    if not history.rebuilt and (rebuild is None or rebuild.done()):
+        _rebuilds[runtime] = runtime.loop.create_task(_rebuild(), name="crossbar-history-rebuild")
+
+
+async def _rebuild() -> None:
+    from channels.db import database_sync_to_async
+
+    try:
+        # Not thread_sensitive, like the 24-hour read: a slow query holds up no other work.
+        await database_sync_to_async(history.rebuild, thread_sensitive=False)()
+    except Exception:  # the charts then start at this process's start, as they did before
+        log.exception("history: cannot read the requests before this process started")
 
 
 def sampling(runtime: Runtime) -> bool:

@@ -53,6 +53,22 @@ def test_times_are_shown_to_the_second_in_the_list_and_on_the_rows_page(
         assert "a.m." not in html and "p.m." not in html
 
 
+def test_a_requests_page_starts_with_its_status_code_and_reason_and_shows_its_start_once(
+    admin_client: Client,
+) -> None:
+    row = add(status=503, code="queue_full", error="every slot and place of gpu1 is taken")
+
+    page = admin_client.get(f"{LIST}{row.pk}/change/").content.decode()
+    labels = [
+        re.sub(r"<[^>]+>|:", "", label).strip()
+        for label in re.findall(r"<label[^>]*>(.*?)</label>", page, re.S)
+    ]
+
+    assert labels[:3] == ["Status", "Code", "Error"]
+    assert labels.count("Started") == 1
+    assert "every slot and place of gpu1 is taken" in page
+
+
 @pytest.mark.parametrize(
     ("query", "expected"),
     [

@@ -76,7 +76,7 @@ def test_the_list_shows_each_host_with_its_models_and_a_masked_key(
     page = response.content.decode()
     assert response.status_code == 200
     assert "http://10.0.0.5:8080" in page
-    assert "llama3: 4/8, qwen: 2/0" in page
+    assert "llama3: 4/8<br>qwen: 2/0" in page  # a line each
     assert "…cdef" in page
     assert KEY not in page
     assert KEY[:-4] not in page

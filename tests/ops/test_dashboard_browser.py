@@ -11,6 +11,7 @@ import re
 import shutil
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from urllib.parse import urlencode
 
 import httpx
@@ -18,6 +19,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from accounting.models import Request
 from hosts.models import Host
 from tests.conftest import ROOT, running_gateway, wait_until
 from tests.fleet import MODEL, add_host, add_route, chat
@@ -207,3 +209,161 @@ def test_running_streams_show_in_the_running_table_and_the_charts(
     rows = page.locator("#result_list tbody tr", has_text=MODEL)
     expect(rows).to_have_count(3, timeout=WAIT)
     page.screenshot(path=str(ARTIFACTS / "admin-requests.png"), full_page=True)
+
+
+# -- the page as a screen shows it, after a restart -------------------------------------------
+
+SCREENS = {"1366": {"width": 1366, "height": 768}, "1920": {"width": 1920, "height": 1080}}
+CODES = [
+    ("queue_full", 503), ("upstream_timeout", 504), ("upstream_unreachable", 502),
+    ("no_healthy_host", 503), ("rate_limit_exceeded", 429), ("model_not_found", 404),
+    ("pinned_host_down", 503), ("bad_request", 400),
+]  # fmt: skip
+TTFBS_MS = [80, 400, 2_500, 15_000]
+
+
+def add_rows_before_the_start(count: int) -> None:
+    """`count` finished requests between 50 and 6 minutes ago: an hour's, not 5 minutes'; a
+    third of them errors of eight codes, TTFBs up to 15 s."""
+    now = timezone.now()
+    span = timedelta(minutes=44) / count
+    rows = []
+    for i in range(count):
+        code, status = CODES[i // 3 % len(CODES)] if i % 3 == 0 else ("", 200)
+        rows.append(
+            Request(
+                route="chat", model=MODEL, host=("gpu-a", "gpu-b")[i % 2],
+                started=now - timedelta(minutes=50) + i * span, queued_ms=0,
+                ttfb_ms=TTFBS_MS[i % len(TTFBS_MS)], total_ms=20_000, status=status, code=code,
+                streamed=True, lease="new", prompt_tokens=100, cached_tokens=0,
+                completion_tokens=30,
+            )  # fmt: skip
+        )
+    Request.objects.bulk_create(rows)
+
+
+def window_total(page) -> int:
+    """Every request the requests chart counts in its window, as its summary line says."""
+    summary = page.locator('[data-chart="requests"] .latest').inner_text()
+    return sum(int(n) for n in re.findall(r"(?:2xx|4xx|5xx|499) (\d+)", summary))
+
+
+def choose_window(page, name: str, note: str) -> None:
+    from playwright.sync_api import expect
+
+    page.click(f'#windows button[data-window="{name}"]')
+    expect(page.locator("#window-note")).to_contain_text(note, timeout=WAIT)
+
+
+# What a reader sees of the charts: labels cut at the canvas' left edge (ink in its first
+# columns: the value axis draws its labels right-aligned against the plot), legends running
+# into another chart, and where the first chart starts.
+CHART_GEOMETRY = """() => {
+    const overlaps = (a, b) => a.left < b.right && b.left < a.right
+                              && a.top < b.bottom && b.top < a.bottom;
+    const charts = [...document.querySelectorAll('#charts .chart')];
+    const cut = [], crossed = [];
+    for (const chart of charts) {
+        const canvas = chart.querySelector('canvas');
+        const ink = canvas.getContext('2d').getImageData(0, 0, 2, canvas.height).data;
+        if (ink.some((value, i) => i % 4 === 3 && value > 0)) cut.push(chart.dataset.chart);
+        const legend = chart.querySelector('.u-legend').getBoundingClientRect();
+        for (const other of charts) {
+            if (other === chart) continue;
+            for (const part of [other.querySelector('h3'), other.querySelector('canvas')]) {
+                if (overlaps(legend, part.getBoundingClientRect()))
+                    crossed.push(chart.dataset.chart + ' over ' + other.dataset.chart);
+            }
+        }
+    }
+    return {
+        cut, crossed,
+        labels: Object.fromEntries(charts.map(c => [c.dataset.chart, c.dataset.valueLabels])),
+        firstChartBottom: charts[0].querySelector('canvas').getBoundingClientRect().bottom,
+        pageOverflow: document.documentElement.scrollWidth - window.innerWidth,
+    };
+}"""
+
+
+@pytest.fixture
+def rows_then_gateway(django_db_setup, tmp_path):
+    """Rows of requests an earlier gateway served, then a gateway started after them."""
+    add_rows_before_the_start(60)
+    with running_gateway(tmp_path) as gw:
+        yield gw
+
+
+def test_after_a_restart_the_page_shows_the_hours_requests_and_fits_1366_and_1920_pixels(
+    rows_then_gateway, fake, fake2, browser_page
+):
+    from playwright.sync_api import expect
+
+    gateway, page = rows_then_gateway, browser_page
+    fake.token_delay = fake2.token_delay = 0.2
+    add_route(
+        "chat",
+        [
+            add_host("gpu-a", fake.url, models={MODEL: (4, 4)}),
+            add_host("gpu-b", fake2.url, models={MODEL: (4, 4)}),
+        ],
+    )
+    gateway.sync()
+    page.set_viewport_size(SCREENS["1366"])
+    sign_in(page, gateway)
+    choose_window(page, "1h", "steps of 30 s")
+    # The hour's rows, counted although this gateway served none of them.
+    expect(page.locator('[data-chart="requests"] .latest')).to_contain_text("2xx 40 ", timeout=WAIT)
+    assert window_total(page) == 60
+    expect(page.locator('[data-chart="codes"] .latest')).to_contain_text("queue_full", timeout=WAIT)
+
+    streams = [stream_in_thread(gateway, f"conversation {i}, tell me more", 30) for i in range(8)]
+    try:
+        running = page.locator("#running tbody tr[data-route='chat']")
+        toggle = page.locator("#running-toggle")
+        expect(page.locator("#running-count")).to_have_text("(8)", timeout=WAIT)
+        expect(running).to_have_count(5)  # folded past five rows
+        expect(toggle).to_have_text("Show all 8")
+        screens = {}
+        for name, size in SCREENS.items():
+            page.set_viewport_size(size)
+            page.wait_for_function(
+                "document.querySelector('#charts canvas').width"
+                " === Math.max(300, document.querySelector('#charts .plot').clientWidth)"
+            )
+            screens[name] = page.evaluate(CHART_GEOMETRY)
+            page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"))
+            page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}-full.png"), full_page=True)
+        toggle.click()
+        expect(running).to_have_count(8)
+        expect(toggle).to_have_text("Show the first 5")
+    finally:
+        for stream in streams:
+            stream.join()
+
+    expect(page.locator("#running tbody")).to_contain_text("Nothing running.", timeout=WAIT)
+    expect(page.locator("#running-more")).to_be_hidden()
+    for name, geometry in screens.items():
+        assert geometry["cut"] == [], f"{name} px: labels cut at the left of {geometry['cut']}"
+        assert geometry["crossed"] == [], f"{name} px: {geometry['crossed']}"
+        assert geometry["pageOverflow"] <= 0, f"{name} px: the page scrolls sideways"
+        # History above the fold: the first chart whole in the first screen.
+        assert geometry["firstChartBottom"] <= SCREENS[name]["height"], name
+        assert "15,000" in geometry["labels"]["ttfb"], geometry["labels"]["ttfb"]
+    # A shorter window never counts more than a longer one.
+    expect(page.locator('[data-chart="requests"] .latest')).to_contain_text("2xx 48 ", timeout=WAIT)
+    hour = window_total(page)
+    choose_window(page, "5m", "steps of 5 s")
+    five = window_total(page)
+    choose_window(page, "24h", "per minute")
+    expect(page.locator('[data-chart="requests"] .latest')).to_contain_text("2xx 48 ", timeout=WAIT)
+    day = window_total(page)
+    assert (five, hour, day) == (8, 68, 68)
+    # One time zone and format: the site's, 24 hours with seconds.
+    expect(page.locator("#time-zone")).to_have_text("times in UTC")
+    started = page.locator("#requests tbody tr").first.locator("td").first.inner_text()
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", started), started
+    moment = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+    since = page.locator('#hosts [data-host="gpu-a"] [data-role="since"]').inner_text()
+    assert re.fullmatch(rf"up since {moment} \(this gateway's view\)", since), since
+    started = page.locator("#gateway-since").inner_text()
+    assert re.fullmatch(rf"gateway started {moment}", started), started

@@ -13,7 +13,7 @@ from accounting.models import Request
 from accounting.recorder import RequestRecord
 from hosts.health import HostState
 from hosts.live import HostLive, ModelLive
-from routing.ops.history import DatabaseHistory, History, read_minutes
+from routing.ops.history import DatabaseHistory, History, read_steps
 
 T0 = 1_764_590_400.0  # 2025-12-01 12:00:00 UTC, on a minute (and so on every step)
 
@@ -182,10 +182,11 @@ def test_cards_cover_the_last_five_minutes_per_host() -> None:
     assert cards["gpu2"]["cold"] == 1 and cards["gpu2"]["cache_hit"] == 0.1
 
 
-# -- the Request table, for 24 hours ----------------------------------------------------------
+# -- the Request table: 24 hours, and the rings after a restart ------------------------------
 
 
-def add_row(minute: int, **values: object) -> None:
+def add_row(minute: float, **values: object) -> None:
+    """A row started `minute` minutes after T0, plus 5 s; by default it ends 6 s later."""
     row: dict[str, object] = {
         "route": "chat", "model": "llama3", "host": "gpu1",
         "started": datetime.fromtimestamp(T0 + minute * 60 + 5, UTC),
@@ -194,6 +195,11 @@ def add_row(minute: int, **values: object) -> None:
     }  # fmt: skip
     row.update(values)
     Request.objects.create(**row)
+
+
+def total(points: list[dict]) -> int:
+    """The requests a window counts, as its chart's summary adds them up."""
+    return sum(sum(p["requests"].values()) for p in points)
 
 
 @pytest.mark.django_db
@@ -205,7 +211,7 @@ def test_the_table_is_read_per_minute_with_the_rings_figures() -> None:
     add_row(1, status=502, ttfb_ms=400)
     add_row(-2000)  # older than the window asked for
 
-    minutes = read_minutes(int(T0), int(T0) + 120)
+    minutes = read_steps(int(T0), int(T0) + 120, 60)
 
     assert sorted(minutes) == [int(T0), int(T0) + 60]
     first = minutes[int(T0)]
@@ -222,28 +228,44 @@ def test_the_table_is_read_per_minute_with_the_rings_figures() -> None:
     assert minutes[int(T0) + 60][""].codes == {"http_502": 1}
 
 
+@pytest.mark.django_db
+def test_a_row_counts_in_the_step_it_finished_as_the_rings_count_it() -> None:
+    add_row(0, total_ms=50_000)  # started at 0:05, finished at 0:55
+    add_row(0, total_ms=60_000)  # finished at 1:05
+    add_row(-30, total_ms=31 * 60_000)  # started half an hour before, finished at 1:05
+
+    minutes = read_steps(int(T0), int(T0) + 120, 60)
+    steps = read_steps(int(T0), int(T0) + 120, 5)
+
+    assert minutes[int(T0)]["gpu1"].requests == 1
+    assert minutes[int(T0) + 60]["gpu1"].requests == 2
+    assert sorted(steps) == [int(T0) + 55, int(T0) + 65]
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_the_24_hour_view_is_read_once_and_kept() -> None:
     from asgiref.sync import sync_to_async
 
-    clock = [T0 + 90]
+    clock = [T0 + 3600 + 90]  # minutes 0 and 1 are an hour old: the table's
     db = DatabaseHistory(clock=lambda: clock[0])
+    rings = History(clock=lambda: clock[0])
     await sync_to_async(add_row)(0)
 
     await db.refresh()
-    first = db.points()
+    first = rings.day_points(db)
     await sync_to_async(add_row)(1)
     await db.refresh()  # too soon: the kept read stands
-    kept = db.points()
+    kept = rings.day_points(db)
     clock[0] += 61
     await db.refresh()
-    fresh = db.points(since=db.changed_from)
+    fresh = rings.day_points(db, since=db.changed_from)
 
     assert len(first) == 24 * 60
-    assert first[-1]["t"] == int(T0) + 60
+    assert first[-1]["t"] == int(T0) + 3600 + 60
     assert point_at(first, T0)["requests"]["2xx"] == 1
     assert point_at(kept, T0 + 60)["requests"]["2xx"] == 0
     assert point_at(fresh, T0 + 60)["requests"]["2xx"] == 1
+    assert db.changed_from == int(T0) + 60  # only the minute that became an hour old
     assert db.version == 2
 
 
@@ -251,16 +273,67 @@ async def test_the_24_hour_view_is_read_once_and_kept() -> None:
 async def test_a_minute_without_rows_of_a_host_shows_it_idle_in_the_24_hour_view() -> None:
     from asgiref.sync import sync_to_async
 
-    db = DatabaseHistory(clock=lambda: T0 + 150)
+    db = DatabaseHistory(clock=lambda: T0 + 3600 + 150)
     await sync_to_async(add_row)(0, total_ms=30_000)
 
     await db.refresh()
-    busy, idle = point_at(db.points(), T0), point_at(db.points(), T0 + 60)
+    points = History(clock=lambda: T0 + 3600 + 150).day_points(db)
+    busy, idle = point_at(points, T0), point_at(points, T0 + 60)
 
     assert busy["hosts"]["gpu1"]["in_flight"] == 0.5  # 30 s of running over the minute
     assert idle["hosts"]["gpu1"] == {
         "requests": 0, "in_flight": 0.0, "queued": 0.0, "cache_hit": None, "cold": 0
     }  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_restarted_history_counts_the_requests_of_the_last_hour_from_the_rows() -> None:
+    clock = [T0 + 7080]  # the process starts at minute 118
+    for minute in range(0, 118, 2):  # a request every 2 minutes for 2 hours, before the start
+        add_row(minute, status=200 if minute % 10 else 503, code="" if minute % 10 else "boom")
+    rings = History(clock=lambda: clock[0])
+    add_row(118)  # served by this process, which counted it as it finished
+    clock[0] = T0 + 7200
+
+    assert rings.rebuild() is True
+    assert rings.rebuild() is False  # once: the rows are not counted twice
+
+    five, hour = rings.points("5m"), rings.points("1h")
+    assert total(five) == 1  # minute 116
+    assert total(hour) == 28  # minutes 62 to 116: the hour's first step starts at 60:30
+    assert sum(p["codes"].get("boom", 0) for p in hour) == 5
+    assert sum(p["requests"]["5xx"] for p in hour) == 5
+    # The rows say when requests ran, not what was queued or running between the samples.
+    assert {p["hosts"]["gpu1"]["in_flight"] for p in hour if p["hosts"]} == {None}
+    assert rings.version == 1
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_no_window_counts_more_than_a_longer_one_after_a_restart() -> None:
+    from asgiref.sync import sync_to_async
+
+    clock = [T0 + 7200.0]
+    for minute in range(0, 120, 3):
+        await sync_to_async(add_row)(minute)
+    rings = History(clock=lambda: clock[0])
+    db = DatabaseHistory(clock=lambda: clock[0])
+    await db.refresh()
+    await sync_to_async(rings.rebuild)()
+    windows = []
+    for second in range(0, 240, 10):  # four minutes of requests, the table's read kept
+        clock[0] = T0 + 7200 + second
+        rings.observe(record(), now=clock[0])
+        rings.observe(record(status=503, code="queue_full"), now=clock[0])
+        await db.refresh()
+        windows.append(
+            (total(rings.points("5m")), total(rings.points("1h")), total(rings.day_points(db)))
+        )
+
+    for five, hour, day in windows:
+        assert five <= hour <= day
+    # At the end: the 48 requests served since, plus the rows finished in each window: none
+    # in the 5 minutes, those of minutes 66 to 117 in the hour (18), all 40 in the 24 hours.
+    assert windows[-1] == (48, 48 + 18, 48 + 40)
 
 
 def test_a_request_older_than_its_slot_does_not_wipe_the_newer_step() -> None:
