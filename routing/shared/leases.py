@@ -2,7 +2,9 @@
 
 The same contract as the in-process `LeaseTable` (routing/core/leases.py): a (route,
 fingerprint, model) stays on one host for `ttl` seconds after its last request. Reading a
-lease slides its TTL in the same round trip; a new or moved lease costs a second one.
+lease slides its TTL in the same round trip. A request's lease is read and written inside the
+slots' OPEN script (routing/shared/slots_lua.py, through `LEASE_FUNCTIONS`), in the same round
+trip as its place; `slide` and `keep` serve the rest (a waiting request's lease, tests).
 
 Keys, under the prefix P (a lease's id is a hash of its route, model and fingerprint, so keys
 have a fixed size whatever clients send):
@@ -22,10 +24,8 @@ than `max_entries` live leases; the index sets expire with their newest member.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 
-from routing.core.errors import NoHealthyHost, PinnedHostDown
-from routing.core.leases import LeaseKey, LeaseOutcome
+from routing.core.leases import LeaseKey
 from routing.shared.state import Shared
 
 __all__ = ["LEASE_FUNCTIONS", "RedisLeases", "lease_id", "lease_ms"]
@@ -162,39 +162,6 @@ class RedisLeases:
         self._last_held: tuple[str, dict[str, int]] = ("", {})
         self._count = shared.script(_COUNT)
 
-    async def lease(
-        self,
-        key: LeaseKey,
-        *,
-        ttl: float,
-        strict: bool,
-        usable: Callable[[str], bool],
-        choose: Callable[[], str | None],
-    ) -> tuple[str, LeaseOutcome]:
-        """Return the host for `key` and how it was found; `LeaseTable.lease`'s contract.
-
-        A live lease on a host `usable` accepts is reused (one round trip, its TTL slid). A
-        live lease on an unusable host raises PinnedHostDown when `strict`, else moves to the
-        host `choose` returns. Without one, `choose` picks and the lease is new. When another
-        process set the lease in between, its host is taken if usable. An empty fingerprint
-        is never stored. Raises NoHealthyHost when `choose` returns None.
-        """
-        if not key.fingerprint:
-            return _chosen(choose), LeaseOutcome.NONE
-        ident, ms = lease_id(key), lease_ms(ttl)
-        current = await self._read(ident, ms)
-        if current is not None and usable(current):
-            return current, LeaseOutcome.REUSED
-        if current is not None and strict:
-            raise PinnedHostDown(current)
-        host = _chosen(choose)
-        stored = await self._write(ident, host, ms, self.max_entries, current or "")
-        if stored != host and usable(stored):
-            return stored, LeaseOutcome.REUSED  # another process placed this conversation first
-        if stored != host:
-            await self._write(ident, host, ms, self.max_entries, stored)
-        return host, LeaseOutcome.MOVED if current is not None else LeaseOutcome.NEW
-
     async def slide(self, key: LeaseKey, ttl: float) -> str | None:
         """The host of a live lease for `key`, its TTL slid to `ttl` from now; None without."""
         return await self._read(lease_id(key), lease_ms(ttl))
@@ -227,10 +194,3 @@ class RedisLeases:
 
 def lease_ms(ttl: float) -> int:
     return max(1, int(ttl * 1000))
-
-
-def _chosen(choose: Callable[[], str | None]) -> str:
-    host = choose()
-    if host is None:
-        raise NoHealthyHost()
-    return host

@@ -168,6 +168,18 @@ async def test_a_new_conversation_is_leased_to_the_host_it_is_placed_on_and_foun
         again.got.release()
 
 
+async def test_two_processes_opening_the_same_new_conversation_agree_on_one_host(redis_url):
+    async with fleet(redis_url, {H1: (2, 0), H2: (2, 0)}) as (a, b):
+        first, second = await asyncio.gather(a.open(opening([H1])), b.open(opening([H2])))
+
+        hosts = {opened.got.host for opened in (first, second) if opened.got is not None}
+        assert len(hosts) == 1
+        assert await a.find_lease(KEY, 60.0) == hosts.pop()
+        for opened in (first, second):
+            assert isinstance(opened.got, SharedSlot)
+            opened.got.release()
+
+
 async def test_a_busy_home_with_room_in_its_line_keeps_the_conversation_waiting_there(redis_url):
     async with fleet(redis_url, {H1: (1, 1), H2: (1, 0)}) as (a, b):
         await b.keep_lease(KEY, "h1", 60.0, None)

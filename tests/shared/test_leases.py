@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
-from routing.core.errors import NoHealthyHost, PinnedHostDown
-from routing.core.leases import LeaseKey, LeaseOutcome
+from routing.core.leases import LeaseKey
 from routing.shared.leases import RedisLeases, lease_id
 from routing.shared.state import Shared, StateUnavailable
 from tests.shared.conftest import RedisServer, eventually
@@ -29,21 +26,17 @@ async def two(url: str, max_entries: int = 100_000) -> AsyncIterator[tuple[Redis
             await s.aclose()
 
 
-def picks(host: str | None) -> Callable[[], str | None]:
-    return lambda: host
-
-
 async def lease(
-    table: RedisLeases, key: LeaseKey = KEY, /, *, host: str | None = "h1", **kw: Any
-) -> tuple[str, LeaseOutcome]:
-    options = {"ttl": 60.0, "strict": False, "usable": lambda name: True, **kw}
-    return await table.lease(key, choose=picks(host), **options)
+    table: RedisLeases, key: LeaseKey = KEY, /, *, host: str = "h1", ttl: float = 60.0
+) -> None:
+    await table.keep(key, host, ttl)
 
 
-async def test_a_lease_made_by_one_process_is_reused_by_the_other(redis_url):
+async def test_a_lease_kept_by_one_process_is_found_by_the_other(redis_url):
     async with two(redis_url) as (a, b):
-        assert await lease(a, host="h1") == ("h1", LeaseOutcome.NEW)
-        assert await lease(b, host="h2") == ("h1", LeaseOutcome.REUSED)
+        await lease(a, host="h1")
+
+        assert await b.slide(KEY, 60.0) == "h1"
         assert await b.held_by_host() == {"h1": 1}
 
 
@@ -59,36 +52,19 @@ async def test_reading_a_lease_slides_its_ttl_in_the_same_round_trip(redis_url):
     await client.aclose()
 
 
-async def test_a_lease_on_an_unusable_host_moves_or_raises_when_strict(redis_url):
+async def test_a_lease_kept_again_moves_to_the_new_host_and_its_counts_follow(redis_url):
     async with two(redis_url) as (a, b):
         await lease(a, host="h1")
-        down = {"usable": lambda name: name != "h1"}
+        await lease(b, host="h2")
 
-        with pytest.raises(PinnedHostDown) as pinned:
-            await lease(b, host="h2", strict=True, **down)
-        moved = await lease(b, host="h2", **down)
-
-        assert pinned.value.host == "h1"
-        assert moved == ("h2", LeaseOutcome.MOVED)
-        assert await lease(a, host="h3") == ("h2", LeaseOutcome.REUSED)
+        assert await a.slide(KEY, 60.0) == "h2"
         assert await a.held_by_host() == {"h2": 1}
 
 
-async def test_two_processes_placing_the_same_new_conversation_agree_on_one_host(redis_url):
-    async with two(redis_url) as (a, b):
-        results = await asyncio.gather(lease(a, host="h1"), lease(b, host="h2"))
-
-        hosts = {host for host, _ in results}
-        assert len(hosts) == 1
-        assert await a.held_by_host() == {hosts.pop(): 1}
-
-
-async def test_no_fingerprint_or_no_host_stores_nothing(redis_url):
+async def test_no_fingerprint_stores_nothing(redis_url):
     async with two(redis_url) as (a, _):
-        anonymous = LeaseKey("chat", "", "m")
-        assert await lease(a, anonymous, host="h1") == ("h1", LeaseOutcome.NONE)
-        with pytest.raises(NoHealthyHost):
-            await lease(a, host=None)
+        await lease(a, LeaseKey("chat", "", "m"), host="h1")
+
         assert await a.count() == 0
         assert await a.held_by_host() == {}
 
@@ -130,7 +106,7 @@ async def test_dropping_a_host_removes_only_its_leases(redis_url):
         assert await b.drop_host("h1") == 2
 
         assert await a.held_by_host() == {"h2": 1}
-        assert await lease(a, LeaseKey("chat", "one", "m"), host="h2") == ("h2", LeaseOutcome.NEW)
+        assert await a.slide(LeaseKey("chat", "one", "m"), 60.0) is None
 
 
 async def test_a_stopped_redis_is_a_clear_error(redis_server: RedisServer):
@@ -140,4 +116,6 @@ async def test_a_stopped_redis_is_a_clear_error(redis_server: RedisServer):
         with pytest.raises(StateUnavailable, match="Redis at 127.0.0.1"):
             await lease(a)
         redis_server.start()
-        assert await lease(a, host="h2") == ("h2", LeaseOutcome.NEW)  # restarted empty
+        assert await a.slide(KEY, 60.0) is None  # restarted empty
+        await lease(a, host="h2")
+        assert await a.slide(KEY, 60.0) == "h2"
