@@ -29,7 +29,7 @@ class HostForm(forms.ModelForm):
 
     class Meta:
         model = Host
-        fields = ["name", "url", "weight", "enabled", "draining", "api_key", "notes"]
+        fields = ["name", "url", "shares_url", "weight", "enabled", "draining", "api_key", "notes"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -69,6 +69,7 @@ class HostAdmin(admin.ModelAdmin):
     fields = [
         "name",
         "url",
+        "shares_url",
         "weight",
         "enabled",
         "draining",

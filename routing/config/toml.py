@@ -8,6 +8,7 @@ make a sound configuration is `config_problems()`'s question. It never touches t
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -190,7 +191,10 @@ class _Reader:
                     "variable and name the variable in api_key_env.",
                 )
             else:
-                self.problem(where, f"Unknown key; expected one of {', '.join(sorted(known))}.")
+                close = difflib.get_close_matches(name, known, n=1)
+                expected = f"xpected one of {', '.join(sorted(known))}."
+                said = f"did you mean {close[0]}? E{expected}" if close else f"e{expected}"
+                self.problem(where, f"Unknown key; {said}")
 
     def problem(self, key: str, message: str) -> None:
         self.problems.append(Problem(key, message))

@@ -7,8 +7,9 @@ configuration is judged by the same rules wherever it comes from.
 
 Single values are judged by the model fields themselves (their validators, choices and lengths),
 so a value the admin refuses is refused here with the same words. The rules below add what no
-single field can see: names used twice, routes naming hosts or fallbacks that do not exist,
-default models no host of the route serves, fallbacks that fall back again.
+single field can see: names used twice, two hosts at one address, routes naming hosts or
+fallbacks that do not exist, default models no host of the route serves, fallbacks that fall
+back again. What the hosts themselves say (their slots) is `routing.config.slots`'s question.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from django.db import models
 from django.db.models import Prefetch
 
 from accounting.models import ClientKey, no_such_route
+from hosts.address import url_clash
 from hosts.models import Host, HostModel
 from routing.models import Route, RouteHost
 
@@ -38,6 +40,7 @@ FALLBACK_CHAIN = "E006"
 FALLBACK_MODEL_NOT_SERVED = "E007"
 UNKNOWN_KEY_ROUTE = "E008"
 CATCH_ALL_WITHOUT_DEFAULT = "E009"
+SHARED_URL = "E010"
 ROUTE_WITHOUT_HOSTS = "W001"
 
 
@@ -62,6 +65,7 @@ class HostSpec:
     draining: bool
     api_key_env: str
     notes: str
+    shares_url: bool = False
     models: list[ModelSpec] = field(default_factory=list)
 
     @classmethod
@@ -222,6 +226,10 @@ def _host_problems(hosts: list[HostSpec]) -> Iterator[Problem]:
     yield from _invalid_values(Host, hosts, "hosts")
     yield from _duplicate_names("Host", [host.name for host in hosts], "hosts")
     for index, host in enumerate(hosts):
+        # Said at each host that does not share its URL on purpose: either may be the one to
+        # remove, and a host that does share it is not the one in the wrong.
+        if not host.shares_url and (clash := url_clash(host, hosts)):
+            yield Problem(entry_key("hosts", host.name, index) + ".url", clash, SHARED_URL)
         key = entry_key("hosts", host.name, index) + ".models"
         yield from _invalid_values(HostModel, host.models, key)
         yield from _duplicate_names("Model", [model.name for model in host.models], key)

@@ -302,3 +302,34 @@ def test_an_operator_loads_and_unloads_a_router_mode_hosts_models(admin_client: 
         assert "gpu1: load small: done" in loaded and "gpu1: load large: done" in loaded
         assert "gpu1: unload large: done" in unloaded
         assert router.model_status("large") == "unloaded"
+
+
+def test_a_host_at_another_hosts_url_is_a_form_error_naming_it(admin_client: Client) -> None:
+    add_host("local", "http://127.0.0.1:9001")
+
+    response = admin_client.post(ADD, host_form([], url="http://localhost:9001/"))
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "Host “local” has this URL too (as http://127.0.0.1:9001)" in page
+    assert "Keep one host per box" in page
+    assert list(Host.objects.values_list("name", flat=True)) == ["local"]
+
+
+def test_hosts_that_each_say_they_share_a_url_are_saved(admin_client: Client) -> None:
+    add_host("fan-a", "http://proxy.lan:8080", shares_url=True)
+
+    response = admin_client.post(ADD, host_form([], url="http://proxy.lan:8080", shares_url="on"))
+
+    assert response.status_code == 302
+    assert Host.objects.get(name="gpu1").shares_url is True
+
+
+def test_sharing_a_url_with_a_host_that_does_not_say_so_is_refused(admin_client: Client) -> None:
+    add_host("local", "http://127.0.0.1:9001")
+
+    response = admin_client.post(ADD, host_form([], url="http://127.0.0.1:9001", shares_url="on"))
+
+    assert response.status_code == 200
+    assert "(not set: “local”)" in response.content.decode()
+    assert not Host.objects.filter(name="gpu1").exists()
