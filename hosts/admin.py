@@ -11,10 +11,12 @@ from django.http import HttpRequest
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
-from hosts.actions import manage_models, read_from_host, set_draining
+from hosts.actions import Said, manage_models, read_from_host, set_draining
 from hosts.describe import Unreachable
 from hosts.live import HostStates, host_states
 from hosts.models import Host, HostModel
+
+_LEVELS = {"success": messages.SUCCESS, "warning": messages.WARNING, "error": messages.ERROR}
 
 
 class HostForm(forms.ModelForm):
@@ -130,9 +132,9 @@ class HostAdmin(admin.ModelAdmin):
             except Unreachable as exc:
                 self.message_user(request, f"{host.name}: cannot read it: {exc}", messages.ERROR)
                 continue
-            for line in said or [f"{host.name}: models and slots as the host says"]:
-                level = messages.WARNING if "does not list" in line else messages.SUCCESS
-                self.message_user(request, line, level)
+            unchanged = Said("success", f"{host.name}: models and slots as the host says")
+            for level, line in said or [unchanged]:
+                self.message_user(request, line, _LEVELS[level])
 
     @admin.action(description="Load the selected router-mode hosts' models")
     def load_models(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:

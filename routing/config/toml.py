@@ -36,10 +36,14 @@ _ACCEPTED: dict[str, tuple[type, ...]] = {
 }
 _EXPECTED = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}
 
-HEADER = """\
-# crossbar configuration, written by `manage.py crossbar_config dump`.
-# Load it with `manage.py crossbar_config load FILE`; the format is described in docs/config.md.
-"""
+DUMP_HEADER = "# crossbar configuration, written by `manage.py crossbar_config dump`."
+DISCOVER_HEADER = (
+    "# crossbar hosts, as `manage.py crossbar_config discover` read them from the hosts."
+)
+_LOAD_IT = (
+    "# Load it with `manage.py crossbar_config load FILE`; the format is described in "
+    "docs/config.md.\n"
+)
 UNEXPORTED_KEY = "# An API key set in the admin is not exported; loading this file keeps it."
 
 
@@ -72,15 +76,19 @@ def api_key_problems(hosts: list[HostSpec], environ: Mapping[str, str]) -> list[
 
 
 def dump_config(
-    hosts: list[HostSpec], routes: list[RouteSpec], unexported_keys: Collection[str] = ()
+    hosts: list[HostSpec],
+    routes: list[RouteSpec],
+    unexported_keys: Collection[str] = (),
+    header: str = DUMP_HEADER,
 ) -> str:
     """The configuration as TOML that `parse_config` reads back into the same specs.
 
     API keys are never written: a host whose key came from an environment variable names the
     variable, and a host named in `unexported_keys` (its key was set in the admin) gets a
     comment saying a key is set. Empty strings are left out, since they are the default.
+    `header` is the first comment line: who wrote the file.
     """
-    lines = [HEADER]
+    lines = [f"{header}\n{_LOAD_IT}"]
     for host in hosts:
         table = _table("hosts", single_values(host, HostSpec))
         if host.name in unexported_keys:

@@ -333,3 +333,21 @@ def test_sharing_a_url_with_a_host_that_does_not_say_so_is_refused(admin_client:
     assert response.status_code == 200
     assert "(not set: “local”)" in response.content.decode()
     assert not Host.objects.filter(name="gpu1").exists()
+
+
+def test_reading_a_host_whose_models_together_take_more_than_its_slots_is_an_error(
+    admin_client: Client,
+) -> None:
+    with FakeLlamaServer(slots=2, models=("llama3",)) as fake:
+        gpu1 = add_host("gpu1", fake.url, models={"llama3": (2, 8), "spare": (2, 8)})
+
+        response = admin_client.post(
+            CHANGELIST, {"action": "read_from_host", "_selected_action": [gpu1.pk]}, follow=True
+        )
+
+    errors = [str(m) for m in response.context["messages"] if m.level_tag == "error"]
+    assert errors == [
+        "gpu1: parallel 2 (llama3) + 2 (spare) = 4, but the host has 2 slots (its /props "
+        "total_slots): 2 of the requests the gateway lets run there would wait inside the host, "
+        "where the gateway cannot see them or send them to a free host; share its 2 among them."
+    ]
