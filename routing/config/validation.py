@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -180,6 +180,20 @@ def route_problems(route: RouteSpec, hosts: Mapping[str, HostSpec]) -> Iterator[
             f"Route “{route.name}” maps unknown model names to its default model, but has none.",
             CATCH_ALL_WITHOUT_DEFAULT,
         )
+
+
+def routes_left_without(
+    hosts: list[HostSpec], routes: list[RouteSpec], draining: Collection[str]
+) -> dict[str, list[str]]:
+    """The enabled routes that have a usable host (enabled, not draining) and would have none
+    once the hosts named in `draining` drain: {route name: those of them it has, in order}."""
+    usable = {host.name for host in hosts if host.enabled and not host.draining}
+    left: dict[str, list[str]] = {}
+    for route in routes:
+        own = [name for name in dict.fromkeys(route.hosts) if name in usable]
+        if route.enabled and own and all(name in draining for name in own):
+            left[route.name] = own
+    return left
 
 
 def config_from_db() -> tuple[list[HostSpec], list[RouteSpec]]:
