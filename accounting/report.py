@@ -9,7 +9,8 @@ Definitions:
 - percentiles are nearest-rank: the p-th percentile of n sorted values is the value at rank
   ceil(p / 100 * n), so it is always a value that occurred. `ttfb` percentiles leave out rows
   that got no response head.
-- token sums add the rows where the count is known; an unknown count is not a zero.
+- token sums add the rows where the count is known; an unknown count is not a zero, and a
+  group where no row knows the count has no sum (None; `-` in the table).
 - `cache_hit` is cached / prompt tokens over the rows where both are known.
 - `cold_turns` counts requests of a reused lease (the conversation came back to its host) that
   found less than `COLD_TURN_SHARE` of their prompt in the host's cache: the host had evicted
@@ -139,7 +140,6 @@ def _summary(
     stream_ms = sum(t for _, _, t in timed) - sum(h for _, h, _ in timed)
     queued, totals = sorted(queued), sorted(total)
     heads = sorted(v for v in ttfb if v is not None)
-    # sum(filter(None, ...)) skips unknown counts (and zeros, which add nothing).
     return {
         "requests": len(status),
         "4xx": sum(n for code, n in statuses.items() if 400 <= code < 499),
@@ -151,9 +151,9 @@ def _summary(
         "ttfb_p95_ms": percentile(heads, 95),
         "total_p50_ms": percentile(totals, 50),
         "total_p95_ms": percentile(totals, 95),
-        "prompt_tokens": sum(filter(None, prompt)),
-        "cached_tokens": sum(filter(None, cached)),
-        "completion_tokens": sum(filter(None, completion)),
+        "prompt_tokens": _known_sum(prompt),
+        "cached_tokens": _known_sum(cached),
+        "completion_tokens": _known_sum(completion),
         "cold_turns": sum(map(is_cold_turn, lease, prompt, cached)),
         "cache_hit": (
             round(sum(c for _, c in both_known) / ratio_prompt, 4) if ratio_prompt else None
@@ -162,3 +162,10 @@ def _summary(
             round(sum(n for n, _, _ in timed) * 1000 / stream_ms, 1) if stream_ms else None
         ),
     }
+
+
+def _known_sum(counts: list[int | None]) -> int | None:
+    """The sum of the known counts; None when none is known (unknown is not 0)."""
+    if counts.count(None) == len(counts):
+        return None
+    return sum(filter(None, counts))  # skips the unknown (and zeros, which add nothing)

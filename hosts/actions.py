@@ -8,12 +8,14 @@ the model signals.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal, NamedTuple
 
 import httpx
 from django.db import transaction
 
 from hosts.describe import read_host
 from hosts.models import Host, HostModel
+from hosts.slots import slot_fit
 
 
 def set_draining(host_names: Iterable[str], on: bool) -> int:
@@ -32,16 +34,25 @@ def set_draining(host_names: Iterable[str], on: bool) -> int:
     return changed
 
 
-def read_from_host(host: Host) -> list[str]:
+class Said(NamedTuple):
+    """One line an action reports, and how much it matters."""
+
+    level: Literal["success", "warning", "error"]
+    text: str
+
+
+def read_from_host(host: Host) -> list[Said]:
     """Fill the host's models and their `parallel` from what the host says of itself.
 
     Each model the host lists is added (or kept) with `parallel` = the host's `total_slots`
-    when it says one; a configured model the host does not list is left and warned about.
-    Returns one line per change or warning. Raises `Unreachable` when the host does not answer.
-    Blocking I/O: call from a view's thread or a command.
+    when it says one; a configured model the host does not list is left and warned about. Then
+    the host's `parallel` is judged against its slots, as `crossbar_config check` does
+    (`hosts.slots`): their sum above the slots is an error, below them a warning.
+    Returns one line per change, warning or error. Raises `Unreachable` when the host does
+    not answer. Blocking I/O: call from a view's thread or a command.
     """
     described = read_host(host.url, host.api_key)
-    said: list[str] = []
+    said: list[Said] = []
     with transaction.atomic():
         configured = {model.name: model for model in host.models.all()}
         for name in described.models:
@@ -53,18 +64,31 @@ def read_from_host(host: Host) -> list[str]:
                 if described.slots:
                     model.parallel = described.slots
                 model.save()
-                said.append(f"{host.name}: added model {name} (parallel {model.parallel})")
+                configured[name] = model
+                text = f"{host.name}: added model {name} (parallel {model.parallel})"
+                said.append(Said("success", text))
             elif described.slots and model.parallel != described.slots:
                 said.append(
-                    f"{host.name}: {model.name} parallel {model.parallel} -> {described.slots}, "
-                    "the host's slots"
+                    Said(
+                        "success",
+                        f"{host.name}: {model.name} parallel {model.parallel} -> "
+                        f"{described.slots}, the host's slots",
+                    )
                 )
                 model.parallel = described.slots
                 model.save(update_fields=["parallel"])
         listed = set(described.models)
         for model in configured.values():
             if model.name not in listed and model.upstream_name not in listed:
-                said.append(f"{host.name}: {model.name} is configured; the host does not list it")
+                said.append(
+                    Said(
+                        "warning",
+                        f"{host.name}: {model.name} is configured; the host does not list it",
+                    )
+                )
+    parallel = {model.name: model.parallel for model in configured.values()}
+    if described.slots and (fit := slot_fit(parallel, described.slots)):
+        said.append(Said("error" if fit.error else "warning", f"{host.name}: {fit.message}"))
     return said
 
 

@@ -1,4 +1,5 @@
-"""Hosts in the admin: their models inline, a drain switch, and API keys never shown in clear."""
+"""Hosts in the admin: their models inline, a drain switch that warns before a route loses its
+last host, and API keys never shown in clear."""
 
 from __future__ import annotations
 
@@ -7,16 +8,21 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
-from hosts.actions import manage_models, read_from_host, set_draining
+from hosts.actions import Said, manage_models, read_from_host, set_draining
 from hosts.describe import Unreachable
 from hosts.live import HostStates, host_states
 from hosts.models import Host, HostModel
+from hosts.routes_left import left_lines, routes_left_without
+
+_LEVELS = {"success": messages.SUCCESS, "warning": messages.WARNING, "error": messages.ERROR}
 
 
 class HostForm(forms.ModelForm):
@@ -31,7 +37,7 @@ class HostForm(forms.ModelForm):
 
     class Meta:
         model = Host
-        fields = ["name", "url", "weight", "enabled", "draining", "api_key", "notes"]
+        fields = ["name", "url", "shares_url", "weight", "enabled", "draining", "api_key", "notes"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -71,6 +77,7 @@ class HostAdmin(admin.ModelAdmin):
     fields = [
         "name",
         "url",
+        "shares_url",
         "weight",
         "enabled",
         "draining",
@@ -118,8 +125,35 @@ class HostAdmin(admin.ModelAdmin):
         return host.masked_api_key
 
     @admin.action(description="Start draining the selected hosts")
-    def start_draining(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+    def start_draining(
+        self, request: HttpRequest, queryset: QuerySet[Host]
+    ) -> TemplateResponse | None:
+        # Asked first, on a page of its own (as Django's delete action does), when the drain
+        # would leave a route with nowhere to send its requests.
+        left = routes_left_without(list(queryset.values_list("name", flat=True)))
+        if left and request.POST.get("post") != "yes":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Drain a route's last host?",
+                "opts": self.opts,
+                "hosts": list(queryset),
+                "lines": left_lines(left),
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            }
+            return TemplateResponse(request, "admin/hosts/host/confirm_drain.html", context)
         self._drain(request, queryset, draining=True)
+        for line in left_lines(left):
+            self.message_user(request, line, messages.WARNING)
+        return None
+
+    def save_model(self, request: HttpRequest, obj: Host, form: Any, change: bool) -> None:
+        # The drain box of the change form, or of the list: no page between, so the warning
+        # comes with the save's own message.
+        drains = change and obj.draining and "draining" in form.changed_data
+        left = routes_left_without([form.initial.get("name", obj.name)]) if drains else {}
+        super().save_model(request, obj, form, change)
+        for line in left_lines(left):
+            self.message_user(request, line, messages.WARNING)
 
     @admin.action(description="Stop draining the selected hosts")
     def stop_draining(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
@@ -133,9 +167,9 @@ class HostAdmin(admin.ModelAdmin):
             except Unreachable as exc:
                 self.message_user(request, f"{host.name}: cannot read it: {exc}", messages.ERROR)
                 continue
-            for line in said or [f"{host.name}: models and slots as the host says"]:
-                level = messages.WARNING if "does not list" in line else messages.SUCCESS
-                self.message_user(request, line, level)
+            unchanged = Said("success", f"{host.name}: models and slots as the host says")
+            for level, line in said or [unchanged]:
+                self.message_user(request, line, _LEVELS[level])
 
     @admin.action(description="Load the selected router-mode hosts' models")
     def load_models(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:

@@ -5,7 +5,8 @@
 `role: router` and `max_instances`. `/v1/models` lists the models (a router adds each one's
 `status`: loaded, loading, unloaded, with `failed` when its load failed). Used by the health
 poller (which does its own I/O on the event loop), and, through `read_host` (blocking), the
-host admin's "Read from host" and `crossbar_config discover`.
+host admin's "Read from host" and `crossbar_config discover`, and through `read_props`,
+`crossbar_config check` and `load`, which compare `parallel` with the host's slots.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from dataclasses import dataclass, field
 
 import httpx
 
-__all__ = ["Described", "ModelState", "Unreachable", "describe", "read_host", "with_models"]
+__all__ = [
+    "Described",
+    "ModelState",
+    "Unreachable",
+    "describe",
+    "read_host",
+    "read_props",
+    "with_models",
+]
 
 
 class ModelState(enum.StrEnum):
@@ -102,14 +111,29 @@ class Unreachable(Exception):
 
 def read_host(url: str, api_key: str = "", timeout: float = 5.0) -> Described:
     """What the host at `url` says of itself. Raises Unreachable."""
+    props, models = _read(url, ("/props", "/v1/models"), api_key, timeout)
+    described = describe(props, models)
+    if not described.models:
+        raise Unreachable(f"{url.rstrip('/')}/v1/models lists no model")
+    return described
+
+
+def read_props(url: str, api_key: str = "", timeout: float = 5.0) -> Described:
+    """What the host at `url` says of itself in `/props` alone (no models). Raises Unreachable."""
+    (props,) = _read(url, ("/props",), api_key, timeout)
+    return describe(props, None)
+
+
+def _read(url: str, paths: tuple[str, ...], api_key: str, timeout: float) -> list[object]:
+    """Each path's JSON answer, in order. Raises Unreachable, saying what the host did."""
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     answers: list[object] = []
     with httpx.Client(timeout=timeout, headers=headers, trust_env=False) as client:
-        for path in ("/props", "/v1/models"):
+        for path in paths:
             try:
                 response = client.get(base + path)
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 raise Unreachable(f"{base}{path}: {type(exc).__name__}: {exc}") from None
             if response.status_code != 200:
                 raise Unreachable(f"{base}{path} answered {response.status_code}")
@@ -117,7 +141,4 @@ def read_host(url: str, api_key: str = "", timeout: float = 5.0) -> Described:
                 answers.append(response.json())
             except ValueError:
                 raise Unreachable(f"{base}{path} did not answer JSON") from None
-    described = describe(*answers)
-    if not described.models:
-        raise Unreachable(f"{base}/v1/models lists no model")
-    return described
+    return answers

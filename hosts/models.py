@@ -9,6 +9,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
 
+from hosts.address import url_clash
+
 
 def validate_base_url(value: str) -> None:
     """The engine's base URL, to which the gateway adds llama-server's own paths (`/v1/chat/
@@ -39,6 +41,13 @@ class Host(models.Model):
         validators=[URLValidator(schemes=["http", "https"]), validate_base_url],
         help_text="Base URL of the engine, e.g. http://10.0.0.5:8080 (no /v1).",
     )
+    shares_url = models.BooleanField(
+        "shares URL",
+        default=False,
+        help_text="Tick only when this URL leads to several boxes (a proxy that fans out) and "
+        "other hosts have it too, each with this ticked. Two hosts for one llama-server would "
+        "let it run the sum of their parallel at once, more than its slots.",
+    )
     weight = models.FloatField(
         default=1.0,
         validators=[validate_weight],
@@ -68,6 +77,9 @@ class Host(models.Model):
     def clean(self) -> None:
         if self.url:
             self.url = self.url.rstrip("/")
+        others = Host.objects.exclude(pk=self.pk) if self.pk else Host.objects.all()
+        if clash := url_clash(self, others.only("name", "url", "shares_url")):
+            raise ValidationError({"url": clash})
 
     @property
     def masked_api_key(self) -> str:

@@ -12,7 +12,9 @@ class RoutingConfig(AppConfig):
 
         checks.register(check_configuration, "crossbar")
 
-        from hosts import live
+        from hosts import live, routes_left
+        from routing.config.validation import config_from_db, routes_left_without
         from routing.ops.live import live_host_states
 
         live.provide(live_host_states)
+        routes_left.provide(lambda names: routes_left_without(*config_from_db(), names))

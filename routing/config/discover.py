@@ -4,16 +4,21 @@ admin's "Read from host".
 Asks the llama-server at a URL for `/props` and `/v1/models` (`hosts.describe` reads them) and
 proposes the host as the configuration would hold it: each model it lists, with `parallel` =
 its `total_slots` (a router-mode host says no slot count: the default then) and the default
-`queue_max`. Blocking I/O: call from a management command or an admin view's thread.
+`queue_max`. A host the configuration already has at that address (`hosts.address`) is proposed
+under its own name, URL and settings, so loading the proposal updates it rather than adding the
+same box a second time. Blocking I/O: call from a management command or an admin view's thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from django.db import models
 
+from hosts.address import address
 from hosts.describe import Described
 from hosts.models import HostModel
 from routing.config.validation import HostSpec, ModelSpec
@@ -21,15 +26,25 @@ from routing.config.validation import HostSpec, ModelSpec
 _NOT_A_SLUG = re.compile(r"[^-a-zA-Z0-9_]+")
 
 
-def proposed_host(url: str, described: Described, name: str = "") -> HostSpec:
-    """The host's spec: `name` (else one made from the URL), each listed model."""
+def proposed_host(url: str, described: Described, known: HostSpec | None = None) -> HostSpec:
+    """The host's spec: each model it lists, under `known`'s name and settings if given (else a
+    name made from the URL); a listed model `known` has keeps its values but for `parallel`,
+    which becomes the host's slots when it says them."""
     parallel = described.slots or _default("parallel")
+    own = {model.name: model for model in known.models} if known else {}
+    own |= {model.upstream_name: model for model in own.values() if model.upstream_name}
     models = [
-        ModelSpec(name=model, upstream_name="", parallel=parallel, queue_max=_default("queue_max"))
+        dataclasses.replace(own[model], parallel=described.slots or own[model].parallel)
+        if model in own
+        else ModelSpec(
+            name=model, upstream_name="", parallel=parallel, queue_max=_default("queue_max")
+        )
         for model in described.models
     ]
+    if known is not None:
+        return dataclasses.replace(known, models=models, notes=known.notes or _notes(described))
     return HostSpec(
-        name=name or host_name(url),
+        name=host_name(url),
         url=url.rstrip("/"),
         weight=1.0,
         enabled=True,
@@ -38,6 +53,12 @@ def proposed_host(url: str, described: Described, name: str = "") -> HostSpec:
         notes=_notes(described),
         models=models,
     )
+
+
+def host_at(url: str, hosts: Iterable[HostSpec]) -> HostSpec | None:
+    """The first of `hosts` whose URL leads where `url` does (`hosts.address`), if any."""
+    here = address(url)
+    return next((host for host in hosts if host.url and address(host.url) == here), None)
 
 
 def host_name(url: str) -> str:

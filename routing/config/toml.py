@@ -8,6 +8,7 @@ make a sound configuration is `config_problems()`'s question. It never touches t
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -35,10 +36,14 @@ _ACCEPTED: dict[str, tuple[type, ...]] = {
 }
 _EXPECTED = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}
 
-HEADER = """\
-# crossbar configuration, written by `manage.py crossbar_config dump`.
-# Load it with `manage.py crossbar_config load FILE`; the format is described in docs/config.md.
-"""
+DUMP_HEADER = "# crossbar configuration, written by `manage.py crossbar_config dump`."
+DISCOVER_HEADER = (
+    "# crossbar hosts, as `manage.py crossbar_config discover` read them from the hosts."
+)
+_LOAD_IT = (
+    "# Load it with `manage.py crossbar_config load FILE`; the format is described in "
+    "docs/config.md.\n"
+)
 UNEXPORTED_KEY = "# An API key set in the admin is not exported; loading this file keeps it."
 
 
@@ -71,15 +76,19 @@ def api_key_problems(hosts: list[HostSpec], environ: Mapping[str, str]) -> list[
 
 
 def dump_config(
-    hosts: list[HostSpec], routes: list[RouteSpec], unexported_keys: Collection[str] = ()
+    hosts: list[HostSpec],
+    routes: list[RouteSpec],
+    unexported_keys: Collection[str] = (),
+    header: str = DUMP_HEADER,
 ) -> str:
     """The configuration as TOML that `parse_config` reads back into the same specs.
 
     API keys are never written: a host whose key came from an environment variable names the
     variable, and a host named in `unexported_keys` (its key was set in the admin) gets a
     comment saying a key is set. Empty strings are left out, since they are the default.
+    `header` is the first comment line: who wrote the file.
     """
-    lines = [HEADER]
+    lines = [f"{header}\n{_LOAD_IT}"]
     for host in hosts:
         table = _table("hosts", single_values(host, HostSpec))
         if host.name in unexported_keys:
@@ -190,7 +199,10 @@ class _Reader:
                     "variable and name the variable in api_key_env.",
                 )
             else:
-                self.problem(where, f"Unknown key; expected one of {', '.join(sorted(known))}.")
+                close = difflib.get_close_matches(name, known, n=1)
+                expected = f"xpected one of {', '.join(sorted(known))}."
+                said = f"did you mean {close[0]}? E{expected}" if close else f"e{expected}"
+                self.problem(where, f"Unknown key; {said}")
 
     def problem(self, key: str, message: str) -> None:
         self.problems.append(Problem(key, message))

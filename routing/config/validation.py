@@ -7,8 +7,9 @@ configuration is judged by the same rules wherever it comes from.
 
 Single values are judged by the model fields themselves (their validators, choices and lengths),
 so a value the admin refuses is refused here with the same words. The rules below add what no
-single field can see: names used twice, routes naming hosts or fallbacks that do not exist,
-default models no host of the route serves, fallbacks that fall back again.
+single field can see: names used twice, two hosts at one address, routes naming hosts or
+fallbacks that do not exist, default models no host of the route serves, fallbacks that fall
+back again. What the hosts themselves say (their slots) is `routing.config.slots`'s question.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -25,6 +26,7 @@ from django.db import models
 from django.db.models import Prefetch
 
 from accounting.models import ClientKey, no_such_route
+from hosts.address import url_clash
 from hosts.models import Host, HostModel
 from routing.models import Route, RouteHost
 
@@ -38,6 +40,7 @@ FALLBACK_CHAIN = "E006"
 FALLBACK_MODEL_NOT_SERVED = "E007"
 UNKNOWN_KEY_ROUTE = "E008"
 CATCH_ALL_WITHOUT_DEFAULT = "E009"
+SHARED_URL = "E010"
 ROUTE_WITHOUT_HOSTS = "W001"
 
 
@@ -62,6 +65,7 @@ class HostSpec:
     draining: bool
     api_key_env: str
     notes: str
+    shares_url: bool = False
     models: list[ModelSpec] = field(default_factory=list)
 
     @classmethod
@@ -178,6 +182,20 @@ def route_problems(route: RouteSpec, hosts: Mapping[str, HostSpec]) -> Iterator[
         )
 
 
+def routes_left_without(
+    hosts: list[HostSpec], routes: list[RouteSpec], draining: Collection[str]
+) -> dict[str, list[str]]:
+    """The enabled routes that have a usable host (enabled, not draining) and would have none
+    once the hosts named in `draining` drain: {route name: those of them it has, in order}."""
+    usable = {host.name for host in hosts if host.enabled and not host.draining}
+    left: dict[str, list[str]] = {}
+    for route in routes:
+        own = [name for name in dict.fromkeys(route.hosts) if name in usable]
+        if route.enabled and own and all(name in draining for name in own):
+            left[route.name] = own
+    return left
+
+
 def config_from_db() -> tuple[list[HostSpec], list[RouteSpec]]:
     """The configuration in the database, as specs (four queries)."""
     hosts = Host.objects.prefetch_related("models")
@@ -222,6 +240,10 @@ def _host_problems(hosts: list[HostSpec]) -> Iterator[Problem]:
     yield from _invalid_values(Host, hosts, "hosts")
     yield from _duplicate_names("Host", [host.name for host in hosts], "hosts")
     for index, host in enumerate(hosts):
+        # Said at each host that does not share its URL on purpose: either may be the one to
+        # remove, and a host that does share it is not the one in the wrong.
+        if not host.shares_url and (clash := url_clash(host, hosts)):
+            yield Problem(entry_key("hosts", host.name, index) + ".url", clash, SHARED_URL)
         key = entry_key("hosts", host.name, index) + ".models"
         yield from _invalid_values(HostModel, host.models, key)
         yield from _duplicate_names("Model", [model.name for model in host.models], key)

@@ -114,6 +114,25 @@ def test_token_sums_skip_unknown_counts_rather_than_count_them_as_zero() -> None
     assert chat["completion_tokens"] == 15
 
 
+def test_a_group_where_no_row_knows_its_tokens_reports_them_unknown_not_zero() -> None:
+    add(route="chat", prompt_tokens=None, cached_tokens=None, completion_tokens=None)
+    add(route="code", prompt_tokens=0, cached_tokens=None, completion_tokens=0)
+
+    chat, code = report_json()
+    *_, header, chat_row, code_row = report(*WINDOW).splitlines()
+
+    assert (chat["prompt_tokens"], chat["cached_tokens"], chat["completion_tokens"]) == (
+        None,
+        None,
+        None,
+    )
+    assert (code["prompt_tokens"], code["cached_tokens"], code["completion_tokens"]) == (0, None, 0)
+    columns = header.split()
+    tokens = [columns.index(name) for name in ("prompt_tokens", "cached_tokens")]
+    assert [chat_row.split()[i] for i in tokens] == ["-", "-"]
+    assert [code_row.split()[i] for i in tokens] == ["0", "-"]
+
+
 def test_cache_hit_counts_only_rows_where_prompt_and_cached_are_both_known() -> None:
     add(prompt_tokens=100, cached_tokens=50)
     add(prompt_tokens=200, cached_tokens=None)

@@ -296,7 +296,7 @@ hosts = "gpu1"
         (
             "hosts.gpu1.colour",
             "Unknown key; expected one of api_key_env, draining, enabled, models, name, notes, "
-            "url, weight.",
+            "shares_url, url, weight.",
         ),
         ("hosts.gpu1.enabled", "Expected true or false."),
         ("hosts.gpu1.models.llama3.parallel", "Expected an integer."),
@@ -304,6 +304,33 @@ hosts = "gpu1"
         ("routes.chat.hosts", "Expected a list of host names."),
     ]
     assert hosts[0].models[0] == ModelSpec(name="llama3", upstream_name="", parallel=4, queue_max=8)
+
+
+def test_an_unknown_key_close_to_a_known_one_is_named_with_the_known_keys() -> None:
+    text = """
+[[hosts]]
+name = "gpu1"
+url = "http://10.0.0.5:8080"
+  [[hosts.models]]
+  name = "llama3"
+  paralel = 4
+
+[[routes]]
+name = "chat"
+hosts = ["gpu1"]
+default_modle = "llama3"
+"""
+    _, _, (model, route) = parse_config(text)
+
+    assert (model.key, model.message) == (
+        "hosts.gpu1.models.llama3.paralel",
+        "Unknown key; did you mean parallel? Expected one of name, parallel, queue_max, "
+        "upstream_name.",
+    )
+    assert route.key == "routes.chat.default_modle"
+    assert route.message.startswith(
+        "Unknown key; did you mean default_model? Expected one of cors_origins, default_model, "
+    )
 
 
 def test_a_nameless_entry_is_called_by_its_position() -> None:
@@ -318,7 +345,7 @@ def gpu(name: str, *models: str) -> HostSpec:
     host_models = [ModelSpec(name=m, upstream_name="", parallel=1, queue_max=0) for m in models]
     return HostSpec(
         name=name,
-        url="http://10.0.0.5:8080",
+        url=f"http://{name}.lan:8080",
         weight=1.0,
         enabled=True,
         draining=False,

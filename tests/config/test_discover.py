@@ -6,9 +6,14 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
+from hosts.models import Host
 from routing.config.toml import parse_config
 from tests.conftest import free_port
 from tests.fakes.llama_server import FakeLlamaServer
+from tests.fleet import add_host
+
+# It looks in the database for a host it already knows at each URL.
+pytestmark = pytest.mark.django_db
 
 
 def test_discover_prints_a_host_with_the_models_and_slots_it_says_it_has():
@@ -32,7 +37,6 @@ def test_discover_lists_every_model_a_router_mode_host_can_load():
     assert "router mode" in host.notes
 
 
-@pytest.mark.django_db
 def test_what_discover_prints_loads_as_it_is(tmp_path):
     with FakeLlamaServer(slots=2) as fake:
         path = tmp_path / "crossbar.toml"
@@ -46,3 +50,46 @@ def test_a_url_that_answers_nothing_is_a_clear_error():
 
     with pytest.raises(CommandError, match=f"cannot discover {url}: .*ConnectError"):
         call_command("crossbar_config", "discover", url)
+
+
+def test_discover_says_it_wrote_the_hosts_itself():
+    with FakeLlamaServer() as fake:
+        text = call_command("crossbar_config", "discover", fake.url)
+
+    assert text.splitlines()[0] == (
+        "# crossbar hosts, as `manage.py crossbar_config discover` read them from the hosts."
+    )
+    assert "dump" not in text
+
+
+def test_a_host_the_database_has_at_the_url_keeps_its_name_and_settings(tmp_path):
+    with FakeLlamaServer(slots=3, models=("llama3",)) as fake:
+        local = add_host("local", f"http://localhost:{fake.port}", models={"llama3": (4, 2)})
+        Host.objects.filter(pk=local.pk).update(weight=2.0, notes="the box under the desk")
+        text = call_command("crossbar_config", "discover", f"http://127.0.0.1:{fake.port}/")
+        path = tmp_path / "crossbar.toml"
+        path.write_text(text)
+        planned = call_command("crossbar_config", "load", "--dry-run", str(path))
+
+    (host,), _, _ = parse_config(text)
+    assert (host.name, host.url, host.weight, host.notes) == (
+        "local",
+        f"http://localhost:{fake.port}",
+        2.0,
+        "the box under the desk",
+    )
+    assert [(m.name, m.parallel, m.queue_max) for m in host.models] == [("llama3", 3, 2)]
+    assert planned.splitlines()[1:] == [
+        "  change model local/llama3: parallel 4 -> 3",
+        "summary: 1 model changed",
+    ]
+
+
+def test_a_host_the_given_file_has_at_the_url_keeps_its_name(tmp_path):
+    with FakeLlamaServer(slots=2) as fake:
+        path = tmp_path / "crossbar.toml"
+        path.write_text(f'[[hosts]]\nname = "desk"\nurl = "{fake.url}"\n')
+        text = call_command("crossbar_config", "discover", "--config", str(path), fake.url)
+
+    (host,), _, _ = parse_config(text)
+    assert host.name == "desk"

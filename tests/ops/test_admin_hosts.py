@@ -10,7 +10,7 @@ from hosts.models import Host, HostModel
 from routing.models import ConfigRevision
 from tests.conftest import free_port, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import add_host
+from tests.fleet import add_host, add_route
 
 pytestmark = pytest.mark.django_db
 
@@ -302,3 +302,151 @@ def test_an_operator_loads_and_unloads_a_router_mode_hosts_models(admin_client: 
         assert "gpu1: load small: done" in loaded and "gpu1: load large: done" in loaded
         assert "gpu1: unload large: done" in unloaded
         assert router.model_status("large") == "unloaded"
+
+
+def test_a_host_at_another_hosts_url_is_a_form_error_naming_it(admin_client: Client) -> None:
+    add_host("local", "http://127.0.0.1:9001")
+
+    response = admin_client.post(ADD, host_form([], url="http://localhost:9001/"))
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "Host “local” has this URL too (as http://127.0.0.1:9001)" in page
+    assert "Keep one host per box" in page
+    assert list(Host.objects.values_list("name", flat=True)) == ["local"]
+
+
+def test_hosts_that_each_say_they_share_a_url_are_saved(admin_client: Client) -> None:
+    add_host("fan-a", "http://proxy.lan:8080", shares_url=True)
+
+    response = admin_client.post(ADD, host_form([], url="http://proxy.lan:8080", shares_url="on"))
+
+    assert response.status_code == 302
+    assert Host.objects.get(name="gpu1").shares_url is True
+
+
+def test_sharing_a_url_with_a_host_that_does_not_say_so_is_refused(admin_client: Client) -> None:
+    add_host("local", "http://127.0.0.1:9001")
+
+    response = admin_client.post(ADD, host_form([], url="http://127.0.0.1:9001", shares_url="on"))
+
+    assert response.status_code == 200
+    assert "(not set: “local”)" in response.content.decode()
+    assert not Host.objects.filter(name="gpu1").exists()
+
+
+def test_messages_name_hosts_as_they_are_written(admin_client: Client) -> None:
+    gpu1 = add_host("gpu1", f"http://127.0.0.1:{free_port()}")
+
+    response = admin_client.post(
+        CHANGELIST, {"action": "read_from_host", "_selected_action": [gpu1.pk]}, follow=True
+    )
+
+    page = response.content.decode()
+    assert "gpu1: cannot read it:" in page
+    assert "Gpu1" not in page
+
+
+def test_reading_a_host_whose_models_together_take_more_than_its_slots_is_an_error(
+    admin_client: Client,
+) -> None:
+    with FakeLlamaServer(slots=2, models=("llama3",)) as fake:
+        gpu1 = add_host("gpu1", fake.url, models={"llama3": (2, 8), "spare": (2, 8)})
+
+        response = admin_client.post(
+            CHANGELIST, {"action": "read_from_host", "_selected_action": [gpu1.pk]}, follow=True
+        )
+
+    errors = [str(m) for m in response.context["messages"] if m.level_tag == "error"]
+    assert errors == [
+        "gpu1: parallel 2 (llama3) + 2 (spare) = 4, but the host has 2 slots (its /props "
+        "total_slots): 2 of the requests the gateway lets run there would wait inside the host, "
+        "where the gateway cannot see them or send them to a free host; share its 2 among them."
+    ]
+
+
+def test_draining_a_routes_last_host_asks_first_and_names_the_route(admin_client: Client) -> None:
+    gpu1 = add_host("gpu1", "http://10.0.0.5:8080")
+    gpu2 = add_host("gpu2", "http://10.0.0.6:8080")
+    off = add_host("off", "http://10.0.0.7:8080", enabled=False)
+    add_route("chat", [gpu1, off])
+    add_route("both", [gpu1, gpu2])
+
+    response = admin_client.post(
+        CHANGELIST, {"action": "start_draining", "_selected_action": [gpu1.pk]}
+    )
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "Route “chat”: “gpu1” is its last usable host" in page
+    assert "Route “both”" not in page
+    assert 'value="Yes, drain 1 host"' in page
+    assert not Host.objects.get(name="gpu1").draining
+
+
+def test_confirming_the_drain_drains_and_warns_again(admin_client: Client) -> None:
+    gpu1 = add_host("gpu1", "http://10.0.0.5:8080")
+    add_route("chat", [gpu1])
+
+    response = admin_client.post(
+        CHANGELIST,
+        {"action": "start_draining", "_selected_action": [gpu1.pk], "post": "yes"},
+        follow=True,
+    )
+
+    warnings = [str(m) for m in response.context["messages"] if m.level_tag == "warning"]
+    assert Host.objects.get(name="gpu1").draining
+    assert warnings == [
+        "Route “chat”: “gpu1” is its last usable host; with it draining, new requests to the "
+        "route find no host (503, or its fallback if it has one) until one of its hosts stops "
+        "draining."
+    ]
+
+
+def test_a_drain_that_leaves_every_route_a_host_asks_nothing(admin_client: Client) -> None:
+    gpu1 = add_host("gpu1", "http://10.0.0.5:8080")
+    gpu2 = add_host("gpu2", "http://10.0.0.6:8080")
+    add_route("chat", [gpu1, gpu2])
+    add_route("off", [gpu1], enabled=False)
+    add_route("idle", [add_host("gpu3", "http://10.0.0.7:8080", draining=True)])
+
+    message = drain(admin_client, "start_draining", [gpu1])
+
+    assert message == "1 host started draining."
+
+
+def test_draining_a_routes_last_host_from_the_list_warns_after_the_save(
+    admin_client: Client,
+) -> None:
+    gpu1 = add_host("gpu1", "http://10.0.0.5:8080")
+    gpu2 = add_host("gpu2", "http://10.0.0.6:8080", draining=True)
+    add_route("chat", [gpu1, gpu2])
+    form = {
+        "form-TOTAL_FORMS": "2",
+        "form-INITIAL_FORMS": "2",
+        "form-0-id": str(gpu1.pk),
+        "form-0-draining": "on",
+        "form-1-id": str(gpu2.pk),
+        "form-1-draining": "on",
+        "_save": "Save",
+    }
+
+    response = admin_client.post(CHANGELIST, form, follow=True)
+
+    warnings = [str(m) for m in response.context["messages"] if m.level_tag == "warning"]
+    assert Host.objects.get(name="gpu1").draining
+    assert [w.split(";")[0] for w in warnings] == ["Route “chat”: “gpu1” is its last usable host"]
+
+
+def test_draining_a_routes_last_host_on_its_page_warns_after_the_save(
+    admin_client: Client, gpu1: Host
+) -> None:
+    add_route("chat", [gpu1])
+
+    response = admin_client.post(
+        change_url(gpu1), host_form(existing_rows(gpu1), initial=2, draining="on"), follow=True
+    )
+
+    warnings = [str(m) for m in response.context["messages"] if m.level_tag == "warning"]
+    assert Host.objects.get(name="gpu1").draining
+    assert [w.split(";")[0] for w in warnings] == ["Route “chat”: “gpu1” is its last usable host"]

@@ -33,7 +33,8 @@ Columns:
   queued/ttfb/total p50, p95 (ms)  nearest-rank percentiles: the value at rank ceil(p% x n)
                                    of the sorted values; ttfb leaves out rows with no
                                    response head
-  prompt/cached/completion_tokens  sums over the rows that report them (unknown is not 0)
+  prompt/cached/completion_tokens  sums over the rows that report them (unknown is not 0:
+                                   - when no row of the group reports one)
   cold_turns                       requests that came back to their conversation's host
                                    (lease reused) and found less than {COLD_TURN_SHARE:.0%} of their
                                    prompt cached: the host needs more slots or more --cache-ram

@@ -25,8 +25,9 @@ from routing.config.diff import (
     kept_draining,
     not_named,
 )
-from routing.config.discover import proposed_host
-from routing.config.toml import api_key_problems, dump_config, parse_config
+from routing.config.discover import host_at, proposed_host
+from routing.config.slots import compare_slots
+from routing.config.toml import DISCOVER_HEADER, api_key_problems, dump_config, parse_config
 from routing.config.validation import (
     HostSpec,
     ModelSpec,
@@ -75,6 +76,12 @@ class Command(BaseCommand):
         )
         discover.add_argument("urls", nargs="+", metavar="URL")
         discover.add_argument(
+            "--config",
+            metavar="FILE",
+            help="The configuration file the hosts go into: a host it (or the database) has at "
+            "a URL keeps its name and settings.",
+        )
+        discover.add_argument(
             "--api-key-env",
             default="",
             help="The environment variable holding the hosts' API key, if they need one.",
@@ -95,7 +102,9 @@ class Command(BaseCommand):
         if action == "dump":
             return self.dump_database()
         if action == "discover":
-            return self.discover(list(options["urls"]), str(options["api_key_env"]))
+            return self.discover(
+                list(options["urls"]), str(options["api_key_env"]), options["config"]
+            )
         return self.check_config(options["file"] and str(options["file"]))
 
     def load_file(self, path: str, prune: bool, dry_run: bool, if_changed: bool) -> str:
@@ -107,6 +116,10 @@ class Command(BaseCommand):
             return f"{path} unchanged since {last.loaded:%Y-%m-%d %H:%M:%S} UTC: not loaded"
         hosts, routes, problems = _parse(path, data)
         problems += api_key_problems(hosts, os.environ)
+        # Asked before the transaction, so a slow host never holds the database; with the
+        # models the load keeps, since the host gets the sum of them all.
+        loaded_hosts = _merged(config_from_db(), hosts, routes, prune)[0][: len(hosts)]
+        problems += self.compare_slots(loaded_hosts, _api_keys(hosts))
         with transaction.atomic():
             current = config_from_db()
             # Judge what the database will hold afterwards, not the file alone: a file may
@@ -128,30 +141,43 @@ class Command(BaseCommand):
         admin_keys = Host.objects.exclude(api_key="").filter(api_key_env="")
         return dump_config(hosts, routes, set(admin_keys.values_list("name", flat=True)))
 
-    def discover(self, urls: list[str], api_key_env: str) -> str:
+    def discover(self, urls: list[str], api_key_env: str, config: str | None) -> str:
         api_key = os.environ.get(api_key_env, "") if api_key_env else ""
+        # The file's hosts first: the output goes into it, so its names are the ones to keep.
+        known = (_read_config(config)[0] if config else []) + config_from_db()[0]
         hosts = []
         for url in urls:
             try:
                 described = read_host(url, api_key)
             except Unreachable as exc:
                 raise CommandError(f"cannot discover {url}: {exc}") from None
-            host = proposed_host(url, described)
-            host.api_key_env = api_key_env
+            host = proposed_host(url, described, host_at(url, known))
+            host.api_key_env = api_key_env or host.api_key_env
             hosts.append(host)
-        return dump_config(hosts, [])
+        return dump_config(hosts, [], header=DISCOVER_HEADER)
 
     def check_config(self, path: str | None) -> str:
         if path:
             hosts, routes, problems = _read_config(path)
             problems += config_problems(hosts, routes)
+            keys = {h.name: os.environ.get(h.api_key_env, "") for h in hosts if h.api_key_env}
         else:
             hosts, routes = config_from_db()
             problems = config_problems(hosts, routes)
             problems += client_key_problems(client_keys_from_db(), routes)
+            keys = dict(Host.objects.exclude(api_key="").values_list("name", "api_key"))
             path = "the database"
+        problems += self.compare_slots(hosts, keys)
         _refuse_errors(path, problems)
         return "\n".join([*map(str, problems), f"{path}: {_count(problems)}"])
+
+    def compare_slots(self, hosts: list[HostSpec], api_keys: dict[str, str]) -> list[Problem]:
+        """The hosts' `parallel` against their slots; a note on stderr per host not compared
+        (what was judged goes to stdout, what could not be judged is said beside it)."""
+        problems, notes = compare_slots(hosts, api_keys)
+        for note in notes:
+            self.stderr.write(note, self.style.WARNING)  # Django's default for stderr is red
+        return problems
 
 
 def _dry_run_report(path: str, changes: list[Change], kept: list[str], notes: list[str]) -> str:
@@ -187,6 +213,18 @@ def _new_api_key(spec: HostSpec, host: Host) -> str:
     # The file brought this key in, so the file takes it away; a key set in the admin (no
     # api_key_env) is never touched by a load.
     return "" if host.api_key_env else host.api_key
+
+
+def _api_keys(hosts: list[HostSpec]) -> dict[str, str]:
+    """The key to send each host of a file when asking it for its slots: its variable's, else
+    the one the database holds."""
+    existing = Host.objects.in_bulk([spec.name for spec in hosts], field_name="name")
+    return {
+        spec.name: os.environ.get(spec.api_key_env, "")
+        if spec.api_key_env
+        else getattr(existing.get(spec.name), "api_key", "")
+        for spec in hosts
+    }
 
 
 def _key_changes(hosts: list[HostSpec]) -> dict[str, str]:
