@@ -12,8 +12,9 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from routing.config.shape import ModelConfig
 from routing.config.toml import toml_literal
-from routing.config.validation import HostSpec, ModelSpec, RouteSpec, single_values
+from routing.config.validation import HostSpec, RouteSpec, single_values
 
 ADD, CHANGE, REMOVE = "add", "change", "remove"
 _PAST = {ADD: "added", CHANGE: "changed", REMOVE: "removed"}
@@ -135,7 +136,7 @@ def _model_changes(old: HostSpec, new: HostSpec, prune: bool) -> list[Change]:
         previous = old_models.get(model.name)
         if previous is None:
             changes.append(_added_model(new.name, model))
-        elif details := _differences(previous, model, ModelSpec):
+        elif details := _differences(previous, model, ModelConfig):
             changes.append(Change(CHANGE, "model", f"{new.name}/{model.name}", tuple(details)))
     if prune:
         named = {model.name for model in new.models}
@@ -147,7 +148,7 @@ def _model_changes(old: HostSpec, new: HostSpec, prune: bool) -> list[Change]:
     return changes
 
 
-def _added_model(host: str, model: ModelSpec) -> Change:
+def _added_model(host: str, model: ModelConfig) -> Change:
     details = (f"parallel {model.parallel}", f"queue_max {model.queue_max}")
     return Change(ADD, "model", f"{host}/{model.name}", details)
 
@@ -160,9 +161,9 @@ def _route_differences(old: RouteSpec, new: RouteSpec) -> list[str]:
 
 
 def _differences(
-    old: HostSpec | ModelSpec | RouteSpec,
-    new: HostSpec | ModelSpec | RouteSpec,
-    spec: type[HostSpec | ModelSpec | RouteSpec],
+    old: HostSpec | ModelConfig | RouteSpec,
+    new: HostSpec | ModelConfig | RouteSpec,
+    spec: type[HostSpec | ModelConfig | RouteSpec],
     skip: frozenset[str] = frozenset(),
 ) -> list[str]:
     before, after = single_values(old, spec), single_values(new, spec)

@@ -21,7 +21,8 @@ from django.db import models
 from hosts.address import address
 from hosts.describe import Described
 from hosts.models import HostModel
-from routing.config.validation import HostSpec, ModelSpec
+from routing.config.shape import ModelConfig
+from routing.config.validation import HostSpec
 
 _NOT_A_SLUG = re.compile(r"[^-a-zA-Z0-9_]+")
 
@@ -36,7 +37,7 @@ def proposed_host(url: str, described: Described, known: HostSpec | None = None)
     models = [
         dataclasses.replace(own[model], parallel=described.slots or own[model].parallel)
         if model in own
-        else ModelSpec(
+        else ModelConfig(
             name=model, upstream_name="", parallel=parallel, queue_max=_default("queue_max")
         )
         for model in described.models

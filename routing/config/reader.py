@@ -2,60 +2,78 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 from django.db import close_old_connections
 
-from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig
+from routing.config.shape import Fleet, HostConfig, RouteConfig
 from routing.core.clients import ClientSpec
 from routing.core.cors import parse_origins
+
+if TYPE_CHECKING:  # the specs read Django's models, which load once the apps are ready
+    from routing.config.validation import HostSpec, RouteSpec
 
 
 def load_fleet() -> Fleet:
     """Read hosts, models and routes from the database. Sync: call through sync_to_async."""
     from hosts.models import Host
+    from routing.config.validation import HostSpec, RouteSpec
     from routing.models import ConfigRevision, Route
 
     close_old_connections()  # a connection broken by a database restart is replaced, not reused
     revision = ConfigRevision.current()
     hosts = {
-        host.name: HostConfig(
-            name=host.name,
-            url=host.url.rstrip("/"),
-            weight=host.weight,
-            enabled=host.enabled,
-            draining=host.draining,
-            api_key=host.api_key,
-            models={
-                m.name: ModelConfig(m.name, m.upstream_name, max(1, m.parallel), m.queue_max)
-                for m in host.models.all()
-            },
-        )
+        host.name: served_host(HostSpec.from_host(host), host.api_key)
         for host in Host.objects.prefetch_related("models")
     }
     routes = {
-        route.name: RouteConfig(
-            name=route.name,
-            default_model=route.default_model,
-            lease_ttl=float(route.lease_ttl),
-            strict=route.sticky == Route.Sticky.STRICT,
-            enabled=route.enabled,
-            hosts=tuple(rh.host.name for rh in route.route_hosts.all()),
-            wait_status=route.wait_status,
-            queue_timeout=float(route.queue_timeout),
-            lease_patience=route.lease_patience,
-            fallback=route.fallback.name if route.fallback else "",
-            fallback_after=route.fallback_after,
-            fallback_model=route.fallback_model,
-            pass_credentials=route.pass_credentials,
-            map_unknown_models=route.map_unknown_models,
-            manage_models=route.manage_models,
-            cors_origins=parse_origins(route.cors_origins),
-            open_host_controls=route.open_host_controls,
-        )
+        route.name: served_route(RouteSpec.from_route(route))
         for route in Route.objects.select_related("fallback").prefetch_related(
             "route_hosts__host"
         )
     }
     return Fleet(hosts=hosts, routes=routes, revision=revision, clients=_load_clients())
+
+
+def served_host(spec: HostSpec, api_key: str) -> HostConfig:
+    """The host as the gateway serves it (`api_key`: the key its `api_key_env` names)."""
+    return HostConfig(
+        name=spec.name,
+        url=spec.url.rstrip("/"),
+        weight=spec.weight,
+        enabled=spec.enabled,
+        draining=spec.draining,
+        api_key=api_key,
+        models={
+            model.name: replace(model, parallel=max(1, model.parallel)) for model in spec.models
+        },
+    )
+
+
+def served_route(spec: RouteSpec) -> RouteConfig:
+    """The route as the gateway serves it."""
+    from routing.models import Route
+
+    return RouteConfig(
+        name=spec.name,
+        default_model=spec.default_model,
+        lease_ttl=float(spec.lease_ttl),
+        strict=spec.sticky == Route.Sticky.STRICT,
+        enabled=spec.enabled,
+        hosts=tuple(spec.hosts),
+        wait_status=spec.wait_status,
+        queue_timeout=float(spec.queue_timeout),
+        lease_patience=spec.lease_patience,
+        fallback=spec.fallback,
+        fallback_after=spec.fallback_after,
+        fallback_model=spec.fallback_model,
+        pass_credentials=spec.pass_credentials,
+        map_unknown_models=spec.map_unknown_models,
+        manage_models=spec.manage_models,
+        cors_origins=parse_origins(spec.cors_origins),
+        open_host_controls=spec.open_host_controls,
+    )
 
 
 def _load_clients() -> dict[str, ClientSpec]:

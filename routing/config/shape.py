@@ -1,7 +1,10 @@
 """The fleet as the gateway serves it: hosts with their models, routes, client keys.
 
 Immutable values, built by `routing.config.reader` from the database and swapped whole by the
-runtime on a reload.
+runtime on a reload. Each is made from the configuration as written (`routing.config.validation`:
+`HostSpec`, `RouteSpec`, which the admin, the TOML file and the checks share) by the reader's
+`served_host` and `served_route`, the one place a written value becomes a served one (a route's
+`sticky` its `strict`, a host's key variable its key). A model is the same written and served.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from routing.core.clients import ClientSpec
 
 @dataclass(slots=True, frozen=True)
 class ModelConfig:
+    """A model a host serves (field names are `HostModel`'s)."""
+
     name: str
     upstream_name: str
     parallel: int

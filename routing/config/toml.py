@@ -17,9 +17,9 @@ import tomli_w
 from django.db import models
 
 from hosts.models import Host, HostModel
+from routing.config.shape import ModelConfig
 from routing.config.validation import (
     HostSpec,
-    ModelSpec,
     Problem,
     RouteSpec,
     entry_key,
@@ -95,7 +95,7 @@ def dump_config(
             table.insert(1, UNEXPORTED_KEY)
         lines += table
         for model in host.models:
-            lines += ["", *_table("hosts.models", single_values(model, ModelSpec), "  ")]
+            lines += ["", *_table("hosts.models", single_values(model, ModelConfig), "  ")]
         lines.append("")
     for route in routes:
         lines += [*_table("routes", {**single_values(route, RouteSpec), "hosts": route.hosts}), ""]
@@ -132,7 +132,7 @@ class _Reader:
         host_models = []
         for i, model in self.tables(table, "models", f"{key}.models"):
             model_key = _entry_key(f"{key}.models", model, i)
-            host_models.append(ModelSpec(**self.values(model, ModelSpec, HostModel, model_key)))
+            host_models.append(ModelConfig(**self.values(model, ModelConfig, HostModel, model_key)))
         return HostSpec(**values, models=host_models)
 
     def route(self, table: dict[str, object], index: int) -> RouteSpec:
@@ -156,7 +156,7 @@ class _Reader:
     def values(
         self,
         table: dict[str, object],
-        spec: type[HostSpec | ModelSpec | RouteSpec],
+        spec: type[HostSpec | ModelConfig | RouteSpec],
         model: type[models.Model],
         key: str,
         nested: str = "",

@@ -28,6 +28,7 @@ from django.db.models import Prefetch
 from accounting.models import ClientKey, no_such_route
 from hosts.address import url_clash
 from hosts.models import Host, HostModel
+from routing.config.shape import ModelConfig
 from routing.models import Route, RouteHost
 
 # Problem codes; the system checks report them as `crossbar.<code>`.
@@ -45,16 +46,6 @@ ROUTE_WITHOUT_HOSTS = "W001"
 
 
 @dataclass(slots=True)
-class ModelSpec:
-    """A model a host serves. Field names are `HostModel`'s."""
-
-    name: str
-    upstream_name: str
-    parallel: int
-    queue_max: int
-
-
-@dataclass(slots=True)
 class HostSpec:
     """A host and its models. Field names are `Host`'s; the API key itself is never held."""
 
@@ -66,13 +57,15 @@ class HostSpec:
     api_key_env: str
     notes: str
     shares_url: bool = False
-    models: list[ModelSpec] = field(default_factory=list)
+    models: list[ModelConfig] = field(default_factory=list)
 
     @classmethod
     def from_host(cls, host: Host) -> HostSpec:
         return cls(
             **single_values(host, cls),
-            models=[ModelSpec(**single_values(model, ModelSpec)) for model in host.models.all()],
+            models=[
+                ModelConfig(**single_values(model, ModelConfig)) for model in host.models.all()
+            ],
         )
 
 
@@ -295,7 +288,7 @@ def _fallback_model_problems(
 
 
 def _invalid_values(
-    model: type[models.Model], specs: Sequence[HostSpec | ModelSpec | RouteSpec], key: str
+    model: type[models.Model], specs: Sequence[HostSpec | ModelConfig | RouteSpec], key: str
 ) -> Iterator[Problem]:
     for index, spec in enumerate(specs):
         prefix = entry_key(key, spec.name, index)
@@ -319,12 +312,12 @@ def _duplicate_names(kind: str, names: list[str], key: str) -> Iterator[Problem]
             )
 
 
-def single_fields(spec: type[HostSpec | ModelSpec | RouteSpec]) -> dict[str, str]:
+def single_fields(spec: type[HostSpec | ModelConfig | RouteSpec]) -> dict[str, str]:
     """The spec's fields that hold one value (not the nested lists), with their type names."""
     return {f.name: str(f.type) for f in fields(spec) if f.name not in ("models", "hosts")}
 
 
-def single_values(obj: object, spec: type[HostSpec | ModelSpec | RouteSpec]) -> dict[str, Any]:
+def single_values(obj: object, spec: type[HostSpec | ModelConfig | RouteSpec]) -> dict[str, Any]:
     """`obj`'s values (a spec's or a model instance's) for the spec's single-value fields.
 
     Any: `obj` holds values of the spec's field types (a model field or a spec field each).

@@ -10,8 +10,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from hosts.models import Host, HostModel
+from routing.config.shape import ModelConfig
 from routing.config.toml import parse_config
-from routing.config.validation import HostSpec, ModelSpec, RouteSpec, config_problems
+from routing.config.validation import HostSpec, RouteSpec, config_problems
 from routing.models import Route
 from tests.fleet import add_host, add_route
 
@@ -303,7 +304,8 @@ hosts = "gpu1"
         ("hosts.gpu1.models.llama3.queue_max", "Expected an integer."),
         ("routes.chat.hosts", "Expected a list of host names."),
     ]
-    assert hosts[0].models[0] == ModelSpec(name="llama3", upstream_name="", parallel=4, queue_max=8)
+    expected = ModelConfig(name="llama3", upstream_name="", parallel=4, queue_max=8)
+    assert hosts[0].models[0] == expected
 
 
 def test_an_unknown_key_close_to_a_known_one_is_named_with_the_known_keys() -> None:
@@ -342,7 +344,7 @@ def test_a_nameless_entry_is_called_by_its_position() -> None:
 
 
 def gpu(name: str, *models: str) -> HostSpec:
-    host_models = [ModelSpec(name=m, upstream_name="", parallel=1, queue_max=0) for m in models]
+    host_models = [ModelConfig(name=m, upstream_name="", parallel=1, queue_max=0) for m in models]
     return HostSpec(
         name=name,
         url=f"http://{name}.lan:8080",
@@ -394,7 +396,7 @@ def test_a_default_model_must_be_served_by_one_of_the_routes_hosts() -> None:
 
 def test_keys_quote_names_that_are_not_bare_toml_keys() -> None:
     hosts = [gpu("gpu1")]
-    hosts[0].models = [ModelSpec(name="llama-3.1", upstream_name="", parallel=0, queue_max=0)]
+    hosts[0].models = [ModelConfig(name="llama-3.1", upstream_name="", parallel=0, queue_max=0)]
 
     assert [p.key for p in config_problems(hosts, [])] == ['hosts.gpu1.models."llama-3.1".parallel']
 

@@ -13,8 +13,9 @@ from django.core.management import call_command
 from django.test import Client
 
 from hosts.models import HostModel
+from routing.config.shape import ModelConfig
 from routing.config.toml import parse_config
-from routing.config.validation import HostSpec, ModelSpec, RouteSpec, single_values
+from routing.config.validation import HostSpec, RouteSpec, single_values
 from tests.fleet import chat
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -55,7 +56,7 @@ def test_every_default_the_docs_show_is_the_default_a_file_gets() -> None:
 
     assert problems == []
     [bare_host], [bare_route] = bare_hosts, bare_routes
-    pairs: list[tuple[HostSpec | ModelSpec | RouteSpec, object]] = [
+    pairs: list[tuple[HostSpec | ModelConfig | RouteSpec, object]] = [
         (documented, bare_host),
         (documented.models[0], bare_host.models[0]),
         (route, bare_route),

@@ -26,11 +26,11 @@ from routing.config.diff import (
     not_named,
 )
 from routing.config.discover import host_at, proposed_host
+from routing.config.shape import ModelConfig
 from routing.config.slots import compare_slots
 from routing.config.toml import DISCOVER_HEADER, api_key_problems, dump_config, parse_config
 from routing.config.validation import (
     HostSpec,
-    ModelSpec,
     Problem,
     RouteSpec,
     client_key_problems,
@@ -276,7 +276,7 @@ def _merged(
     return hosts + kept_hosts, routes + kept_routes
 
 
-def _kept_models(current: HostSpec, loaded: HostSpec) -> list[ModelSpec]:
+def _kept_models(current: HostSpec, loaded: HostSpec) -> list[ModelConfig]:
     names = {model.name for model in loaded.models}
     return [model for model in current.models if model.name not in names]
 
@@ -297,7 +297,7 @@ def _apply(hosts: list[HostSpec], routes: list[RouteSpec], prune: bool) -> None:
         existing_models = {model.name: model for model in host.models.all()}
         for model_spec in spec.models:
             model = existing_models.get(model_spec.name) or HostModel(host=host)
-            _save(model, single_values(model_spec, ModelSpec))
+            _save(model, single_values(model_spec, ModelConfig))
         if prune:
             host.models.exclude(name__in=[model.name for model in spec.models]).delete()
 
