@@ -5,11 +5,10 @@ PY := $(VENV)/bin/python
 BIND ?= $(or $(CROSSBAR_BIND),127.0.0.1:8080)
 HOST := $(firstword $(subst :, ,$(BIND)))
 PORT := $(lastword $(subst :, ,$(BIND)))
-# CROSSBAR_SERVER=uvicorn: uvicorn instead of daphne (README "Production", bench/README.md).
-# CROSSBAR_WORKERS=N: crossbar_serve runs N processes on one port (needs CROSSBAR_REDIS_URL;
-# crossbar_site/workers.py).
+# CROSSBAR_SERVER=uvicorn: uvicorn instead of daphne; CROSSBAR_WORKERS=N: N processes on one
+# port, on either (needs CROSSBAR_REDIS_URL). crossbar_serve reads them and the rest of its
+# settings from the environment (README "Production", crossbar_site/serve.py).
 SERVER ?= $(or $(CROSSBAR_SERVER),daphne)
-GRACE ?= $(or $(CROSSBAR_SHUTDOWN_GRACE),30)
 
 .PHONY: setup run test lint clean
 
@@ -22,17 +21,14 @@ setup: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py crossbar_setup
 
-# uvicorn runs with --no-proxy-headers: by default it takes the client's address from the
-# X-Forwarded-For of any loopback peer; CROSSBAR_TRUSTED_PROXIES decides whom to believe.
-run: setup
-ifeq ($(SERVER),uvicorn)
-	@test "$(or $(CROSSBAR_WORKERS),1)" = 1 || { echo "make run: CROSSBAR_WORKERS is for crossbar_serve (daphne); with CROSSBAR_SERVER=uvicorn run one replica per process (docs/replicas.md)" >&2; exit 2; }
-	$(VENV)/bin/uvicorn crossbar_site.asgi:application --host $(HOST) --port $(PORT) --lifespan on --timeout-graceful-shutdown $(firstword $(subst ., ,$(GRACE))) --no-access-log --no-proxy-headers
-else ifeq ($(SERVER),daphne)
-	$(PY) manage.py crossbar_serve --bind $(HOST) --port $(PORT)
-else
-	$(error CROSSBAR_SERVER is daphne or uvicorn, not "$(SERVER)")
-endif
+# setup's steps, after the server's settings are checked (before the database is touched);
+# a step that fails (the database is down, crossbar.toml is broken) says nothing was started.
+NOT_STARTED := { echo "make run: the gateway was not started (the error is above)" >&2; exit 1; }
+run: $(VENV)/.installed
+	$(PY) manage.py crossbar_serve --check --server $(SERVER) || $(NOT_STARTED)
+	$(PY) manage.py migrate --noinput || $(NOT_STARTED)
+	$(PY) manage.py crossbar_setup || $(NOT_STARTED)
+	$(PY) manage.py crossbar_serve --server $(SERVER) --bind $(HOST) --port $(PORT)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -2,8 +2,9 @@
 
     python bench/floor_serve.py --port PORT floor_app:application
 
-`manage.py crossbar_serve` runs `crossbar_site.serve.GatewayServer` (daphne's server with
-backpressure, capped bodies and a graceful stop) around crossbar's application; this runs the
+`manage.py crossbar_serve` runs `crossbar_site.daphne_server.GatewayServer` (daphne's server
+with backpressure and capped bodies; `crossbar_site.serve.GatewayServer` in sources before it)
+around crossbar's application; this runs the
 same server around another one, so a floor and crossbar differ by the application alone. Django
 is set up with crossbar's settings because the server module reads them (and daphne's Twisted
 reactor is installed by that set-up, as in crossbar_serve); the bare floor itself never uses
@@ -18,6 +19,7 @@ import asyncio
 import importlib
 import os
 import sys
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,22 +29,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--grace", type=float, default=5.0, help="seconds at SIGTERM")
     args = parser.parse_args(argv)
-    module, _, attribute = args.app.partition(":")
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crossbar_site.settings")
     import django
 
     django.setup()
+    try:
+        from crossbar_site import daphne_server
+        from crossbar_site.serve import listen
+    except ImportError:  # a source from before crossbar_site/daphne_server.py
+        _serve_before_daphne_server(args)
+        return
+    listening = listen(args.bind, args.port)
+    daphne_server.run(_application(args.app), listening, grace=args.grace, lifeline=None)
+
+
+def _application(spec: str) -> Any:
+    module, _, attribute = spec.partition(":")
+    return getattr(importlib.import_module(module), attribute or "application")
+
+
+def _serve_before_daphne_server(args: argparse.Namespace) -> None:
     from daphne.endpoints import build_endpoint_description_strings
     from django.conf import settings
 
     try:
-        from crossbar_site.serve import GatewayServer, _finish_tasks
+        from crossbar_site.serve import (  # type: ignore[attr-defined]  # an older source's
+            GatewayServer,
+            _finish_tasks,
+        )
     except ImportError:
         sys.exit("this crossbar source has no crossbar_site/serve.py: use --server daphne")
-    application = getattr(importlib.import_module(module), attribute or "application")
     server = GatewayServer(
-        application,
+        _application(args.app),
         build_endpoint_description_strings(host=args.bind, port=args.port),
         grace=args.grace,
         stall_timeout=settings.CROSSBAR["STREAM_IDLE_TIMEOUT"],

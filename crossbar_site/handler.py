@@ -9,11 +9,15 @@ with `make bench`: about 0.4 ms of CPU and two threads per request (650 threads 
 streams). The proxy view touches the database only through its own `sync_to_async` calls, which
 close stale connections themselves, so this handler skips all of that and keeps the rest of
 Django's request handling: the URLconf, the view, the disconnect watch, `send_response`.
+
+It also reads a request's body only up to `BODY_CAP`, and lets the graceful stop cut the
+requests it serves (crossbar_site/lifecycle.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
@@ -21,10 +25,16 @@ from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.urls import set_script_prefix, set_urlconf
 
+from crossbar_site.lifecycle import REQUESTS
 from routing.proxy.respond import StreamedResponse
+
+Send = Callable[[Mapping[str, Any]], Awaitable[None]]
+
+# One byte more than the proxy accepts, so that it can tell "too large" from "exactly the limit".
+BODY_CAP = settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1
 
 
 class GatewayHandler(ASGIHandler):
@@ -46,6 +56,45 @@ class GatewayHandler(ASGIHandler):
             raise ValueError(f"the gateway handler serves HTTP, not {scope['type']}")
         await self.handle(scope, receive, send)
 
+    async def read_capped_body(
+        self, scope: dict[str, Any], receive: Any
+    ) -> tuple[tempfile.SpooledTemporaryFile[bytes], bool]:
+        """The request's body as Django's `read_body` reads it, but no more than `BODY_CAP`
+        bytes, and whether some of it is left unread: reading stops at the cap, so that the
+        proxy answers 413 at once (with its row). A body whose declared length is over the
+        limit is not read at all (`request.body` refuses it by its Content-Length).
+
+        Raises RequestAborted when the client leaves first."""
+        body_file = tempfile.SpooledTemporaryFile(
+            max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b"
+        )
+        kept = 0
+        if _declared_length(scope) >= BODY_CAP:
+            return body_file, True
+        more = True
+        while more and kept < BODY_CAP:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                body_file.close()
+                raise RequestAborted()
+            chunk = message.get("body", b"")
+            body_file.write(chunk[: BODY_CAP - kept])  # the whole chunk, but past the cap
+            kept += len(chunk)
+            more = message.get("more_body", False)
+        body_file.seek(0)
+        return body_file, more
+
+    async def listen_for_disconnect(
+        self, receive: Any, rest_read: asyncio.Event | None = None
+    ) -> None:
+        """Raise RequestAborted once the client leaves. The body that `read_capped_body` left
+        unread is read and dropped meanwhile (Django's asserts there is none), and `rest_read`
+        set at its end."""
+        while (message := await receive())["type"] != "http.disconnect":
+            if rest_read is not None and not message.get("more_body", False):
+                rest_read.set()
+        raise RequestAborted()
+
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Serve one request; Django's `handle` without the request signals.
 
@@ -53,9 +102,10 @@ class GatewayHandler(ASGIHandler):
         response): the proxy turns that into a 499 row.
         """
         try:
-            body_file = await self.read_body(receive)
+            body_file, unread = await self.read_capped_body(scope, receive)
         except RequestAborted:
             return
+        rest_read = asyncio.Event() if unread else None
         set_script_prefix(get_script_prefix(scope))
         request, error_response = self.create_request(scope, body_file)
         if request is None:
@@ -74,8 +124,14 @@ class GatewayHandler(ASGIHandler):
 
         async def process_request() -> None:
             response = await self.get_response_async(request)
+            if isinstance(response, HttpResponse) and not response.has_header("Content-Length"):
+                # Said, so that a client can read the whole answer before the request's end.
+                response["Content-Length"] = str(len(response.content))
+            sending = head_first if response.streaming else send
+            if rest_read is not None:
+                sending = _answer_before_the_rest(sending, rest_read)
             try:
-                await self.send_response(response, head_first if response.streaming else send)
+                await self.send_response(response, sending)
             except asyncio.CancelledError:
                 pass  # the client left while the response was being sent
             finally:
@@ -83,8 +139,9 @@ class GatewayHandler(ASGIHandler):
                     # Ends the request if its body did not run to its end (no finalizer).
                     response.close()
 
-        watch = asyncio.create_task(self.listen_for_disconnect(receive))
+        watch = asyncio.create_task(self.listen_for_disconnect(receive, rest_read))
         serve = asyncio.create_task(process_request())
+        REQUESTS.cuttable(serve)  # the graceful stop ends it as a client that left
         try:
             await asyncio.wait((watch, serve), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -103,3 +160,29 @@ class GatewayHandler(ASGIHandler):
         set_urlconf(settings.ROOT_URLCONF)
         # ASGIHandler loads its middleware with is_async=True, so the chain returns awaitables.
         return await cast(Awaitable[HttpResponseBase], self._middleware_chain(request))
+
+
+def _answer_before_the_rest(send: Send, rest_read: asyncio.Event) -> Send:
+    """`send` for the answer to a request whose body was left unread: every byte of it goes out
+    at once, but the response ends only once the client has sent the rest (`rest_read`), which
+    the server reads and drops meanwhile. Ending it at once would let a server that closes the
+    connection after the response (the client asked `Connection: close`) close it with the
+    client's bytes unread, which resets the connection, and the client may never see its 413."""
+
+    async def sending(message: Mapping[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            await send({**message, "more_body": True})
+            await rest_read.wait()
+            message = {"type": "http.response.body", "body": b""}
+        await send(message)
+
+    return sending
+
+
+def _declared_length(scope: dict[str, Any]) -> int:
+    """The body length the request's Content-Length declares; 0 without one (or a bad one:
+    the server has refused those already)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0

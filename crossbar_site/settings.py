@@ -161,15 +161,18 @@ CROSSBAR = {
 # the limit while reading, and the proxy answers 413 past it.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
 
+_WORKER = f"worker {os.environ['CROSSBAR_WORKER']} " if os.environ.get("CROSSBAR_WORKER") else ""
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    # A worker of CROSSBAR_WORKERS (crossbar_site/workers.py) names itself on each line.
+    "formatters": {"plain": {"format": f"%(asctime)s {_WORKER}%(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("CROSSBAR_LOG_LEVEL", default="INFO")},
     "loggers": {
-        # The proxy logs one line per request itself; daphne's access log would double it.
+        # One line per request: the proxy's own, or the site's access line (crossbar_site/asgi.py).
         "daphne": {"level": "WARNING"},
+        "uvicorn": {"level": "WARNING"},
         "django.server": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},  # a line per upstream request and health poll
     },

@@ -1,22 +1,29 @@
-"""Several gateway processes on one port: `CROSSBAR_WORKERS=N make run`.
+"""Several gateway processes on one port: `CROSSBAR_WORKERS=N make run`, on either server.
 
-One process (the supervisor) binds the port and starts N workers, each `manage.py
-crossbar_serve` given the listening socket itself, so the kernel spreads new connections over
-the workers that are accepting, and a worker that dies loses only the connections it had. The
-supervisor serves nothing:
+One process (the supervisor) holds the port and starts N workers, each `manage.py
+crossbar_serve` on the same server (`CROSSBAR_SERVER`), each listening on a socket of its own
+bound to that port with SO_REUSEPORT: the kernel spreads new connections evenly over the
+workers (by a hash of each connection's addresses), where with one shared socket the worker
+that happens to be waiting in `accept` takes it. A worker that dies loses only the connections
+it had, and the kernel hands new ones to the others until it is replaced. The supervisor keeps
+a socket bound to the port without listening on it (it gets no connections): the port stays
+this gateway's while a worker restarts, and port 0 names one port for all. It serves nothing:
 
 - a worker that exits on its own is replaced (a worker that keeps dying at start stops them
   all, exit 1, instead of looping);
-- SIGTERM or SIGINT: it closes its copy of the socket and passes SIGTERM on; each worker stops
-  as one process does (crossbar_site/serve.py: stop listening, let requests finish within the
-  grace, write their rows); a second signal is passed on too (cut now). It exits 0 when every
-  worker stopped cleanly (exit 0, or still starting when the signal came);
+- SIGTERM or SIGINT: it passes SIGTERM on; each worker stops as one process does
+  (crossbar_site/lifecycle.py: `/health` draining while its requests finish within the grace,
+  then it stops listening and writes their rows); a second signal is passed on too (cut now).
+  It exits 0 when every worker stopped cleanly (exit 0, or still starting when the signal
+  came);
 - workers sit in their own process group, so Ctrl-C reaches them once, through the
   supervisor; and each holds one end of a pipe whose other end only the supervisor holds, so
   a supervisor killed with SIGKILL makes them stop gracefully rather than linger.
 
 Workers share nothing in memory: N > 1 needs CROSSBAR_REDIS_URL, where they share their state
-(routing/shared/, docs/replicas.md).
+(routing/shared/, docs/replicas.md), and should share a PostgreSQL database: on SQLite the
+supervisor says so at start (the workers' row writers and config reads then take turns on one
+file's lock).
 """
 
 from __future__ import annotations
@@ -36,7 +43,6 @@ from django.core.management.base import CommandError
 
 log = logging.getLogger("crossbar.workers")
 
-WORKER_FD = "CROSSBAR_WORKER_FD"  # in a worker: the listening socket it serves
 LIFELINE = "CROSSBAR_WORKER_LIFELINE"  # in a worker: reads end-of-file once the supervisor is gone
 MOST = 64
 _EARLY = 10.0  # seconds: a worker exiting sooner than this after its start "dies at start"
@@ -63,25 +69,32 @@ def count() -> int:
     return workers
 
 
-def inherited() -> tuple[int, int, int] | None:
-    """In a worker: (listening socket's fd, its address family, lifeline fd); else None."""
-    fd = os.environ.get(WORKER_FD)
-    if fd is None:
-        return None
-    listening = socket.socket(fileno=int(fd))
-    family = listening.family
-    return listening.detach(), family, int(os.environ[LIFELINE])
+def lifeline() -> int | None:
+    """In a worker: the pipe end that reads end-of-file once its supervisor is gone; else None."""
+    fd = os.environ.get(LIFELINE)
+    return None if fd is None else int(fd)
 
 
-def supervise(host: str, port: int, workers: int, grace: float) -> int:
-    """Bind host:port, run `workers` worker processes on it until a signal; the exit code."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def supervise(host: str, port: int, workers: int, *, grace: float, server: str) -> int:
+    """Hold host:port, run `workers` worker processes of `server` on it until a signal; the
+    exit code. Raises CommandError when the port is another program's."""
+    from crossbar_site.serve import family
+
+    held = socket.socket(family(host), socket.SOCK_STREAM)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
-        listening = socket.create_server((host.strip("[]"), port), family=family, backlog=1024)
+        held.bind((host.strip("[]"), port))
     except OSError as exc:
+        held.close()
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    listening.setblocking(False)  # Twisted adopts it as it is: it must not block
-    return _Supervisor(listening, workers, grace).run()
+    if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        log.warning(
+            "CROSSBAR_WORKERS=%d on SQLite: the workers take turns on one database file; "
+            "use PostgreSQL (DATABASE_URL) for several processes (docs/replicas.md)",
+            workers,
+        )
+    with held:
+        return _Supervisor(held, workers, grace, server).run()
 
 
 @dataclass(slots=True)
@@ -91,10 +104,11 @@ class _Worker:
 
 
 class _Supervisor:
-    def __init__(self, listening: socket.socket, workers: int, grace: float) -> None:
-        self.listening = listening
+    def __init__(self, held: socket.socket, workers: int, grace: float, server: str) -> None:
+        self.host, self.port = held.getsockname()[:2]
         self.wanted = workers
         self.grace = grace
+        self.server = server
         # Workers get the read end; only this process holds the write end.
         self.lifeline, self._lifeline_kept = os.pipe()
         self.workers: dict[int, _Worker] = {}
@@ -106,8 +120,10 @@ class _Supervisor:
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
-        host, port = self.listening.getsockname()[:2]
-        log.info("listening on http://%s:%s with %d worker processes", host, port, self.wanted)
+        log.info(
+            "serving http://%s:%s with %d %s worker processes",
+            self.host, self.port, self.wanted, self.server,
+        )  # fmt: skip
         for index in range(1, self.wanted + 1):
             self._start(index)
         handled = 0
@@ -138,13 +154,12 @@ class _Supervisor:
         self.signals.append(signal.Signals(signum).name)  # handled by the loop, not in here
 
     def _start(self, index: int) -> None:
-        fd = self.listening.fileno()
         process = subprocess.Popen(
             [sys.executable, str(settings.BASE_DIR / "manage.py"), "crossbar_serve",
+             "--bind", self.host, "--port", str(self.port), "--server", self.server,
              "--grace", repr(self.grace)],
-            env={**os.environ, WORKER_FD: str(fd), LIFELINE: str(self.lifeline),
-                 "CROSSBAR_WORKER": str(index)},
-            pass_fds=(fd, self.lifeline),
+            env={**os.environ, LIFELINE: str(self.lifeline), "CROSSBAR_WORKER": str(index)},
+            pass_fds=(self.lifeline,),
             process_group=0,
         )  # fmt: skip
         self.workers[index] = _Worker(process)
@@ -171,7 +186,6 @@ class _Supervisor:
         elif not self.stopping:
             self.stopping = True
             log.warning("%s: stopping %d worker processes", why, len(self.workers))
-            self.listening.close()  # once every worker closed its copy, connections are refused
         for worker in self.workers.values():
             with contextlib.suppress(ProcessLookupError):
                 worker.process.send_signal(signal.SIGTERM)

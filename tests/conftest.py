@@ -76,34 +76,28 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
 
-def _server_command(port: int, env: dict[str, str]) -> list[str]:
-    """The command `make run` serves with: crossbar_serve (daphne), or uvicorn when the
-    environment says CROSSBAR_TEST_SERVER=uvicorn (as `CROSSBAR_SERVER=uvicorn make run`)."""
-    server = env.get("CROSSBAR_TEST_SERVER", "daphne")
-    if server == "uvicorn":
-        grace = str(int(float(env.get("CROSSBAR_SHUTDOWN_GRACE", "30"))))
-        return [
-            sys.executable, "-m", "uvicorn", "crossbar_site.asgi:application",
-            "--host", "127.0.0.1", "--port", str(port), "--lifespan", "on",
-            "--timeout-graceful-shutdown", grace, "--no-access-log", "--no-proxy-headers",
-        ]  # fmt: skip
-    assert server == "daphne", f"CROSSBAR_TEST_SERVER is daphne or uvicorn, not {server!r}"
-    return [sys.executable, "manage.py", "crossbar_serve", "--bind", "127.0.0.1", "--port",
-            str(port)]  # fmt: skip
+def server_under_test() -> str:
+    """The server the tests' gateways run on: CROSSBAR_TEST_SERVER (daphne or uvicorn), as
+    `CROSSBAR_SERVER` picks it for `make run`."""
+    server = os.environ.get("CROSSBAR_TEST_SERVER", "daphne")
+    assert server in ("daphne", "uvicorn"), f"CROSSBAR_TEST_SERVER is daphne or uvicorn: {server!r}"
+    return server
 
 
 @contextlib.contextmanager
 def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
-    """crossbar as users run it (`manage.py crossbar_serve`) on a free port and the test database.
+    """crossbar as users run it (`manage.py crossbar_serve`) on a free port and the test database,
+    on the server CROSSBAR_TEST_SERVER names.
 
     `settings` override the environment (e.g. CROSSBAR_HEALTH_INTERVAL="60"), which the gateway
     otherwise inherits: `CROSSBAR_UPSTREAM_TRANSPORT=aiohttp .venv/bin/python -m pytest ...` runs
     the tests' gateways on the aiohttp transport.
     """
     port = free_port()
-    log_path = log_dir / f"daphne-{port}.log"
+    log_path = log_dir / f"gateway-{port}.log"
     env = {
         **os.environ,
+        "CROSSBAR_SERVER": server_under_test(),
         "DATABASE_URL": _database_url(),
         "DEBUG": "false",
         "CROSSBAR_CONFIG_POLL": "0.05",
@@ -117,7 +111,8 @@ def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
     }
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            _server_command(port, env),
+            [sys.executable, "manage.py", "crossbar_serve", "--bind", "127.0.0.1", "--port",
+             str(port)],
             cwd=ROOT,
             env=env,
             stdout=log_file,
@@ -134,7 +129,7 @@ def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
                 return False
 
         try:
-            wait_until(up, timeout=30, what="daphne to start")
+            wait_until(up, timeout=30, what="the gateway to start")
             yield Gateway(url=url, process=process, log_path=log_path)
         finally:
             process.terminate()
@@ -211,12 +206,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests that restart PostgreSQL last: a connection they kill may live on in another context
     (Playwright's greenlets keep their own), where no test can close it."""
     items.sort(key=lambda item: item.get_closest_marker("restarts_database") is not None)
-    on_uvicorn = os.environ.get("CROSSBAR_TEST_SERVER") == "uvicorn"
+    server = server_under_test()
     for item in items:
-        daphne_only = item.get_closest_marker("daphne_only")
-        if on_uvicorn and daphne_only is not None:
-            why = daphne_only.args[0]
-            item.add_marker(pytest.mark.skip(reason=f"uvicorn lacks it (README): {why}"))
+        for mark in item.iter_markers("not_on"):
+            if mark.args[0] == server:
+                why = f"not on {server}, for any ASGI application (README): {mark.args[1]}"
+                item.add_marker(pytest.mark.skip(reason=why))
         module = getattr(item, "module", None)
         if (
             "gateway" in getattr(item, "fixturenames", ())

@@ -77,6 +77,23 @@ def read_answer(sock: socket.socket) -> Answer:
     return parse_answer(data)
 
 
+def read_one_answer(sock: socket.socket) -> Answer:
+    """Read one answer with a Content-Length, leaving the connection open (the server may still
+    be waiting for the rest of the request)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or _closed()
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(parse_answer(head + b"\r\n\r\n").headers["content-length"])
+    while len(body) < length:
+        body += sock.recv(65536) or _closed()
+    return parse_answer(head + b"\r\n\r\n" + body)
+
+
+def _closed() -> bytes:
+    raise ConnectionError("the server closed the connection before its whole answer")
+
+
 def parse_answer(data: bytes) -> Answer:
     """An answer from all the bytes the server sent (a chunked body is decoded)."""
     head, _, body = data.partition(b"\r\n\r\n")

@@ -48,25 +48,29 @@ class Relay:
 
     The host is read at its own pace, not the client's. While the client keeps up, its own task
     reads the host and each chunk goes out as it arrives. A client away in the server's `send`
-    for `AWAY` (its connection full) gets a pump task that reads the host into a buffer of up
-    to `BUFFER_BYTES` meanwhile; the client's task then takes chunks from the buffer. When the
-    host's stream ends, its slot is freed at once while the client still reads the buffer; the
-    row is written when the client has it all (or leaves), with the host's outcome. A client
-    that falls further behind than the buffer is cut: the upstream is closed, the slot freed,
-    a 499 `client_too_slow` row written, and the client's task cancelled, so that its server
-    closes the connection (its `send` may wait on a client that reads nothing at all).
+    for `AWAY` (its connection full: every server's `send` waits then, crossbar_site/serve.py)
+    gets a pump task that reads the host into a buffer of up to `BUFFER_BYTES` meanwhile; the
+    client's task then takes chunks from the buffer. When the host's stream ends, its slot is
+    freed at once while the client still reads the buffer; the row is written when the client
+    has it all (or leaves), with the host's outcome. A client that falls further behind than
+    the buffer is cut: the upstream is closed, the slot freed, a 499 `client_too_slow` row
+    written, and the client's task cancelled, so that its server closes the connection (its
+    `send` may wait on a client that reads nothing at all). So is a client that has taken
+    nothing for the idle timeout (a 499 `client_disconnected` row), whether or not the host is
+    done: what the buffer held is freed with it.
 
-    One watchdog timer does all the watching, not an `asyncio.timeout` per read (which cost
-    ~9 µs per chunk in `make bench`): each read only notes when it started and each call for
-    the next chunk clears a mark, and the timer, waking every `AWAY` until there is a pump and
-    about once per idle period after, cancels a read that has waited too long and starts the
-    pump for a client that stayed away from one wake to the next. Time the client takes to
-    accept a chunk never counts as a stalled host.
+    One watchdog timer does all the watching, not an `asyncio.timeout` per read or per `send`
+    (which cost ~9 µs per chunk in `make bench`): each read notes when it started, and each
+    chunk handed to the client when it was handed over. The timer wakes at the first moment
+    one of those marks can have run out (at most `AWAY` apart until there is a pump): it
+    cancels a read of the host that has waited the idle timeout, starts the pump for a client
+    away `AWAY`, and cuts a client away the idle timeout. Time the client takes to accept a
+    chunk never counts as a stalled host.
     """
 
     __slots__ = (
         "_upstream", "_chunks", "_slot", "_tee", "_trail", "_idle", "_loop", "_status",
-        "_closed", "_client", "_read_since", "_watchdog", "_interrupt", "_running", "_away",
+        "_closed", "_client", "_read_since", "_given", "_watchdog", "_interrupt", "_running",
         "_pump", "_buffer", "_buffered", "_more", "_outcome",
     )  # fmt: skip
 
@@ -84,11 +88,12 @@ class Relay:
         self._closed = False  # the request has ended: its row is written
         self._client: asyncio.Task[Any] | None = None  # the task that iterates this body
         self._read_since: float | None = None  # when the pending read began; None between reads
+        # When the client's task took its last chunk to send; None while it asks for the next.
+        self._given: float | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         # Why the reader was cancelled, when the relay itself cancelled it: the host stalled,
         # or the slot was lost (status, message, code). None: the client left.
         self._interrupt: tuple[int, str, str] | None = None
-        self._away = False  # the client's task was away in `send` at the watchdog's last look
         # Tokens so far, for the dashboard's running requests: one per SSE event read.
         self._running = trail.running if self._tee.streamed else None
         self._pump: asyncio.Task[None] | None = None
@@ -112,9 +117,11 @@ class Relay:
             raise StopAsyncIteration
         if self._interrupt is not None:  # the slot was lost before the body began
             return await self._fail(*self._interrupt)
-        self._away = False
+        self._given = None
         if self._pump is not None:
-            return await self._buffered_chunk()
+            chunk = await self._buffered_chunk()
+            self._given = self._loop.time()
+            return chunk
         self._read_since = self._loop.time()
         if self._watchdog is None:
             self._client = asyncio.current_task()
@@ -135,6 +142,7 @@ class Relay:
             self._abandon("client disconnected mid-stream")
             raise
         self._read_since = None
+        self._given = self._loop.time()
         self._look(chunk)
         return chunk
 
@@ -148,24 +156,28 @@ class Relay:
             self._running.tokens += data_events(chunk)
 
     def _watch(self) -> None:
-        """The watchdog: cancel a read that has waited the idle timeout, start the pump for a
-        client that has stayed away since the last look, else look again."""
-        if self._closed or self._outcome is not None:
+        """The watchdog: cancel a read of the host that has waited the idle timeout, cut a
+        client that has been away in `send` as long, start the pump for one away `AWAY`; then
+        look again when the first of those can next be due."""
+        if self._closed:
             return
         now = self._loop.time()
-        since = self._read_since
-        if since is not None and now - since >= self._idle:
+        since, given, streaming = self._read_since, self._given, self._outcome is None
+        if streaming and since is not None and now - since >= self._idle:
             self._interrupt = (504, self._silent(), "upstream_failed")
             self._cancel_reader()
             return
-        if self._pump is None and since is None:
-            if self._away:
-                self._start_pump()
-            else:
-                self._away = True
-        then = (since or now) + self._idle
-        if self._pump is None:
-            then = min(then, now + AWAY)
+        if given is not None and now - given >= self._idle:
+            self._stalled()
+            return
+        then = (given or now) + self._idle
+        if streaming:
+            then = min(then, (since or now) + self._idle)
+            if self._pump is None:
+                if given is not None and now - given >= AWAY:
+                    self._start_pump()
+                else:
+                    then = min(then, (given or now) + AWAY)
         self._watchdog = self._loop.call_at(then, self._watch)
 
     def _lost(self) -> None:
@@ -214,7 +226,9 @@ class Relay:
                 self._buffered += len(chunk)
                 self._wake()
                 if self._buffered > BUFFER_BYTES:
-                    self._cut()
+                    mib = BUFFER_BYTES / 2**20
+                    self._cut(f"client too slow: fell more than {mib:g} MiB behind the host",
+                              "client_too_slow")  # fmt: skip
                     return
         finally:
             self._free_host()
@@ -227,15 +241,22 @@ class Relay:
         self._outcome = (status, error, code)
         self._wake()
 
-    def _cut(self) -> None:
-        """End the request of a client further behind than the buffer."""
+    def _cut(self, message: str, code: str) -> None:
+        """End the request of a client too far behind the host, or away too long."""
         self._buffer.clear()
-        message = f"client too slow: fell more than {BUFFER_BYTES / 2**20:g} MiB behind the host"
-        self._end(499, message, "client_too_slow")
+        self._end(499, message, code)
         if self._client is not None:
             # Its task waits in the server's `send`, maybe for a client that reads nothing: the
             # cancel ends the response unfinished, and the server closes the connection.
             self._client.cancel()
+
+    def _stalled(self) -> None:
+        """End the request of a client that has taken nothing for the idle timeout."""
+        self._cut(f"client read nothing for {self._idle:g} s: response cut", "client_disconnected")
+        if self._pump is not None:
+            self._pump.cancel()  # it closes the upstream; done already if the host's stream was
+        else:
+            close_soon(self._upstream)
 
     def _wake(self) -> None:
         more = self._more
@@ -319,15 +340,15 @@ class Relay:
             close_soon(self._upstream)
 
     def _free_host(self) -> None:
-        """The host is done with: its slot back, nothing more to watch."""
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        """The host is done with: its slot back."""
         if self._slot is not None:
             self._slot.release()
             self._slot = None
 
     def _end(self, status: int, error: str, code: str) -> None:
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         self._free_host()
         if not code and status >= 400:
             code = "upstream_error"  # the host's own error answer, passed through as it is

@@ -15,7 +15,7 @@ import pytest
 
 from tests.fleet import MODEL, POLLS, add_host, add_route, chat
 from tests.invariants import rss_mib
-from tests.wire import Answer, exchange
+from tests.wire import Answer, connect, exchange, read_one_answer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MiB = 1024 * 1024
@@ -121,6 +121,38 @@ def test_a_body_of_exactly_16_mib_passes_and_one_byte_more_gets_413(
     assert len(completions(fake)) == 1
 
 
+@pytest.mark.not_on(
+    "daphne",
+    "daphne calls the application only once a request's whole body has arrived: the 413 comes "
+    "when the client has sent it all (what is past the limit is read and dropped, never kept)",
+)
+@pytest.mark.parametrize("framing", ["declared", "chunked"])
+def test_a_body_over_the_limit_gets_413_before_the_client_has_sent_the_rest(
+    chat_route, gateway, fake, ledger, framing
+):
+    head = [b"POST /chat/v1/completions HTTP/1.1", b"Host: localhost"]
+    sent = b'{"model": "test-model", "prompt": "' + b"x" * (LIMIT + MiB)
+    if framing == "declared":  # a length over the limit: nothing of it need be read
+        head.append(b"Content-Length: %d" % (4 * LIMIT))
+    else:  # no length: read until past the limit
+        head.append(b"Transfer-Encoding: chunked")
+        sent = b"%x\r\n%s\r\n" % (len(sent), sent)
+    sock = connect(gateway.url, timeout=60)
+    ledger.sent()
+    sock.sendall(b"\r\n".join(head) + b"\r\n\r\n" + sent)  # and never the rest
+
+    try:
+        answer = read_one_answer(sock)
+    except TimeoutError:
+        pytest.fail("no answer within 60 s: the gateway waits for the rest of the body")
+    finally:
+        sock.close()
+
+    check_refusals({framing: answer}, {framing: (413, "body_too_large")})
+    assert ledger.statuses() == [413]
+    assert completions(fake) == []
+
+
 def test_a_chunked_body_without_a_length_is_read_and_bounded(chat_route, gateway, fake, ledger):
     def chunks(total: int):
         yield b'{"model": "test-model", "prompt": "'
@@ -174,17 +206,30 @@ def test_path_tricks_get_a_clear_error_and_never_reach_the_admin_or_the_host(
     assert "Traceback" not in new_log()
 
 
-@pytest.mark.daphne_only("httptools answers an unknown method 400 itself, without a row")
-def test_an_unknown_method_gets_405_with_the_allowed_ones(chat_route, gateway, fake, ledger):
-    answers = {
-        "BREW": exchange(gateway.url, b"BREW", b"/chat/v1/chat/completions", BODY),
-        "PUT": exchange(gateway.url, b"PUT", b"/chat/v1/chat/completions", b"\xff"),
-    }
-    ledger.sent(len(answers))
+@pytest.mark.parametrize(
+    "method",
+    [
+        b"PUT",
+        b"PROPFIND",
+        pytest.param(
+            b"BREW",
+            marks=pytest.mark.not_on(
+                "uvicorn",
+                "its HTTP parser (httptools) answers a method it does not know 400 itself, "
+                "before any application sees the request (no row)",
+            ),
+        ),
+    ],
+)
+def test_a_method_llama_server_does_not_serve_gets_405_with_the_allowed_ones(
+    chat_route, gateway, fake, ledger, method
+):
+    answer = exchange(gateway.url, method, b"/chat/v1/chat/completions", b"\xff")
+    ledger.sent()
 
-    check_refusals(answers, dict.fromkeys(answers, (405, "method_not_allowed")))
-    assert ledger.statuses() == [405, 405]
-    assert answers["BREW"].headers["allow"] == "GET, HEAD, POST, DELETE, OPTIONS"
+    check_refusals({"answer": answer}, {"answer": (405, "method_not_allowed")})
+    assert ledger.statuses() == [405]
+    assert answer.headers["allow"] == "GET, HEAD, POST, DELETE, OPTIONS"
     assert completions(fake) == []
 
 

@@ -23,6 +23,10 @@ class _Stalling(httpx.AsyncByteStream):
 
     def __init__(self) -> None:
         self.resume = asyncio.Event()
+        self.closed = asyncio.Event()
+
+    async def aclose(self) -> None:
+        self.closed.set()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         yield FIRST
@@ -66,17 +70,38 @@ async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]  # the watchdog's cancel was taken back (a test runs as a task)
 
 
-async def test_time_the_client_takes_to_read_is_not_a_stall(ends: _Ends):
+async def test_time_the_client_takes_to_read_is_not_counted_as_the_hosts_silence(ends: _Ends):
     upstream = _Stalling()
-    relay = make_relay(upstream, idle=0.2)
+    relay = make_relay(upstream, idle=1.0)
 
     first = await anext(relay)
-    await asyncio.sleep(0.5)  # a slow client: the relay is not reading meanwhile
-    upstream.resume.set()
+    await asyncio.sleep(0.6)  # a slow client: the relay is not reading meanwhile
+    asyncio.get_running_loop().call_later(0.6, upstream.resume.set)  # 1.2 s after the first
     rest = [chunk async for chunk in relay]
 
     assert first == FIRST and rest == [b"data: [DONE]\n\n"]
     assert ends.finished[0][0] == 200
+
+
+async def test_a_client_that_takes_nothing_for_the_idle_timeout_is_cut(ends: _Ends):
+    upstream = _Stalling()
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=upstream)
+    runtime = SimpleNamespace(stream_idle_timeout=0.2)
+    relay = Relay(response, None, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout
+
+    async def client_stuck_in_send() -> None:
+        await anext(relay)
+        await asyncio.Event().wait()  # its server's `send`, to a client that reads nothing
+
+    client = asyncio.create_task(client_stuck_in_send())
+    done, _ = await asyncio.wait([client], timeout=10)
+
+    assert done == {client} and client.cancelled()  # the server ends its connection
+    (outcome,) = ends.finished
+    status, error, code = outcome[:3]
+    assert (status, error, code) == (499, "client read nothing for 0.2 s: response cut",
+                                     "client_disconnected")  # fmt: skip
+    await asyncio.wait_for(upstream.closed.wait(), 5)  # closed in a task of its own
 
 
 async def test_a_client_that_leaves_is_not_taken_for_a_stall(ends: _Ends):

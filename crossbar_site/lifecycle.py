@@ -1,0 +1,162 @@
+"""A gateway process's life, whichever server runs it: the runtime at start, the requests in
+flight, and the graceful stop.
+
+The stop (`GracefulStop`, at SIGTERM or SIGINT) is the application's, not the server's, so it
+is the same on daphne and on uvicorn (crossbar_site/serve.py gives each server its two
+callbacks, `stop_listening` and `stop`):
+
+1. `/health` answers 503 `draining` from then on (`routing.runtime.STOPPING`), on new
+   connections as on kept-alive ones, while the server keeps listening and serving: a load
+   balancer takes the process out when its probe says so, and what it sends meanwhile is served,
+   not refused.
+2. Once no HTTP request is in flight, or `grace` seconds after the signal, the server stops
+   listening. Requests still running then are cut as if their clients had left (`cut`: each
+   frees its slot, tells its host and writes a 499 row); a second signal cuts them at once.
+3. The server stops (`stop`): it closes its connections, the runtime closes, and the process
+   exits 0; the accounting recorder writes what it holds at exit (`atexit`).
+
+Everything here runs on the server's event loop, and nothing else in the process touches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from routing.core.background import spawn
+from routing.runtime import STOPPING
+
+log = logging.getLogger("crossbar.serve")
+
+CUT_WAIT = 5.0  # seconds requests cut at the end of the grace may take to write their rows
+
+
+class InFlight:
+    """The HTTP requests this process is serving, and the proxied ones that can be cut.
+
+    A request is counted from `enter` to `leave`; `cuttable` registers the task serving a
+    proxied request (crossbar_site/handler.py), whose cancellation is a client that left.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()  # bound to a loop at its first wait, not here
+        self._idle.set()
+        self._cuttable: set[asyncio.Task[None]] = set()
+
+    def enter(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.count -= 1
+        if not self.count:
+            self._idle.set()
+
+    def cuttable(self, task: asyncio.Task[None]) -> None:
+        """Let `cut` cancel `task` until it is done."""
+        self._cuttable.add(task)
+        task.add_done_callback(self._cuttable.discard)
+
+    def cut(self) -> None:
+        """End every proxied request in flight as if its client had left."""
+        for task in list(self._cuttable):
+            task.cancel()
+
+    async def idle_within(self, seconds: float, *, unless: asyncio.Event | None = None) -> bool:
+        """Wait until no request is in flight: True if so, False when `seconds` pass first or
+        `unless` is set."""
+        waits = [asyncio.ensure_future(self._idle.wait())]
+        if unless is not None:
+            waits.append(asyncio.ensure_future(unless.wait()))
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        return not self.count
+
+
+REQUESTS = InFlight()
+
+
+class GracefulStop:
+    """The graceful stop of one server (the module docstring says what it does).
+
+    `stop_listening()` closes the server's listening socket; `stop()` ends the server once the
+    requests are done. `begin` may be called again (a second signal: cut now).
+    """
+
+    def __init__(
+        self,
+        grace: float,
+        *,
+        stop_listening: Callable[[], None],
+        stop: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.grace = grace
+        self._stop_listening = stop_listening
+        self._stop = stop
+        self._hurry = asyncio.Event()
+        self._stopping: asyncio.Task[None] | None = None
+
+    def begin(self, why: str) -> None:
+        """Begin the stop (`why`: "SIGTERM", ...), or hurry it when it has begun. Call on the
+        server's loop."""
+        if self._stopping is not None:
+            log.warning("%s again: cutting the requests in flight now", why)
+            self._hurry.set()
+            return
+        STOPPING.set()
+        log.warning(
+            "%s: draining (/health answers 503); waiting up to %g s for %d requests in flight",
+            why,
+            self.grace,
+            REQUESTS.count,
+        )
+        self._stopping = spawn(self._run(), "crossbar-stop")
+
+    def watch_lifeline(self, fd: int) -> None:
+        """Begin the stop when `fd` reads end-of-file (a worker's supervisor is gone)."""
+        loop = asyncio.get_running_loop()
+
+        def gone() -> None:
+            loop.remove_reader(fd)
+            self.begin("the supervisor is gone")
+
+        loop.add_reader(fd, gone)
+
+    async def _run(self) -> None:
+        idle = await REQUESTS.idle_within(self.grace, unless=self._hurry)
+        self._stop_listening()
+        if not idle:
+            if not self._hurry.is_set():
+                log.warning("grace of %g s over; cutting %d requests", self.grace, REQUESTS.count)
+            REQUESTS.cut()
+            await REQUESTS.idle_within(CUT_WAIT)
+        await self._stop()
+
+
+def start_runtime() -> None:
+    """Build the gateway's runtime now, in the background, not at the first request: the host
+    admin shows live state from the start, and the first request pays no load. Call on the
+    server's loop."""
+    from routing.runtime import get_runtime
+
+    async def start() -> None:
+        try:
+            await get_runtime()
+        except Exception as exc:  # e.g. the database is down: the first request tries again
+            log.warning("gateway runtime not started yet: %s", exc)
+
+    spawn(start(), "crossbar-start-runtime")
+
+
+async def close_runtime() -> None:
+    """Close the running loop's runtime (its tasks, its upstream connections), logging a
+    failure rather than raising it."""
+    from routing.runtime import close_runtime as close
+
+    try:
+        await close()
+    except Exception:
+        log.exception("closing the gateway runtime failed")
