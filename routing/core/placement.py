@@ -163,13 +163,11 @@ class Placer(Generic[RouteT]):
         else:
             reason, lease = Reason.NONE, LeaseOutcome.NONE
         ranking = self._ranking()
-        order = ranking.hosts()
-        if not order:
+        if not ranking.hosts():
             return self._homeless(list(ranking.listed), reason, lease, NoHealthyHost())
-        best = order[0]  # the order may change while the place is asked for
         got = await self.fleet.state.place(ranking.pairs())
         if got is None:
-            raise QueueFull(best, self.model)
+            raise QueueFull(ranking.hosts(), self.model)  # each was asked, each was full
         await self._keep_lease(got.host, got)
         return self._result(got, reason, lease)
 
@@ -235,7 +233,9 @@ class Placer(Generic[RouteT]):
             if got is None and len(ranking.hosts()) > 1:
                 got = await state.place(ranking.pairs())
         if got is None:
-            raise QueueFull(home, self.model)
+            # Every usable host was asked (home alone when it is the only one): all full.
+            others = [host for host in ranking.hosts() if host != home]
+            raise QueueFull([home, *others], self.model)
         await self._keep_lease(home, got)
         if got.host != home:
             return self._result(got, Reason.SPILLED, LeaseOutcome.SPILLED)

@@ -95,7 +95,7 @@ class Stats:
     """What one host did in one step; mutable, merged into larger spans."""
 
     __slots__ = (
-        "outcomes", "codes", "ttfb", "tokens", "prompt", "cached", "cold",
+        "outcomes", "codes", "ttfb", "tokens", "prompt", "cached", "cold", "refused",
         "flight_sum", "queued_sum", "samples", "queued_peak",
     )  # fmt: skip
 
@@ -107,6 +107,7 @@ class Stats:
         self.prompt = 0  # prompt tokens of rows whose cached count is known too
         self.cached = 0
         self.cold = 0
+        self.refused = 0  # queue_full refusals while this host was full (its own row or not)
         self.flight_sum = 0.0
         self.queued_sum = 0.0
         self.samples = 0
@@ -151,6 +152,7 @@ class Stats:
         self.prompt += other.prompt
         self.cached += other.cached
         self.cold += other.cold
+        self.refused += other.refused
         self.flight_sum += other.flight_sum
         self.queued_sum += other.queued_sum
         self.samples += other.samples
@@ -275,6 +277,9 @@ class History:
                     record.cached_tokens,
                     cold,
                 )
+                # The row counts once, under its host; the refusal counts on each full host.
+                for host in record.refused_by.split():
+                    ring.at(moment, host).refused += 1
 
     def sample(self, hosts: Iterable[HostLive], now: float | None = None) -> None:
         """Add one sample of each host's requests in flight and queue depth."""
@@ -342,6 +347,7 @@ def _card(stats: Stats, span: float) -> dict[str, Any]:
         "tokens_per_s": round(stats.tokens / span, 2),
         "cache_hit": stats.cache_hit,
         "cold": stats.cold,
+        "refused": stats.refused,
         "in_flight": stats.in_flight_mean,
         "queued_peak": stats.queued_peak,
     }
