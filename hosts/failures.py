@@ -41,7 +41,8 @@ def failure(exc: BaseException) -> str:
     `the host's name does not resolve`, `TLS handshake failed: ...`, `no answer in time`; for
     anything else the innermost message with its exception's name."""
     chain = list(_chain(exc))
-    for link in chain:
+    # Innermost first: aiohttp's own errors subclass SSLError and OSError with their text.
+    for link in reversed(chain):
         if isinstance(link, ssl.SSLError):
             return _tls(link)
         if isinstance(link, socket.gaierror):
