@@ -266,6 +266,7 @@ class History:
         """Count one finished request in the steps of `now` (default: the clock)."""
         moment = self._clock() if now is None else now
         cold = is_cold_turn(record.lease, record.prompt_tokens, record.cached_tokens)
+        refused_by = record.refused_by.split() if record.refused_by else ()
         with self._lock:
             for ring in self._rings.values():
                 ring.at(moment, record.host).count(
@@ -278,7 +279,7 @@ class History:
                     cold,
                 )
                 # The row counts once, under its host; the refusal counts on each full host.
-                for host in record.refused_by.split():
+                for host in refused_by:
                     ring.at(moment, host).refused += 1
 
     def sample(self, hosts: Iterable[HostLive], now: float | None = None) -> None:

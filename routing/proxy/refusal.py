@@ -6,10 +6,13 @@ Called only on the way out of a refused request, so a served request pays nothin
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from routing.config.shape import RouteConfig
 from routing.core import refusals
-from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull
+from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, UnknownRoute
 from routing.ops.live import standings
+from routing.proxy.record import Trail, refused_by
 from routing.runtime import Runtime
 
 
@@ -35,3 +38,13 @@ def explained(runtime: Runtime, route: RouteConfig, model: str | None, exc: Exce
         ]
         return refusals.no_healthy_host(route.name, model, standings(runtime, serving, model))
     return exc
+
+
+def counted_where_it_happened(trail: Trail, exc: Exception) -> Trail:
+    """The trail whose row counts `exc` where it happened: a queue_full against the hosts
+    that were full, an unknown route under the name the client sent."""
+    if isinstance(exc, QueueFull):
+        return refused_by(trail, exc.hosts)
+    if isinstance(exc, UnknownRoute):
+        return replace(trail, route=exc.name)
+    return trail

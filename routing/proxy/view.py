@@ -26,8 +26,6 @@ from routing.core.errors import (
     MethodNotAllowed,
     NoHealthyHost,
     NotARoute,
-    QueueFull,
-    UnknownRoute,
     answer_for,
 )
 from routing.core.placement import Placer, Waiting
@@ -44,8 +42,8 @@ from routing.proxy.ask import (
 )
 from routing.proxy.model_list import model_list
 from routing.proxy.passage import Passage
-from routing.proxy.record import Arrival, Trail, finish, refused_by
-from routing.proxy.refusal import explained
+from routing.proxy.record import Arrival, Trail, finish
+from routing.proxy.refusal import counted_where_it_happened, explained
 from routing.proxy.relay import Relay
 from routing.proxy.respond import (
     METHODS,
@@ -162,11 +160,7 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         if answer.status == 500:
             log.exception("unexpected error serving %s", request.path[:200])
         response = error_response(answer, ended, request.headers.get("Origin"), origins)
-        if isinstance(exc, QueueFull):
-            ended = refused_by(ended, exc.hosts)
-        elif isinstance(exc, UnknownRoute):
-            ended = replace(ended, route=exc.name)
-        finish(ended, answer.status, answer.message, answer.code)
+        finish(counted_where_it_happened(ended, exc), answer.status, answer.message, answer.code)
         return response
     placement = answered.placement
     relay = Relay(answered.upstream, placement.slot if placement else None, answered.trail, runtime)
