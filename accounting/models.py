@@ -72,6 +72,11 @@ class Request(models.Model):
         db_index=True,
         help_text="The error's code (e.g. queue_full); empty when the request succeeded.",
     )
+    refused_by = models.TextField(
+        blank=True,
+        help_text="The hosts that were full when the request was refused (queue_full), "
+        "separated by spaces; `host` is the first of them.",
+    )
 
     class Meta:
         indexes = [

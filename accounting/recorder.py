@@ -64,6 +64,7 @@ class RequestRecord:
     fallback: str = ""
     placement: str = ""
     code: str = ""
+    refused_by: str = ""  # space-separated host names
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))

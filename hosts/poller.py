@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from hosts.describe import describe, with_models
+from hosts.failures import failure
 from hosts.health import HealthTable, HostState
 
 REFRESH = 60.0  # seconds between reads of /props and /v1/models of a host that stays up
@@ -123,7 +124,7 @@ class Poller:
         try:
             status, _ = await self._get(f"{url}/health", headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            table.set(name, HostState.DOWN, f"/health: {_failure(exc)}", url=url)
+            table.set(name, HostState.DOWN, f"/health: {failure(exc)}", url=url)
             return
         if status == 503:
             table.set(name, HostState.LOADING, "loading model", url=url)
@@ -186,11 +187,3 @@ class Poller:
 def _auth(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-
-def _failure(exc: BaseException) -> str:
-    """A failed poll in the words an operator reads on the dashboard."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"ConnectError: {exc}"  # refused, unreachable, unknown name, TLS
-    if isinstance(exc, TimeoutError):
-        return "Timeout: no answer in time"
-    return f"{type(exc).__name__}: {exc}".rstrip(": ")

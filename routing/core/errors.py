@@ -11,48 +11,71 @@
     │   └── ManagementNotAllowed       403 model_management_not_allowed (likewise)
     ├── ClientLimited                  429 (+ Retry-After)
     ├── QueueFull                      503 queue_full (+ Retry-After 1)
-    ├── NoHealthyHost                  503 no_healthy_host (+ Retry-After 2)
-    ├── PinnedHostDown                 503 pinned_host_down (+ Retry-After 2)
+    ├── NoHealthyHost                  503 no_healthy_host (+ Retry-After 2 while a host is down)
+    ├── PinnedHostDown                 503 pinned_host_down (+ Retry-After 2 while it is down)
     ├── QueueTimeout                   503 queue_timeout (+ Retry-After 5)
     ├── UpstreamUnreachable            502 upstream_unreachable
     │   └── HostDown                   (refused or reset before answering: placed again)
     └── UpstreamTimeout                504 upstream_timeout
 
-Each error carries its own status, code and Retry-After; `answer_for` is the one place an
-exception becomes an `Answer` (anything unexpected: a plain 500), which the proxy writes as an
-OpenAI-shaped body (`{"error": {"message", "type", "code"}}`) so OpenAI clients show it.
+Each error carries its own status, code and Retry-After, and may carry `detail`: the refusal's
+facts as JSON (route, model, the hosts and their states, the route's models), which
+`routing.core.refusals` builds only when a request is refused. `answer_for` is the one place
+an exception becomes an `Answer` (anything unexpected: a plain 500), which the proxy writes as
+an OpenAI-shaped body (`{"error": {"message", "type", "code", ...detail}}`) so OpenAI clients
+show it. The `code` values are stable: clients match on them; messages may change.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+_NO_DETAIL: Mapping[str, object] = MappingProxyType({})
 
 
 class GatewayError(Exception):
     """A request the gateway answers itself. `status`, `code` and `retry_after` are class-level
-    defaults; an instance may carry its own `retry_after`."""
+    defaults; an instance may carry its own `retry_after` (None where waiting does not help)
+    and `detail` (extra keys of the error object, JSON-ready)."""
 
     status = 400
     code = "bad_request"
     retry_after: int | None = None
 
-    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: int | None = None,
+        detail: Mapping[str, object] = _NO_DETAIL,
+    ) -> None:
         super().__init__(message)
         self.message = message
+        self.detail = detail
         if retry_after is not None:
             self.retry_after = retry_after
 
 
 class QueueFull(GatewayError):
-    """Every usable host of the route has its slots busy and its queue full."""
+    """Every usable host of the route has its slots busy and its queue full: `hosts`, in the
+    order placement tried them (the request is counted against each)."""
 
     status = 503
     code = "queue_full"
     retry_after = 1
 
-    def __init__(self, host: str = "", model: str = "") -> None:
-        super().__init__("queue full")
-        self.host = host
+    def __init__(
+        self,
+        hosts: Sequence[str] = (),
+        model: str = "",
+        message: str = "queue full",
+        *,
+        detail: Mapping[str, object] = _NO_DETAIL,
+    ) -> None:
+        super().__init__(message, detail=detail)
+        self.hosts = tuple(hosts)
         self.model = model
 
 
@@ -61,10 +84,12 @@ class NoHealthyHost(GatewayError):
 
     status = 503
     code = "no_healthy_host"
-    retry_after = 2
+    retry_after: int | None = 2
 
-    def __init__(self, message: str = "no healthy host") -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str = "no healthy host", *, detail: Mapping[str, object] = _NO_DETAIL
+    ) -> None:
+        super().__init__(message, detail=detail)
 
 
 class PinnedHostDown(GatewayError):
@@ -72,10 +97,12 @@ class PinnedHostDown(GatewayError):
 
     status = 503
     code = "pinned_host_down"
-    retry_after = 2
+    retry_after: int | None = 2
 
-    def __init__(self, host: str) -> None:
-        super().__init__(f"pinned host down: {host}")
+    def __init__(
+        self, host: str, message: str = "", *, detail: Mapping[str, object] = _NO_DETAIL
+    ) -> None:
+        super().__init__(message or f"pinned host down: {host}", detail=detail)
         self.host = host
 
 
@@ -95,14 +122,22 @@ class ConflictingRoute(GatewayError):
 
 
 class UnknownRoute(GatewayError):
+    """No enabled route has the name the path or `X-Crossbar-Route` gives (`name`, as sent)."""
+
     status = 404
     code = "unknown_route"
 
+    def __init__(self, message: str, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+
 
 class NotARoute(UnknownRoute):
-    """The path's first segment names no route (and no `X-Crossbar-Route` was sent): not a
-    request for the gateway at all (a stray `/favicon.ico`, a scanner). Answered 404 without a
-    row, a log line or a metric, so only proxy traffic is in the books."""
+    """The path's first segment names no route, no `X-Crossbar-Route` was sent, and the rest
+    of the path is no endpoint llama-server serves: not a request for the gateway at all (a
+    stray `/robots.txt`, a scanner). Answered 404 without a row, a log line or a metric, so
+    only proxy traffic is in the books. (`/nope/v1/chat/completions` is a client's request
+    with a wrong route: `UnknownRoute`, with its row.)"""
 
 
 class NotFound(GatewayError):
@@ -120,6 +155,8 @@ class BadBody(GatewayError):
 
 
 class UnknownModel(GatewayError):
+    """The route serves no model of the name the body gives."""
+
     status = 404
     code = "model_not_found"
 
@@ -205,12 +242,6 @@ class ClientLimited(GatewayError):
     code = "rate_limit_exceeded"
 
 
-def describe_error(exc: BaseException) -> str:
-    """An exception as one line for a person: its type, and its message when it has one."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 @dataclass(slots=True, frozen=True)
 class Answer:
     status: int
@@ -218,9 +249,11 @@ class Answer:
     type: str
     code: str
     retry_after: int | None = None
+    detail: Mapping[str, object] = field(default_factory=lambda: _NO_DETAIL)
 
     def body(self) -> dict[str, object]:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+        error = {"message": self.message, "type": self.type, "code": self.code}
+        return {"error": {**error, **self.detail}}
 
 
 def _error_type(status: int) -> str:
@@ -234,5 +267,7 @@ def _error_type(status: int) -> str:
 def answer_for(exc: BaseException) -> Answer:
     """The HTTP answer for a failure; anything unexpected is a plain 500."""
     if isinstance(exc, GatewayError):
-        return Answer(exc.status, exc.message, _error_type(exc.status), exc.code, exc.retry_after)
+        return Answer(
+            exc.status, exc.message, _error_type(exc.status), exc.code, exc.retry_after, exc.detail
+        )
     return Answer(500, "internal gateway error", "server_error", "internal_error")

@@ -153,13 +153,11 @@ class Placer(Generic[RouteT]):
             if not order:
                 return self._homeless(list(ranking.listed), Reason.NONE, LeaseOutcome.NONE,
                                       NoHealthyHost())  # fmt: skip
-            best = order[0]  # the order may change while the place is asked for
             got = await self.fleet.state.place(ranking.pairs())
             if got is None:
-                raise QueueFull(best, self.model)
+                raise QueueFull(ranking.hosts(), self.model)  # each was asked, each was full
             return self._result(got, Reason.NONE, LeaseOutcome.NONE)
-        order = ranking.hosts()
-        best = order[0] if order else ""
+        had_hosts = bool(ranking.hosts())
         opening = Opening(
             key=self.key,
             ttl=self.route.lease_ttl,
@@ -178,7 +176,9 @@ class Placer(Generic[RouteT]):
         if opened.at_home:
             assert home is not None
             if opened.got is None:
-                raise QueueFull(home, self.model)
+                # Every usable host was asked (home alone when it is the only one): all full.
+                others = [host for host in ranking.hosts() if host != home]
+                raise QueueFull([home, *others], self.model)
             if opened.got.host != home:
                 return self._result(opened.got, Reason.SPILLED, LeaseOutcome.SPILLED)
             return self._result(opened.got, Reason.HOME, LeaseOutcome.REUSED)
@@ -187,9 +187,9 @@ class Placer(Generic[RouteT]):
         else:
             reason, lease = Reason.NEW, LeaseOutcome.NEW
         if opened.got is None:
-            if not best:
+            if not had_hosts:
                 return self._homeless(list(ranking.listed), reason, lease, NoHealthyHost())
-            raise QueueFull(best, self.model)
+            raise QueueFull(ranking.hosts(), self.model)  # each was asked, each was full
         return self._result(opened.got, reason, lease)
 
     async def wait(self, waiting: Waiting) -> Placement:

@@ -1,11 +1,12 @@
 """The requests running right now, for the dashboard's live table. Pure: standard library only.
 
-The proxy adds a request once its route is known, notes where it was placed once it holds a
-slot, counts the SSE `data:` events it passes on (one per generated token for llama-server) and
-finishes it when its record is written. Every call runs on the runtime's event loop; adding,
-finishing and reading also take a short lock, so a reader on another thread may take a
-snapshot. Counting events does not: only the relay on the loop writes `tokens`, and a reader
-that sees an event less is harmless.
+The proxy adds a request once its route is known, notes the line it waits in (if it must)
+and where it was placed once it holds a slot, counts the SSE `data:` events it passes on (one
+per generated token for llama-server) and finishes it when its record is written. Every call
+runs on the runtime's event loop; adding, finishing and reading also take a short lock, so a
+reader on another thread may take a snapshot (of requests that do not wait: a waiting one's
+place is read from its line). Counting events does not: only the relay on the loop writes
+`tokens`, and a reader that sees an event less is harmless.
 """
 
 from __future__ import annotations
@@ -15,9 +16,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 _DATA_LINE = b"\ndata:"
 _DONE = b"data: [DONE]"
+
+
+class Line(Protocol):
+    """A place in a host's queue (`routing.core.state.InLine` is one)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def position(self) -> int: ...
 
 
 class RunningRequest:
@@ -25,6 +36,7 @@ class RunningRequest:
 
     __slots__ = (
         "number", "route", "model", "client", "host", "queued_ms", "tokens", "t0", "table",
+        "line",
     )  # fmt: skip
 
     def __init__(
@@ -39,6 +51,7 @@ class RunningRequest:
         self.queued_ms: int | None = None  # None while it waits
         self.tokens = 0
         self.t0 = t0
+        self.line: Line | None = None  # the place it waits in, while it waits
 
 
 @dataclass(slots=True, frozen=True)
@@ -53,6 +66,8 @@ class RunningRow:
     elapsed_ms: int
     queued_ms: int | None  # None: still waiting for a slot
     tokens: int
+    line: str = ""  # while waiting: the host whose queue it is in ("" when it only watches)
+    place: int = 0  # its 1-based place in that queue; 0 when unknown
 
 
 class RunningTable:
@@ -71,10 +86,15 @@ class RunningTable:
             self._entries[entry.number] = entry
         return entry
 
+    def waits(self, entry: RunningRequest, line: Line) -> None:
+        """The request waits for a slot, in `line` (its host "" when it only watches)."""
+        entry.line = line
+
     def placed(self, entry: RunningRequest, host: str, queued_ms: int) -> None:
         """The request holds a slot on `host`, after waiting `queued_ms` for it."""
         entry.host = host
         entry.queued_ms = queued_ms
+        entry.line = None
 
     def finish(self, entry: RunningRequest) -> None:
         """The request ended, however; calling it again does nothing."""
@@ -84,10 +104,12 @@ class RunningTable:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def snapshot(self) -> list[RunningRow]:
-        """Every running request, oldest first, with its elapsed time now."""
+    def snapshot(self, limit: int | None = None) -> list[RunningRow]:
+        """Every running request (the oldest `limit`), oldest first, with its elapsed time
+        now and, for one that waits, whose line it is in and its place there. The place is
+        read from the line itself: take a snapshot with waiting requests on the loop."""
         with self._lock:
-            entries = list(self._entries.values())
+            entries = list(self._entries.values())[:limit]
         now = self._clock()
         return [
             RunningRow(
@@ -99,6 +121,8 @@ class RunningTable:
                 elapsed_ms=max(0, int((now - entry.t0) * 1000)),
                 queued_ms=entry.queued_ms,
                 tokens=entry.tokens,
+                line=line.host if (line := entry.line) is not None else "",
+                place=line.position if line is not None else 0,
             )
             for entry in entries
         ]

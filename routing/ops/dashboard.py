@@ -76,7 +76,8 @@ def state(runtime: Runtime) -> dict[str, Any]:
 
 
 def running_entries(runtime: Runtime) -> list[dict[str, Any]]:
-    """The requests running now, oldest first, at most `MAX_RUNNING` (no fingerprint)."""
+    """The requests running now, oldest first, at most `MAX_RUNNING` (no fingerprint); one
+    that waits names the host whose line it is in (`line`) and its place there (`place`)."""
     return [
         {
             "n": row.number,
@@ -87,8 +88,10 @@ def running_entries(runtime: Runtime) -> list[dict[str, Any]]:
             "elapsed_ms": row.elapsed_ms,
             "queued_ms": row.queued_ms,
             "tokens": row.tokens,
+            "line": row.line,
+            "place": row.place,
         }
-        for row in runtime.running.snapshot()[:MAX_RUNNING]
+        for row in runtime.running.snapshot(MAX_RUNNING)
     ]
 
 

@@ -102,7 +102,7 @@ class Stats:
     """What one host did in one step; mutable, merged into larger spans."""
 
     __slots__ = (
-        "outcomes", "codes", "ttfb", "tokens", "prompt", "cached", "cold",
+        "outcomes", "codes", "ttfb", "tokens", "prompt", "cached", "cold", "refused",
         "flight_sum", "queued_sum", "samples", "queued_peak",
     )  # fmt: skip
 
@@ -114,6 +114,7 @@ class Stats:
         self.prompt = 0  # prompt tokens of rows whose cached count is known too
         self.cached = 0
         self.cold = 0
+        self.refused = 0  # queue_full refusals while this host was full (its own row or not)
         self.flight_sum = 0.0
         self.queued_sum = 0.0
         self.samples = 0
@@ -168,6 +169,7 @@ class Stats:
         self.prompt += other.prompt
         self.cached += other.cached
         self.cold += other.cold
+        self.refused += other.refused
 
     def ttfb_percentile(self, p: float) -> float | None:
         """The p-th percentile of TTFB in ms, from the buckets; None without a TTFB."""
@@ -315,6 +317,7 @@ class History:
         """Count one finished request in the steps of `now` (default: the clock)."""
         moment = self._clock() if now is None else now
         cold = is_cold_turn(record.lease, record.prompt_tokens, record.cached_tokens)
+        refused_by = record.refused_by.split() if record.refused_by else ()
         with self._lock:
             for ring in self._rings.values():
                 ring.at(moment, record.host).count(
@@ -326,6 +329,9 @@ class History:
                     record.cached_tokens,
                     cold,
                 )
+                # The row counts once, under its host; the refusal counts on each full host.
+                for host in refused_by:
+                    ring.at(moment, host).refused += 1
 
     def sample(self, hosts: Iterable[HostLive], now: float | None = None) -> None:
         """Add one sample of each host's requests in flight and queue depth."""
@@ -421,6 +427,7 @@ def _card(stats: Stats, span: float) -> dict[str, Any]:
         "tokens_per_s": round(stats.tokens / span, 2),
         "cache_hit": stats.cache_hit,
         "cold": stats.cold,
+        "refused": stats.refused,
         "in_flight": stats.in_flight_mean,
         "queued_peak": stats.queued_peak,
     }

@@ -1,16 +1,19 @@
 """The gateway's live state of each host, built from the runtime in one place.
 
 `host_lives` is the only reader of the runtime's health, lease and limiter tables for display:
-the dashboard, `/metrics` and the host admin all see what it returns. `live_host_states` is the
+the dashboard, `/metrics` and the host admin all see what it returns; `standings` reads the
+same tables for the few hosts a refusal names. `live_host_states` is the
 host admin's provider, safe to call from another thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 from hosts.health import HostState
 from hosts.live import HostLive, HostStates, ModelLive
+from routing.core.refusals import Standing
 from routing.runtime import Runtime, current_runtime
 
 
@@ -73,3 +76,36 @@ def live_host_states() -> HostStates:
         else asyncio.run_coroutine_threadsafe(read(), runtime.loop).result(timeout=1)
     )
     return {host.name: host for host in lives}
+
+
+def standings(runtime: Runtime, hosts: Iterable[str], model: str | None) -> list[Standing]:
+    """The named hosts as a refusal describes them (`routing.core.refusals`), for `model`
+    (None: over all their models), in the order given; hosts no longer configured are left
+    out. Only a refused request calls this: it costs a few lookups per host. The counts are
+    the fleet state's (with shared state: this process's view, refreshed every tick)."""
+    found = []
+    for name in hosts:
+        host = runtime.fleet.hosts.get(name)
+        if host is None:
+            continue
+        health = runtime.health.get(name)
+        if model is None:
+            specs = list(host.models.values())
+        else:
+            specs = [host.models[model]] if model in host.models else []
+        state = runtime.state
+        found.append(
+            Standing(
+                host=name,
+                health=str(health.state),
+                since=health.since,
+                reason=health.reason,
+                enabled=host.enabled,
+                draining=host.draining,
+                running=sum(state.in_flight(name, spec.name) for spec in specs),
+                parallel=sum(spec.parallel for spec in specs),
+                queued=sum(state.queued(name, spec.name) for spec in specs),
+                queue_max=sum(spec.queue_max for spec in specs),
+            )
+        )
+    return found

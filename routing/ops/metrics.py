@@ -14,7 +14,9 @@ Label values are bounded by the configuration: route, host, model and client nam
 codes, lease outcomes, and the gateway's own error codes (`code`, empty for success; at most
 `MAX_CODES` distinct values, then `other`). Never a fingerprint, a client address or a key. A
 request that reached no host keeps its model label empty, because the model is whatever the
-client sent.
+client sent; a request to an unknown route (`unknown_route`) keeps its route label empty for
+the same reason. A `queue_full` refusal counts in `crossbar_requests` once, on the first host
+that was full, and in `crossbar_refusals` once on every host that was full.
 """
 
 from __future__ import annotations
@@ -118,6 +120,13 @@ FALLBACKS = Counter(
     ["route", "fallback"],
     registry=REGISTRY,
 )
+REFUSALS = Counter(
+    "crossbar_refusals",
+    "Requests refused while the host was full (slots and queue), as was every other usable "
+    "host of the route: one refusal counts once on each such host (code queue_full).",
+    [*_PLACE, "code"],
+    registry=REGISTRY,
+)
 CLIENT_REQUESTS = Counter(
     "crossbar_client_requests",
     "Requests sent with a client key, by the key's name and HTTP status.",
@@ -183,9 +192,15 @@ def observe(record: RequestRecord) -> None:
     """Count one finished request. Cheap, thread-safe, never touches the database."""
     model = record.model if record.host else ""
     status = str(record.status)
-    REQUESTS.labels(record.route, record.host, model, status, code_label(record.code)).inc()
-    series = _series_for(record.route, record.host, model)
-    if record.host:
+    code = code_label(record.code)
+    # An unknown route's name is whatever the client sent: its row keeps it, a label may not.
+    route = "" if record.code == "unknown_route" else record.route
+    REQUESTS.labels(route, record.host, model, status, code).inc()
+    series = _series_for(route, record.host, model)
+    if record.refused_by:
+        for host in record.refused_by.split():
+            REFUSALS.labels(route, host, model, code).inc()
+    elif record.host:
         series.queue_wait.observe(record.queued_ms / 1000)
     if record.ttfb_ms is not None:
         series.ttfb.observe(record.ttfb_ms / 1000)

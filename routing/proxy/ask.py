@@ -87,7 +87,8 @@ def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str,
     """The route, the upstream path (`/hosts/<name>/...` for one named host) and the endpoint
     it reaches (for one named host: the host's endpoint, one about the host).
 
-    Raises MissingRoute, ConflictingRoute, UnknownRoute or NotFound.
+    Raises MissingRoute, ConflictingRoute, UnknownRoute (NotARoute when the path is no
+    endpoint either) or NotFound.
     """
     path = request.path
     if b"%2f" in getattr(request, "scope", {}).get("raw_path", b"").lower():
@@ -112,10 +113,18 @@ def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str,
         name, rest = first, "/" + remainder
     route = fleet.routes.get(name) if _ROUTE_NAME.fullmatch(name) else None
     if route is None:
-        refusal = UnknownRoute if header else NotARoute
-        raise refusal(f"unknown route: “{name[:64]}”")
+        shown = name[:64]
+        if not header and endpoint_of(request.method or "GET", rest) is None:
+            raise NotARoute(f"unknown route: “{shown}”")  # no request for the gateway at all
+        raise UnknownRoute(
+            f"unknown route: “{shown}”: no route has this name. Send /<route>/v1/... (or "
+            f"{ROUTE_HEADER}: <route>) with a route of this gateway (its admin lists them)",
+            shown,
+        )
     if not route.enabled:
-        raise UnknownRoute(f"unknown route: “{name}” is disabled")
+        raise UnknownRoute(
+            f"unknown route: “{name}” is disabled: an operator may enable it in the admin", name
+        )
     pinned = _split_host(rest)
     endpoint = endpoint_of(request.method or "GET", pinned[1] if pinned else rest)
     if endpoint is None:

@@ -149,6 +149,8 @@ class Passage:
         self.trail = replace(
             self.trail, host=waiting.host, lease=str(waiting.lease), placement=str(waiting.reason)
         )
+        if self.trail.running is not None:
+            self.trail.running.table.waits(self.trail.running, waiting.waiter)
 
     def _answered(self, trail: Trail) -> Trail:
         return replace(trail, ttfb_ms=int((time.perf_counter() - trail.arrival.t0) * 1000))

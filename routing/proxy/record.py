@@ -55,6 +55,7 @@ class Trail:
     ttfb_ms: int | None = None
     streamed: bool = False
     running: RunningRequest | None = None  # its line in the dashboard's running requests
+    refused_by: tuple[str, ...] = ()  # the full hosts a queue_full refusal counts against
 
     def placed(self, placement: Placement) -> Trail:
         """Where the request runs. `route` stays the route the client asked for."""
@@ -69,6 +70,12 @@ class Trail:
             fallback=placement.fallback,
             queued_ms=int(placement.waited * 1000),
         )
+
+
+def refused_by(trail: Trail, hosts: tuple[str, ...]) -> Trail:
+    """A request refused because `hosts` were full: its row names the first (where it would
+    have waited) and lists them all, so each host's figures count the refusal."""
+    return replace(trail, host=hosts[0] if hosts else trail.host, refused_by=hosts)
 
 
 def finish(
@@ -100,6 +107,7 @@ def finish(
         fallback=trail.fallback,
         placement=trail.placement,
         code=code,
+        refused_by=" ".join(trail.refused_by),
     )
     get_recorder().record(record)
     metrics.observe(record)

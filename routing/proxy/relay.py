@@ -10,9 +10,10 @@ from typing import Any
 
 import httpx
 
+from hosts.failures import failure
 from routing.core import sse
 from routing.core.background import spawn
-from routing.core.errors import Answer, describe_error
+from routing.core.errors import Answer
 from routing.core.running import data_events
 from routing.core.state import Held, on_lost
 from routing.core.tee import Tee
@@ -285,7 +286,7 @@ class Relay:
         return chunk
 
     def _broken(self, exc: httpx.HTTPError) -> str:
-        return f"host {self._trail.host} failed mid-stream: {describe_error(exc)}"
+        return f"host {self._trail.host} failed mid-stream: {failure(exc)}"
 
     def _silent(self) -> str:
         return f"host {self._trail.host} sent nothing for {self._idle:g} s mid-stream"

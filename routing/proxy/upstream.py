@@ -9,13 +9,8 @@ import httpx
 from django.conf import settings
 from django.http import HttpRequest
 
-from routing.core.errors import (
-    BadBody,
-    HostDown,
-    UpstreamTimeout,
-    UpstreamUnreachable,
-    describe_error,
-)
+from hosts.failures import failure
+from routing.core.errors import BadBody, HostDown, UpstreamTimeout, UpstreamUnreachable
 from routing.core.forwarding import FORWARDING, forwarding_headers
 from routing.proxy.ask import Ask
 from routing.runtime import Runtime
@@ -74,17 +69,21 @@ async def _send(runtime: Runtime, host: str, request: httpx.Request) -> httpx.Re
             raise UpstreamTimeout(
                 f"host {host} sent no response head within {runtime.headers_timeout:g} s"
             ) from None
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            runtime.health.mark_down(host, describe_error(exc))
-            raise HostDown(f"host {host} unreachable: {describe_error(exc)}") from None
+        except httpx.ConnectTimeout:
+            reason = f"no connection within {runtime.connect_timeout:g} s"
+            runtime.health.mark_down(host, reason)
+            raise HostDown(f"host {host} unreachable: {reason}") from None
+        except httpx.ConnectError as exc:
+            reason = failure(exc)
+            runtime.health.mark_down(host, reason)
+            raise HostDown(f"host {host} unreachable: {reason}") from None
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             if attempt == 2:
-                runtime.health.mark_down(host, describe_error(exc))
-                raise HostDown(
-                    f"host {host} closed the connection: {describe_error(exc)}"
-                ) from None
+                reason = f"closed the connection before answering: {failure(exc)}"
+                runtime.health.mark_down(host, reason)
+                raise HostDown(f"host {host} {reason}") from None
         except httpx.HTTPError as exc:
-            raise UpstreamUnreachable(f"host {host} failed: {describe_error(exc)}") from None
+            raise UpstreamUnreachable(f"host {host} failed: {failure(exc)}") from None
     raise AssertionError("unreachable")
 
 

@@ -17,6 +17,7 @@ import logging
 from dataclasses import replace
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.loader import render_to_string
 from django.views.decorators.csrf import csrf_exempt
 
 from routing.config.shape import RouteConfig
@@ -25,10 +26,10 @@ from routing.core.errors import (
     MethodNotAllowed,
     NoHealthyHost,
     NotARoute,
-    UnknownModel,
     answer_for,
 )
 from routing.core.placement import Placer, Waiting
+from routing.core.refusals import unknown_model
 from routing.proxy.access import check_access
 from routing.proxy.ask import (
     ROUTE_HEADER,
@@ -42,6 +43,7 @@ from routing.proxy.ask import (
 from routing.proxy.model_list import model_list
 from routing.proxy.passage import Passage
 from routing.proxy.record import Arrival, Trail, finish
+from routing.proxy.refusal import counted_where_it_happened, explained
 from routing.proxy.relay import Relay
 from routing.proxy.respond import (
     METHODS,
@@ -81,18 +83,31 @@ async def gateway_health() -> JsonResponse:
     return JsonResponse({"status": "ok", "revision": runtime.fleet.revision})
 
 
+def gateway_home() -> HttpResponse:
+    """`GET /`: a person who opens the gateway's address is pointed at the dashboard and the
+    admin (no row, no log line). A page rather than a redirect to the admin: a client sent
+    here by a base URL without its route reads why in plain words instead of following a
+    redirect into a login form, and a person sees both ways in."""
+    return HttpResponse(render_to_string("gateway/home.html"))
+
+
 @csrf_exempt
 async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
     """Serve one client request through the fleet. Every outcome ends with one record."""
-    if request.path == "/health" and ROUTE_HEADER not in request.headers:
-        return await gateway_health()
+    if ROUTE_HEADER not in request.headers:
+        if request.path == "/health":
+            return await gateway_health()
+        if request.path == "/" and request.method in ("GET", "HEAD"):
+            return gateway_home()
     trail = Trail(Arrival())
     passage: Passage | None = None  # once placed, the passage's trail is the request's
     origins: frozenset[str] = frozenset()  # the route's CORS origins, once it is known
+    serving: tuple[Runtime, RouteConfig] | None = None  # once the route is known
     try:
         runtime = await get_runtime()
         await runtime.refresh()
         route, path, endpoint = resolve_route(request, runtime.fleet)
+        serving = (runtime, route)
         origins = route.cors_origins
         if request.method == "OPTIONS":
             return preflight_response(request, origins)  # a browser asking first: no row, no host
@@ -139,11 +154,14 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         return error_response(answer_for(exc), trail, request.headers.get("Origin"))
     except Exception as exc:
         ended = passage.trail if passage is not None else trail
+        if serving is not None:
+            exc = explained(*serving, ended.model or None, exc)
         answer = answer_for(exc)
         if answer.status == 500:
             log.exception("unexpected error serving %s", request.path[:200])
-        finish(ended, answer.status, answer.message, answer.code)
-        return error_response(answer, ended, request.headers.get("Origin"), origins)
+        response = error_response(answer, ended, request.headers.get("Origin"), origins)
+        finish(counted_where_it_happened(ended, exc), answer.status, answer.message, answer.code)
+        return response
     placement = answered.placement
     relay = Relay(answered.upstream, placement.slot if placement else None, answered.trail, runtime)
     return streamed(answered, relay, origins)
@@ -155,7 +173,7 @@ async def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -
     Raises UnknownModel, QueueFull, NoHealthyHost or PinnedHostDown.
     """
     if ask.model is not None and not runtime.serves(route, ask.model):
-        raise UnknownModel(f"model “{ask.model}” is not served by route “{route.name}”")
+        raise unknown_model(route.name, ask.model, runtime.fleet.route_models(route))
     if not ask.takes_slot:
         return Passage(runtime, route, ask, trail, None, None)
     assert ask.model is not None

@@ -19,6 +19,7 @@ from routing.core import sse
 from routing.core.errors import Answer, answer_for
 from routing.proxy.passage import Answered, Passage
 from routing.proxy.record import finish
+from routing.proxy.refusal import counted_where_it_happened, explained
 from routing.proxy.relay import Relay, close_soon
 from routing.runtime import Runtime
 
@@ -111,9 +112,11 @@ class StatusStream:
         try:
             answered = task.result()
         except Exception as exc:
+            exc = explained(self._runtime, passage.route, passage.trail.model or None, exc)
             answer = answer_for(exc)
             self._ended = True
-            finish(passage.trail, answer.status, answer.message, answer.code)
+            trail = counted_where_it_happened(passage.trail, exc)
+            finish(trail, answer.status, answer.message, answer.code)
             yield sse.error_event(answer)
             return
         if not announced:

@@ -41,6 +41,39 @@ def test_a_waiting_request_has_no_host_and_no_queue_time_until_it_is_placed() ->
     assert (running.host, running.queued_ms, running.elapsed_ms) == ("gpu1", 1500, 3500)
 
 
+class Line:
+    """A place in a host's queue, moving up as the line moves."""
+
+    def __init__(self, host: str, position: int) -> None:
+        self.host = host
+        self.position = position
+
+
+def test_a_queued_request_shows_whose_line_it_is_in_and_its_place_until_it_is_placed() -> None:
+    table = RunningTable()
+    entry = table.add("chat", "llama3", "")
+    line = Line("gpu2", 3)
+
+    table.waits(entry, line)
+    [third] = table.snapshot()
+    line.position = 1
+    [first] = table.snapshot()
+    table.placed(entry, "gpu2", 800)
+    [running] = table.snapshot()
+
+    assert (third.host, third.line, third.place) == ("", "gpu2", 3)
+    assert (first.line, first.place) == ("gpu2", 1)
+    assert (running.host, running.line, running.place) == ("gpu2", "", 0)
+
+
+def test_the_snapshot_takes_the_oldest_up_to_its_limit() -> None:
+    table = RunningTable()
+    for i in range(5):
+        table.add("chat", f"m{i}", "")
+
+    assert [row.model for row in table.snapshot(2)] == ["m0", "m1"]
+
+
 def test_finishing_twice_does_nothing_the_second_time() -> None:
     table = RunningTable()
     first = table.add("chat", "m", "")

@@ -408,4 +408,4 @@ async def test_host_cards_give_the_last_five_minutes_and_the_down_reason(connect
     assert card["cache_hit"] == 0.9 and card["cold"] == 0
     assert 100 < card["ttfb_p50"] <= 125
     reason = host_in(message, "gpu-card")["reason"]  # type: ignore[index]  # None fails the test
-    assert reason.startswith("/health: ConnectError")
+    assert reason.startswith("/health: connection refused")

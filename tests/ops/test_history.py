@@ -103,6 +103,21 @@ def test_a_request_that_reached_no_host_counts_for_the_fleet_only() -> None:
     assert point["hosts"] == {}
 
 
+def test_a_queue_full_counts_once_in_the_totals_and_as_a_refusal_on_each_full_host() -> None:
+    history = History()
+    refused = record(host="gpu1", status=503, code="queue_full", refused_by="gpu1 gpu2")
+    history.observe(refused, now=T0)
+    history.observe(record(host="gpu2"), now=T0)
+
+    point = point_at(history.points("5m", now=T0), T0)
+    cards = history.cards(now=T0 + 1)
+
+    assert point["requests"] == {"2xx": 1, "4xx": 0, "5xx": 1, "499": 0}
+    assert point["codes"] == {"queue_full": 1}
+    assert (cards["gpu1"]["refused"], cards["gpu2"]["refused"]) == (1, 1)
+    assert cards["gpu1"]["codes"] == {"queue_full": 1} and cards["gpu2"]["codes"] == {}
+
+
 def test_samples_give_each_hosts_mean_in_flight_and_queue_per_step() -> None:
     history = History()
     for second, (busy, waiting) in enumerate([(4, 2), (4, 0), (2, 0), (2, 0), (3, 3)]):

@@ -196,8 +196,9 @@ def test_path_tricks_get_a_clear_error_and_never_reach_the_admin_or_the_host(
     answers = {
         target.decode(): exchange(gateway.url, b"POST", target, BODY) for target in PATH_TRICKS
     }
-    # A path naming no route is no request for the gateway: answered, but not in the books.
-    proxied = {t: a for t, a in answers.items() if PATH_TRICKS[t.encode()][1] != "unknown_route"}
+    # A path naming no route, nor any endpoint, is no request for the gateway: answered, but
+    # not in the books (an API path with a wrong route is a client's, and has its row).
+    proxied = {t: a for t, a in answers.items() if t != "/%2e%2e/admin/"}
     ledger.sent(len(proxied))
 
     check_refusals(answers, {t.decode(): e for t, e in PATH_TRICKS.items()})

@@ -101,7 +101,8 @@ def test_fifth_request_waits_and_ninth_is_refused_at_once(gateway, fake):
         answers = [f.result() for f in running]
 
     assert refused.status_code == 503
-    assert refused.json()["error"]["message"] == "queue full"
+    assert refused.json()["error"]["message"].startswith("queue full: ")
+    assert "gpu1 full (4/4 running, 4/4 queued)" in refused.json()["error"]["message"]
     assert refused.headers["retry-after"] == "1"
     assert unfinished == 8
     assert [a.status_code for a in answers] == [200] * 8
@@ -415,7 +416,8 @@ def test_no_healthy_host_gives_503(gateway, fake):
     response = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=chat())
 
     assert response.status_code == 503
-    assert response.json()["error"]["message"] == "no healthy host"
+    assert response.json()["error"]["message"].startswith("no healthy host: ")
+    assert "gpu1 down since " in response.json()["error"]["message"]
 
 
 def test_a_strict_route_answers_503_when_the_pinned_host_is_down(gateway, fake, fake2):
