@@ -32,6 +32,7 @@ from django.shortcuts import render
 
 from accounting.recorder import RequestRecord
 from hosts.actions import set_draining
+from hosts.routes_left import left_lines, routes_left_without
 from routing.ops.history import (
     RING_WINDOWS,
     WINDOWS,
@@ -115,7 +116,9 @@ def request_entry(number: int, record: RequestRecord) -> dict[str, Any]:
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
     """One open dashboard. Anonymous and non-staff users are refused at the handshake.
 
-    Receives `{"type": "drain", "host": name, "on": true|false}` and
+    Receives `{"type": "drain", "host": name, "on": true|false}` (and `"confirmed": true` once
+    the page was told, by `{"type": "confirm_drain", "host", "lines"}`, which routes the drain
+    would leave without a usable host) and
     `{"type": "window", "window": "5m"|"1h"|"24h"}`. Sends a `state` message every `TICK`
     (hosts, the requests finished since the last one, the requests running, the host cards),
     `history` messages (the whole window on connect, on a window change and once the rings'
@@ -229,7 +232,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if content.get("type") == "window":
             await self.change_window(content.get("window"))
         elif content.get("type") == "drain":
-            await self.drain(content.get("host"), content.get("on"))
+            await self.drain(content.get("host"), content.get("on"), content.get("confirmed"))
 
     async def change_window(self, name: object) -> None:
         if not isinstance(name, str) or name not in WINDOWS:
@@ -239,12 +242,21 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         self.window = name
         await self.send_history(replace=True)
 
-    async def drain(self, host: object, on: object) -> None:
+    async def drain(self, host: object, on: object, confirmed: object = False) -> None:
+        """Drain or undrain `host`. Draining a route's last usable host first asks: the page
+        is sent the routes it would leave without one (`confirm_drain`), and drains only when
+        asked again with `confirmed` (as the admin's drain action asks)."""
         if not isinstance(host, str) or not isinstance(on, bool):
             return
         if not self.can_drain:
             await self.send_json({"type": "notice", "text": "You may not change hosts."})
             return
+        if on and confirmed is not True:
+            left = await database_sync_to_async(routes_left_without)([host])
+            if left:
+                await self.send_json({"type": "confirm_drain", "host": host,
+                                      "lines": left_lines(left)})  # fmt: skip
+                return
         changed = await database_sync_to_async(set_draining)([host], on)
         verb = "started" if on else "stopped"
         if changed:

@@ -201,7 +201,8 @@ async def test_staff_get_hosts_with_slots_and_the_requests_going_by(connect):
 async def test_drain_and_undrain_from_the_socket_reach_the_database_and_every_dashboard(connect):
     staff = await sync_to_async(User.objects.create_superuser)("ops", password="x-1234567")
     gpu1 = await sync_to_async(add_host)("gpu1", "http://127.0.0.1:9")
-    await sync_to_async(add_route)("chat", [gpu1])
+    gpu2 = await sync_to_async(add_host)("gpu2", "http://127.0.0.1:10")
+    await sync_to_async(add_route)("chat", [gpu1, gpu2])
     mine, _ = await connect(staff)
     other, _ = await connect(staff)
 
@@ -216,6 +217,27 @@ async def test_drain_and_undrain_from_the_socket_reach_the_database_and_every_da
     assert notice["text"] == "ops started draining gpu1."
     assert in_db is True
     assert await sync_to_async(lambda: Host.objects.get(name="gpu1").draining)() is False
+
+
+async def test_draining_a_routes_last_host_from_the_socket_asks_first_and_drains_once_confirmed(
+    connect,
+):
+    staff = await sync_to_async(User.objects.create_superuser)("ops", password="x-1234567")
+    gpu1 = await sync_to_async(add_host)("gpu1", "http://127.0.0.1:9")
+    await sync_to_async(add_route)("chat", [gpu1])
+    communicator, _ = await connect(staff)
+
+    await communicator.send_json_to({"type": "drain", "host": "gpu1", "on": True})
+    asked = await receive_until(communicator, lambda m: m["type"] == "confirm_drain")
+    draining_before = await sync_to_async(lambda: Host.objects.get(name="gpu1").draining)()
+    await communicator.send_json_to({"type": "drain", "host": "gpu1", "on": True,
+                                     "confirmed": True})  # fmt: skip
+    await receive_until(communicator, lambda m: (h := host_in(m, "gpu1")) and h["draining"])
+
+    assert asked["host"] == "gpu1"
+    assert "“chat”" in asked["lines"][0] and "last usable host" in asked["lines"][0]
+    assert draining_before is False
+    assert await sync_to_async(lambda: Host.objects.get(name="gpu1").draining)() is True
 
 
 async def test_staff_without_the_right_to_change_hosts_cannot_drain(connect):
