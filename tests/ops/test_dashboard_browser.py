@@ -12,6 +12,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 from urllib.parse import urlencode
 
 import httpx
@@ -101,6 +102,13 @@ def test_staff_watch_a_request_run_and_drain_its_host_from_the_dashboard(
     in_flight = card.locator(f'tr[data-model="{MODEL}"] [data-role="in-flight"]')
     expect(in_flight).to_have_text("0 / 4 running", timeout=WAIT)
 
+    asked: list[str] = []
+
+    def answer(dialog: Any) -> None:  # gpu1 is the route's last host: the page asks first
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", answer)
     streaming = stream_in_thread(gateway, "a long answer, please", 30)  # about 6 s
     try:
         expect(in_flight).to_have_text("1 / 4 running", timeout=WAIT)
@@ -119,6 +127,7 @@ def test_staff_watch_a_request_run_and_drain_its_host_from_the_dashboard(
         streaming.join()
 
     assert drained is True
+    assert len(asked) == 1 and "Route “chat”" in asked[0] and "Drain gpu1 anyway?" in asked[0]
     wait_until(lambda: fake.in_flight == 0, what="the stream to end upstream")
 
 

@@ -42,12 +42,14 @@ def held(gateway: Gateway, ledger, fakes, count: int) -> Iterator[list[Future]]:
     """`count` slow streams sent at once (each a conversation of its own), held until the
     block ends; then the fakes answer at full speed and every stream is read to its end."""
     for fake in fakes:
-        fake.token_delay = 0.1  # 10 s per stream, until the block ends
+        # 60 s per stream until the block ends: a loaded machine's setup (the gauges, the
+        # dashboard) must not outlast them, or the refusal the test waits for never comes.
+        fake.token_delay = 0.1
 
     def slow(i: int) -> int:
-        body = chat(f"conversation {i}", stream=True, max_tokens=100)
+        body = chat(f"conversation {i}", stream=True, max_tokens=600)
         url = f"{gateway.url}{CHAT}"
-        return httpx.post(url, json=body, timeout=60).status_code
+        return httpx.post(url, json=body, timeout=120).status_code
 
     ledger.sent(count)
     with ThreadPoolExecutor(count) as pool:
@@ -114,6 +116,7 @@ def test_a_full_route_refuses_naming_each_full_host_with_its_counts_and_counts_i
             wait_for_gauge(gateway.url, "crossbar_queued", 1, host=name, model=MODEL)
         running = state_where(socket, lambda m: len(m["running"]) == 4)["running"]
         refused = ledger.client.post(CHAT, json=chat("one too many"))
+        assert refused.status_code == 503, refused.text
         cards = state_where(
             socket, lambda m: all(m["cards"].get(h, {}).get("refused") == 1 for h in hosts)
         )["cards"]
