@@ -52,7 +52,8 @@ def test_a_changed_early_message_changes_every_later_block():
     changed = conversation(3)
     messages = changed["messages"]
     assert isinstance(messages, list)
-    messages[1] = {"role": "user", "name": "ann", "content": "a different first question " * 20}
+    # As long as the first question, so every later block holds the same text as before.
+    messages[1] = {"role": "user", "name": "ann", "content": "QUESTION 0 " * 20}
     original, edited = prefix_blocks(body).blocks, prefix_blocks(changed).blocks
 
     first_changed = len(f"system {SYSTEM} ") // BLOCK_CHARS  # the block the question begins

@@ -116,6 +116,26 @@ def test_a_streamed_turn_is_checked_like_a_whole_one(gateway, fake, chat_url):
     assert second.reported_cached_blocks in (sent - 1, sent)  # all but the last token: cached
 
 
+def test_a_host_moved_to_another_machine_is_expected_to_hold_nothing(gateway, fake, fake2):
+    gpu1 = add_host("gpu1", fake.url)
+    add_route("chat", [gpu1])
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    system = f"{uuid.uuid4()} " + " ".join(f"rule{i}" for i in range(400))
+    body = {"model": MODEL, "messages": [{"role": "system", "content": system}], "max_tokens": 2}
+    started = timezone.now()
+    assert httpx.post(url, json=body, timeout=10).status_code == 200
+
+    gpu1.url = fake2.url  # the same name, another machine: its cache holds nothing of ours
+    gpu1.save()
+    gateway.sync()
+    assert httpx.post(url, json=body, timeout=10).status_code == 200
+
+    first, second = rows_since(started, 2)
+    assert first.predicted_cached_blocks == 0
+    assert (second.predicted_cached_blocks, second.reported_cached_blocks) == (0, 0)
+
+
 def test_a_request_without_a_prompt_to_cache_records_no_prediction(gateway, fake, chat_url):
     started = timezone.now()
 
