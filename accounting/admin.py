@@ -132,6 +132,8 @@ class RequestAdmin(admin.ModelAdmin):
             },
         ),
         ("Tokens", {"fields": ("prompt_tokens", "cached_tokens", "completion_tokens")}),
+        # The prefix index's guess against the host's word (a lost cache: the first well above).
+        ("Cache", {"fields": ("predicted_cached_blocks", "reported_cached_blocks")}),
     )
     readonly_fields = ("started_at",)
 

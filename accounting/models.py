@@ -77,6 +77,20 @@ class Request(models.Model):
         help_text="The hosts that were full when the request was refused (queue_full), "
         "separated by spaces; `host` is the first of them.",
     )
+    # The gateway's prefix index against the host's own word, in blocks of the prompt (256
+    # characters of its canonical text, or 64 token ids: routing/core/prefixes.py).
+    predicted_cached_blocks = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The prompt's leading blocks the gateway expected the host to have cached; "
+        "empty when it made no prediction (no prompt, or no host reached).",
+    )
+    reported_cached_blocks = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The prompt's leading blocks the host reported cached (its cached tokens, "
+        "in blocks); empty when it did not say.",
+    )
 
     class Meta:
         indexes = [

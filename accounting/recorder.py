@@ -65,6 +65,8 @@ class RequestRecord:
     placement: str = ""
     code: str = ""
     refused_by: str = ""  # space-separated host names
+    predicted_cached_blocks: int | None = None
+    reported_cached_blocks: int | None = None
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))

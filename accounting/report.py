@@ -16,6 +16,10 @@ Definitions:
   found less than `COLD_TURN_SHARE` of their prompt in the host's cache: the host had evicted
   the conversation's KV cache, so it needs more slots or more `--cache-ram`. Rows with unknown
   counts are not cold turns.
+- `cache_lost` counts requests whose host reported fewer cached prompt blocks than the
+  gateway's prefix index predicted, by more than one block (`is_cache_lost`): the host lost
+  what it had been sent (evicted for other prompts, or restarted). Recurring on one host, it
+  wants more slots or more `--cache-ram` there. Rows without both figures are not counted.
 - `tok_per_s` is the streaming rate: completion tokens / (total_ms - ttfb_ms) in seconds, summed
   over streamed rows where the completion count and ttfb are known. A non-streamed response
   arrives whole, so it has no generation interval to measure and is left out.
@@ -35,6 +39,10 @@ GROUPINGS = ("route", "host", "model", "lease", "placement", "code", "client")
 # A reused lease that finds less than this share of its prompt cached is a cold turn.
 COLD_TURN_SHARE = 0.5
 
+# A host that reported more than this many blocks fewer than predicted lost its cache: the
+# conversion from tokens to blocks is good to about one block (routing/core/prefixes.py).
+CACHE_LOST_BLOCKS = 1
+
 # The row fields summarize() reads, after the group's own fields.
 ROW_FIELDS = (
     "status",
@@ -46,6 +54,8 @@ ROW_FIELDS = (
     "cached_tokens",
     "completion_tokens",
     "lease",
+    "predicted_cached_blocks",
+    "reported_cached_blocks",
 )
 
 COLUMNS = (
@@ -63,6 +73,7 @@ COLUMNS = (
     "cached_tokens",
     "completion_tokens",
     "cold_turns",
+    "cache_lost",
     "cache_hit",
     "tok_per_s",
 )
@@ -78,6 +89,16 @@ def is_cold_turn(lease: str, prompt_tokens: int | None, cached_tokens: int | Non
         and prompt_tokens > 0
         and cached_tokens is not None
         and cached_tokens < prompt_tokens * COLD_TURN_SHARE
+    )
+
+
+def is_cache_lost(predicted_blocks: int | None, reported_blocks: int | None) -> bool:
+    """Whether the host held less of the prompt than the prefix index predicted, by more than
+    the conversion's error; unknown figures are not a loss."""
+    return (
+        predicted_blocks is not None
+        and reported_blocks is not None
+        and predicted_blocks - reported_blocks > CACHE_LOST_BLOCKS
     )
 
 
@@ -124,6 +145,8 @@ def _summary(
     cached: list[int | None],
     completion: list[int | None],
     lease: list[str],
+    predicted: list[int | None],
+    reported: list[int | None],
 ) -> dict[str, Any]:
     statuses = Counter(status)
     # The rows where both counts are known (for cache_hit), and the streamed rows with a
@@ -155,6 +178,7 @@ def _summary(
         "cached_tokens": _known_sum(cached),
         "completion_tokens": _known_sum(completion),
         "cold_turns": sum(map(is_cold_turn, lease, prompt, cached)),
+        "cache_lost": sum(map(is_cache_lost, predicted, reported)),
         "cache_hit": (
             round(sum(c for _, c in both_known) / ratio_prompt, 4) if ratio_prompt else None
         ),

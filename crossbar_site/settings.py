@@ -151,6 +151,9 @@ CROSSBAR = {
     "TRUSTED_PROXIES": trusted_networks(env.list("CROSSBAR_TRUSTED_PROXIES", default=[])),
     # /metrics answers 401 without `Authorization: Bearer <token>` when this is set.
     "METRICS_TOKEN": env.str("CROSSBAR_METRICS_TOKEN", default=""),
+    # The prefix index's size, in (host, block) entries of about 150 bytes: 100,000 are ~15 MB
+    # and hold some 6 million prompt tokens over the fleet (routing/core/prefixes.py).
+    "PREFIX_INDEX_ENTRIES": env.int("CROSSBAR_PREFIX_INDEX_ENTRIES", default=100_000),
     # With CROSSBAR_REDIS_URL: how long a process's slots outlive it (routing/shared/state.py).
     "REDIS_HOLD_TTL": env.float("CROSSBAR_REDIS_HOLD_TTL", default=5.0),
     # Set: slots, queues, leases and client counts are shared by every process through Redis.

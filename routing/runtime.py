@@ -33,6 +33,7 @@ from routing.core.choose import Candidate
 from routing.core.clients import Admitted, ClientGate, ClientSpec
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
+from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking, Rankings
 from routing.core.running import RunningTable
 from routing.core.state import FleetState, LocalState
@@ -72,6 +73,9 @@ class Runtime:
         self.poller = Poller(self.health, conf["HEALTH_INTERVAL"], conf["HEALTH_TIMEOUT"])
         self.clients = ClientGate(require=conf["REQUIRE_KEY"])
         self.running = RunningTable()
+        # What each host's KV cache holds, as this process has seen it (routing/core/prefixes.py);
+        # with shared state too, each process keeps its own (docs/replicas.md).
+        self.prefixes = PrefixIndex(conf["PREFIX_INDEX_ENTRIES"])
         self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
         self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
         self.stream_idle_timeout: float = conf["STREAM_IDLE_TIMEOUT"]
@@ -122,6 +126,7 @@ class Runtime:
 
     def _apply(self, fleet: Fleet) -> None:
         old = getattr(self, "fleet", fleet)
+        replaced: list[str] = []
         for host in fleet.hosts.values():
             for model in host.models.values():
                 self.state.configure(host.name, model.name, model.parallel, model.queue_max)
@@ -133,6 +138,8 @@ class Runtime:
             if current is None or current.url != host.url:
                 # Gone, or another machine under the same name: its caches hold nothing of ours.
                 self.state.drop_host(host.name)
+                replaced.append(host.name)
+        self.prefixes.forget(replaced)
         self.health.track({host.name: host.url for host in fleet.hosts.values()})
         self.clients.configure(fleet.clients)
         self.fleet = fleet

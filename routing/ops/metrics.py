@@ -44,7 +44,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from accounting.recorder import RequestRecord, get_recorder
-from accounting.report import COLD_TURN_SHARE, is_cold_turn
+from accounting.report import COLD_TURN_SHARE, is_cache_lost, is_cold_turn
 from hosts.health import HostState
 from routing.core.clients import bearer_token
 from routing.core.recent import RecentRequests
@@ -76,6 +76,35 @@ COLD_TURNS = Counter(
     f"Requests of a reused lease that found less than {COLD_TURN_SHARE:.0%} of their prompt "
     "cached: the host evicted the conversation (more slots or --cache-ram would keep it).",
     ["route", "host"],
+    registry=REGISTRY,
+)
+CACHE_LOST = Counter(
+    "crossbar_cache_lost",
+    "Requests whose host had less of the prompt cached than the gateway's prefix index "
+    "predicted, by more than one block: the host lost what it had been sent (evicted or "
+    "restarted). Recurring on a host, it wants more slots or --cache-ram there.",
+    ["host"],
+    registry=REGISTRY,
+)
+# The index's hit rate is confirmed / predicted (how much of what it expected the host held);
+# reported / predicted past 1 is what it did not know of. Blocks rather than requests, so a
+# long prompt weighs as much as it costs to evaluate again. Only requests with both figures.
+PREFIX_PREDICTED = Counter(
+    "crossbar_prefix_predicted_blocks",
+    "Prompt blocks the prefix index predicted the host held, on requests the host reported on.",
+    ["host"],
+    registry=REGISTRY,
+)
+PREFIX_REPORTED = Counter(
+    "crossbar_prefix_reported_blocks",
+    "Prompt blocks the host reported cached, on requests the prefix index predicted for.",
+    ["host"],
+    registry=REGISTRY,
+)
+PREFIX_CONFIRMED = Counter(
+    "crossbar_prefix_confirmed_blocks",
+    "Predicted prompt blocks the host reported cached (the lesser of predicted and reported).",
+    ["host"],
     registry=REGISTRY,
 )
 QUEUE_WAIT = Histogram(
@@ -166,6 +195,9 @@ class _Series:
     prompt: Counter
     cached: Counter
     completion: Counter
+    predicted_blocks: Counter  # the host's alone: the same children for each route and model
+    reported_blocks: Counter
+    confirmed_blocks: Counter
 
 
 _series: dict[tuple[str, str, str], _Series] = {}
@@ -184,6 +216,9 @@ def _series_for(route: str, host: str, model: str) -> _Series:
             PROMPT_TOKENS.labels(*key),
             CACHED_TOKENS.labels(*key),
             COMPLETION_TOKENS.labels(*key),
+            PREFIX_PREDICTED.labels(host),
+            PREFIX_REPORTED.labels(host),
+            PREFIX_CONFIRMED.labels(host),
         )
     return series
 
@@ -215,6 +250,13 @@ def observe(record: RequestRecord) -> None:
         LEASES.labels(record.route, record.host, record.lease).inc()
         if is_cold_turn(record.lease, record.prompt_tokens, record.cached_tokens):
             COLD_TURNS.labels(record.route, record.host).inc()
+    predicted, reported = record.predicted_cached_blocks, record.reported_cached_blocks
+    if predicted is not None and reported is not None:
+        series.predicted_blocks.inc(predicted)
+        series.reported_blocks.inc(reported)
+        series.confirmed_blocks.inc(min(predicted, reported))
+        if is_cache_lost(predicted, reported):
+            CACHE_LOST.labels(record.host).inc()
     if record.fallback:
         FALLBACKS.labels(record.route, record.fallback).inc()
     if record.client:

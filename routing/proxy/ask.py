@@ -24,6 +24,7 @@ from routing.core.errors import (
     UnknownRoute,
 )
 from routing.core.fingerprint import fingerprint
+from routing.core.prefixes import NO_PREFIX, Prefix, prefix_blocks
 
 MAX_BODY = 16 * 1024 * 1024
 MAX_MODEL_NAME = 200  # HostModel.name and Request.model hold this much
@@ -34,6 +35,12 @@ WAIT_STATUS_HEADER = "X-Crossbar-Wait-Status"
 _ROUTE_NAME = re.compile(r"[-a-zA-Z0-9_]{1,64}")
 HOSTS_PREFIX = "/hosts/"
 _LOCAL_METHODS = frozenset({"GET", "HEAD"})
+# The endpoints whose prompt stays in the host's KV cache for the next request to reuse:
+# generations, not embeddings or reranking (and infill has no prefix: routing/core/prefixes.py).
+_CACHED_PROMPTS = frozenset(
+    {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+     "/completion", "/v1/responses", "/responses", "/v1/messages"}
+)  # fmt: skip
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,6 +56,7 @@ class Ask:
     fingerprint: str = ""
     credentials: bool = False  # the client's credentials go to the host (the route says so)
     host: str = ""  # the one host an operator asked about (`/hosts/<name>/...`)
+    prefix: Prefix = NO_PREFIX  # the prompt in blocks, for the prefix index
 
     @property
     def takes_slot(self) -> bool:
@@ -183,7 +191,8 @@ def read_ask(
     conversation = ""
     if kind is Kind.GENERATE:
         conversation = fingerprint(method, payload, request.headers.get(SESSION_HEADER))
-    return Ask(request, path, kind, body, payload, model, conversation, credentials)
+    prefix = prefix_blocks(payload) if path in _CACHED_PROMPTS else NO_PREFIX
+    return Ask(request, path, kind, body, payload, model, conversation, credentials, prefix=prefix)
 
 
 def wants_wait_status(ask: Ask, route: RouteConfig) -> bool:

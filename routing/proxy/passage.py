@@ -20,6 +20,7 @@ from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown
 from routing.core.placement import Placement, Placer, Waiting
 from routing.proxy import upstream
 from routing.proxy.ask import Ask
+from routing.proxy.prefix_check import predicted
 from routing.proxy.record import Trail
 from routing.runtime import Runtime
 
@@ -78,7 +79,7 @@ class Passage:
         assert current is not None
         while True:
             placement = await self._slot(placer, current)
-            trail = self.trail = self.trail.placed(placement)
+            trail = self.trail = predicted(self.trail.placed(placement), self.runtime)
             try:
                 upstream = await self.forward(
                     self.runtime, self.ask, placement.model, placement.host

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from accounting.recorder import RequestRecord, get_recorder
 from routing.core.clients import Admitted
 from routing.core.placement import Placement
+from routing.core.prefixes import NO_PREFIX, Prefix
 from routing.core.running import RunningRequest
 from routing.core.tee import Usage
 from routing.ops import metrics
@@ -56,6 +57,9 @@ class Trail:
     streamed: bool = False
     running: RunningRequest | None = None  # its line in the dashboard's running requests
     refused_by: tuple[str, ...] = ()  # the full hosts a queue_full refusal counts against
+    prefix: Prefix = NO_PREFIX  # the prompt in blocks (routing/core/prefixes.py)
+    predicted_blocks: int | None = None  # the prefix index's guess of the host's cached blocks
+    reported_blocks: int | None = None  # the host's word (its cached tokens, in blocks)
 
     def placed(self, placement: Placement) -> Trail:
         """Where the request runs. `route` stays the route the client asked for."""
@@ -108,6 +112,8 @@ def finish(
         placement=trail.placement,
         code=code,
         refused_by=" ".join(trail.refused_by),
+        predicted_cached_blocks=trail.predicted_blocks,
+        reported_cached_blocks=trail.reported_blocks,
     )
     get_recorder().record(record)
     metrics.observe(record)

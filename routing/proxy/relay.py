@@ -17,6 +17,7 @@ from routing.core.errors import Answer
 from routing.core.running import data_events
 from routing.core.state import Held, on_lost
 from routing.core.tee import Tee
+from routing.proxy.prefix_check import settled
 from routing.proxy.record import Trail, finish
 from routing.runtime import Runtime
 
@@ -72,7 +73,7 @@ class Relay:
     __slots__ = (
         "_upstream", "_chunks", "_slot", "_tee", "_trail", "_idle", "_loop", "_status",
         "_closed", "_client", "_read_since", "_given", "_watchdog", "_interrupt", "_running",
-        "_pump", "_buffer", "_buffered", "_more", "_outcome",
+        "_pump", "_buffer", "_buffered", "_more", "_outcome", "_runtime",
     )  # fmt: skip
 
     def __init__(
@@ -84,6 +85,7 @@ class Relay:
         self._tee = Tee(upstream.headers.get("content-type", ""))
         self._trail = replace(trail, streamed=trail.streamed or self._tee.streamed)
         self._idle = runtime.stream_idle_timeout
+        self._runtime = runtime  # its prefix index learns from the answer
         self._loop = asyncio.get_running_loop()
         self._status = upstream.status_code
         self._closed = False  # the request has ended: its row is written
@@ -353,4 +355,5 @@ class Relay:
         self._free_host()
         if not code and status >= 400:
             code = "upstream_error"  # the host's own error answer, passed through as it is
-        finish(self._trail, status, error, code, self._tee.usage())
+        usage = self._tee.usage()
+        finish(settled(self._trail, self._runtime, usage, status), status, error, code, usage)

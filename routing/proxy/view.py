@@ -134,7 +134,11 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             ask = replace(ask, host=pinned[0], path=pinned[1])
         running = runtime.running.add(route.name, ask.model or "", trail.client)
         trail = replace(
-            trail, model=ask.model or "", fingerprint=ask.fingerprint, running=running
+            trail,
+            model=ask.model or "",
+            fingerprint=ask.fingerprint,
+            prefix=ask.prefix,
+            running=running,
         )
         try:
             passage = await _place(runtime, route, ask, trail)

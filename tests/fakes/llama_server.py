@@ -9,8 +9,9 @@ llama-server's native `/completion`, `/infill`, `/tokenize`, `/detokenize`,
 `/health`, CORS preflights, the `--api-key` check, and router mode (`--models-dir`,
 `--models-max`) with `/models/load` and `/models/unload`.
 
-What it simulates: a KV cache (`cache_n` grows with the prompt prefix shared with recent
-requests), `slots` requests at a time (one more gets HTTP 500), a closed connection after
+What it simulates: a KV cache (`cache_n` is the longest prompt prefix, in words, shared with
+one of the last `slots` prompts: what its slots hold; `forget_cache()` empties them, as a
+restart does), `slots` requests at a time (one more gets HTTP 500), a closed connection after
 every stream although the headers say keep-alive, and model loads in router mode.
 
 Tests run it in a background thread with its own event loop (`with FakeLlamaServer() as fake:`)
@@ -189,11 +190,12 @@ class FakeLlamaServer:
     `fail_mode` (see `FAIL_MODES`), `fail_count` (how many slot-taking requests the fail mode
     still applies to; None = all; when it runs out the fake goes back to normal and both reset
     to None), `token_delay`, `first_token_delay`, `api_key`, `load_delay`, `models_max`,
-    `models_autoload`, `failing_models`. Fail modes apply to requests that take a slot
-    (generations, embeddings, reranking) only, so a gateway's health poller does not use them
-    up; "refuse" is the exception: it closes the listening socket (and idle keep-alive
-    connections) so every connect is refused, and setting `fail_mode` back to None listens
-    again on the same port. `fail_count` does not apply to "refuse".
+    `models_autoload`, `failing_models`; `forget_cache()` empties its KV cache. Fail modes
+    apply to requests that take a slot (generations, embeddings, reranking) only, so a
+    gateway's health poller does not use them up; "refuse" is the exception: it closes the
+    listening socket (and idle keep-alive connections) so every connect is refused, and
+    setting `fail_mode` back to None listens again on the same port. `fail_count` does not
+    apply to "refuse".
 
     Observations: `seen` (every request in arrival order, with its method, path, headers and
     body; health polls included), `in_flight` and `max_concurrent` (requests holding a slot,
@@ -314,6 +316,11 @@ class FakeLlamaServer:
     def requests_to(self, path: str) -> list[SeenRequest]:
         """The requests seen for `path` (without query string), in arrival order."""
         return [seen for seen in self.seen if seen.route == path]
+
+    def forget_cache(self) -> None:
+        """Empty every slot's KV cache, as a restart of llama-server does (or the eviction of
+        every prompt): the next request finds nothing cached."""
+        self._recent = {}  # one assignment: the server's loop reads either the old or the new
 
     def reset_stats(self) -> None:
         """Forget seen requests, disconnects and the concurrency peak (down to `in_flight`)."""

@@ -111,6 +111,18 @@ def test_a_repeated_prompt_is_served_from_the_cache_but_its_last_token(fake: Fak
     assert longer["usage"]["prompt_tokens"] == 69
 
 
+def test_a_prompt_after_the_cache_is_forgotten_finds_nothing_cached(fake: FakeLlamaServer):
+    prompt = " ".join(f"w{i}" for i in range(40))
+    url = f"{fake.url}/v1/chat/completions"
+    httpx.post(url, json=_chat(prompt))
+
+    fake.forget_cache()  # as a restart does
+    again = httpx.post(url, json=_chat(prompt + " and more")).json()
+
+    assert again["timings"]["cache_n"] == 0
+    assert again["timings"]["prompt_n"] == 42
+
+
 def test_the_connection_is_closed_after_a_stream_despite_keep_alive(fake: FakeLlamaServer):
     body = json.dumps(_chat("hi", max_tokens=2, stream=True)).encode()
     request = (
