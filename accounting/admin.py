@@ -126,8 +126,15 @@ class RequestAdmin(admin.ModelAdmin):
             "Where",
             {
                 "fields": (
-                    "route", "model", "host", "client", "placement", "lease", "fallback",
-                    "fingerprint", "streamed",
+                    "route",
+                    "model",
+                    "host",
+                    "client",
+                    "placement",
+                    "lease",
+                    "fallback",
+                    "fingerprint",
+                    "streamed",
                 )  # fmt: skip
             },
         ),

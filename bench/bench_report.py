@@ -96,9 +96,7 @@ def insert(count: int) -> None:
         cursor.executemany(sql, batch)
 
 
-def synthetic_rows(
-    count: int, prepare: Callable[[datetime], Any]
-) -> Iterator[tuple[Any, ...]]:
+def synthetic_rows(count: int, prepare: Callable[[datetime], Any]) -> Iterator[tuple[Any, ...]]:
     """`count` rows of `COLUMNS`' values as the database takes them (`prepare`: `started`'s)."""
     rng = random.Random(5)
     end = datetime.now(UTC)

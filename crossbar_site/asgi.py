@@ -59,9 +59,7 @@ def _names_a_route(scope: dict[str, Any]) -> bool:
 
 async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     path: str = scope["path"]
-    site = path.startswith(SITE_PREFIXES) and not (
-        path == "/metrics" and _names_a_route(scope)
-    )
+    site = path.startswith(SITE_PREFIXES) and not (path == "/metrics" and _names_a_route(scope))
     REQUESTS.enter()
     try:
         if site:

@@ -206,9 +206,7 @@ class GatewayServer(Server):
     def _started(self) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(
-                signum, self.stop_gracefully.begin, signal.Signals(signum).name
-            )
+            loop.add_signal_handler(signum, self.stop_gracefully.begin, signal.Signals(signum).name)
         if self.lifeline is not None:
             self.stop_gracefully.watch_lifeline(self.lifeline)
         start_runtime()

@@ -207,8 +207,7 @@ def describe_live(states: HostStates, host: Host) -> str:
         health += f" since {seen:%Y-%m-%d %H:%M:%S} (this gateway's view)"
     lines = [(health, "")]
     lines += [
-        (f"{m.name} {m.in_flight}/{m.parallel} running, {m.queued} queued", "")
-        for m in live.models
+        (f"{m.name} {m.in_flight}/{m.parallel} running, {m.queued} queued", "") for m in live.models
     ]
     # A parallel above the host's slots queues inside llama-server, where the gateway cannot
     # see it; below, slots stay idle.

@@ -186,4 +186,3 @@ class Poller:
 
 def _auth(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-

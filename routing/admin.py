@@ -38,8 +38,7 @@ class RouteHostFormSet(BaseInlineFormSet):
         kept = [
             (form.cleaned_data.get("position") or 0, index, form.cleaned_data["host"].name)
             for index, form in enumerate(self.forms)
-            if form.cleaned_data.get("host")
-            and not self._should_delete_form(form)  # type: ignore[attr-defined]  # django-stubs omits BaseFormSet._should_delete_form
+            if form.cleaned_data.get("host") and not self._should_delete_form(form)  # type: ignore[attr-defined]  # django-stubs omits BaseFormSet._should_delete_form
         ]
         hosts = [name for _, _, name in sorted(kept)]
         if errors := errors_introduced(

@@ -29,9 +29,7 @@ def load_fleet() -> Fleet:
     }
     routes = {
         route.name: served_route(RouteSpec.from_route(route))
-        for route in Route.objects.select_related("fallback").prefetch_related(
-            "route_hosts__host"
-        )
+        for route in Route.objects.select_related("fallback").prefetch_related("route_hosts__host")
     }
     return Fleet(hosts=hosts, routes=routes, revision=revision, clients=_load_clients())
 

@@ -130,8 +130,7 @@ class ClientGate:
             usage = self._usage[client.name] = _Usage()
         if client.max_concurrent is not None and usage.in_flight >= client.max_concurrent:
             raise ClientLimited(
-                f"too many requests in flight for this API key (at most "
-                f"{client.max_concurrent})",
+                f"too many requests in flight for this API key (at most {client.max_concurrent})",
                 retry_after=1,
             )
         admitted = usage.admitted

@@ -325,7 +325,11 @@ class Limiter:
         return sorted(
             (
                 PairSnapshot(
-                    pair.host, pair.model, pair.parallel, pair.queue_max, pair.in_flight,
+                    pair.host,
+                    pair.model,
+                    pair.parallel,
+                    pair.queue_max,
+                    pair.in_flight,
                     pair.queued,
                 )  # fmt: skip
                 for models in self._pairs.values()

@@ -98,6 +98,7 @@ class FleetState(Protocol):
     async def find_lease(self, key: LeaseKey, ttl: float) -> str | None:
         """The lease's host, if live; a shared lease's TTL slides to `ttl` as it is read."""
         ...
+
     async def keep_lease(self, key: LeaseKey, host: str, ttl: float, found: str | None) -> None:
         """Lease the conversation to `host` for `ttl`; `found` is the host `find_lease` gave
         this request (a shared lease read there needs no second write)."""
@@ -183,4 +184,3 @@ class LocalState:
 
     def expire_leases(self) -> None:
         self.leases.expire()
-

@@ -247,9 +247,7 @@ def _model_of(payload: dict[str, object], route: RouteConfig, models: Collection
     if model is None or model == "":
         if route.default_model:
             return route.default_model
-        raise BadBody(
-            f"missing model: the body names none and route “{route.name}” has no default"
-        )
+        raise BadBody(f"missing model: the body names none and route “{route.name}” has no default")
     if not isinstance(model, str):
         raise BadBody("model must be a string")
     if len(model) > MAX_MODEL_NAME:

@@ -34,6 +34,7 @@ BUFFER_BYTES = 1 << 20
 # The socket buffers between the host and the gateway take seconds of a generation meanwhile.
 AWAY = 0.5
 
+
 def close_soon(upstream: httpx.Response) -> None:
     """Close a host's response in a held background task (for a caller that cannot await)."""
     spawn(upstream.aclose(), "crossbar-close-upstream")

@@ -126,4 +126,3 @@ def set_placement_headers(response: HttpResponse | StreamingHttpResponse, trail:
         response["X-Crossbar-Lease"] = trail.lease
     if trail.fallback:
         response["X-Crossbar-Fallback"] = trail.fallback
-

@@ -29,7 +29,9 @@ __all__ = ["RedisClientPass", "RedisClients"]
 
 WINDOW_MS = 60_000
 
-_PRELUDE = ALIVE + r"""
+_PRELUDE = (
+    ALIVE
+    + r"""
 local function running_key(name) return P .. 'client:' .. name .. ':running' end
 local function reclaim(name)
   local run = running_key(name)
@@ -39,10 +41,13 @@ local function reclaim(name)
   end
 end
 """
+)
 
 # ARGV: P, name, pass id, process, max_concurrent (-1: none), per_minute (-1: none).
 # Reply: {'ok'} | {'concurrent'} | {'minute', ms until the oldest admission leaves the window}
-_ADMIT = _PRELUDE + r"""
+_ADMIT = (
+    _PRELUDE
+    + r"""
 local name, id = ARGV[2], ARGV[3]
 local run = running_key(name)
 if redis.call('HEXISTS', run, id) == 1 then return {'ok'} end
@@ -73,6 +78,7 @@ redis.call('HSET', run, id, ARGV[4])
 redis.call('SADD', P .. 'clients', name)
 return {'ok'}
 """
+)
 
 # ARGV: P, name, pass id
 _RELEASE = r"""
@@ -81,10 +87,13 @@ return 1
 """
 
 # ARGV: P, name. Reply: requests of that client in flight over every live process.
-_IN_FLIGHT = _PRELUDE + r"""
+_IN_FLIGHT = (
+    _PRELUDE
+    + r"""
 reclaim(ARGV[2])
 return redis.call('HLEN', running_key(ARGV[2]))
 """
+)
 
 # ARGV: P, process, count, (name, pass id)*: after Redis restarted empty (or this process's
 # liveness lapsed), the passes this process still runs count again, even past a key's
@@ -103,7 +112,9 @@ return 1
 # ARGV: P, process, mark, lock ms, live pass ids... With a mark (>= 0): this process's passes
 # numbered up to the mark that it no longer runs go (a call whose outcome it could not learn).
 # At most one process per lock period also drops dead processes' passes.
-_TICK = _PRELUDE + r"""
+_TICK = (
+    _PRELUDE
+    + r"""
 local mine, mark = ARGV[2], tonumber(ARGV[3])
 local live = {}
 for i = 5, #ARGV do live[ARGV[i]] = true end
@@ -125,6 +136,7 @@ for _, name in ipairs(redis.call('SMEMBERS', P .. 'clients')) do
 end
 return 1
 """
+)
 
 
 class RedisClientPass:

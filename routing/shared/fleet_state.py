@@ -429,8 +429,14 @@ class SharedState:
 
     def snapshot(self) -> list[PairSnapshot]:
         return [
-            PairSnapshot(host, model, parallel, queue_max, self.in_flight(host, model),
-                         self.queued(host, model))  # fmt: skip
+            PairSnapshot(
+                host,
+                model,
+                parallel,
+                queue_max,
+                self.in_flight(host, model),
+                self.queued(host, model),
+            )  # fmt: skip
             for (host, model), (parallel, queue_max) in sorted(self._limits.items())
         ]
 

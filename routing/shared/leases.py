@@ -97,7 +97,9 @@ _WRITE = _PRELUDE + (
 )
 
 # ARGV: P, host. Reply: how many leases went.
-_DROP_HOST = _PRELUDE + r"""
+_DROP_HOST = (
+    _PRELUDE
+    + r"""
 local hk = P .. 'lease-host:' .. ARGV[2]
 local gone = 0
 for _, id in ipairs(redis.call('ZRANGE', hk, 0, -1)) do
@@ -112,10 +114,13 @@ redis.call('DEL', hk)
 redis.call('SREM', P .. 'lease-hosts', ARGV[2])
 return gone
 """
+)
 
 # ARGV: P, the digest of the caller's last reply ('' for none). Reply: this one's digest,
 # then a flat list of host, live leases; the digest alone when it is the caller's.
-_HELD = _PRELUDE + r"""
+_HELD = (
+    _PRELUDE
+    + r"""
 local out = {}
 for _, host in ipairs(redis.call('SMEMBERS', P .. 'lease-hosts')) do
   local hk = P .. 'lease-host:' .. host
@@ -133,12 +138,16 @@ if digest == ARGV[2] then return {digest} end
 table.insert(out, 1, digest)
 return out
 """
+)
 
 # ARGV: P. Reply: live leases in all.
-_COUNT = _PRELUDE + r"""
+_COUNT = (
+    _PRELUDE
+    + r"""
 redis.call('ZREMRANGEBYSCORE', P .. 'leases', '-inf', now)
 return redis.call('ZCARD', P .. 'leases')
 """
+)
 
 
 def lease_id(key: LeaseKey) -> str:

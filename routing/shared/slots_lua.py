@@ -28,7 +28,9 @@ from __future__ import annotations
 from routing.shared.leases import LEASE_FUNCTIONS
 from routing.shared.state import ALIVE
 
-PRELUDE = ALIVE + r"""
+PRELUDE = (
+    ALIVE
+    + r"""
 local function proc_of(id) return string.match(id, '^([^.]+)%.') end
 local function held_key(pair) return P .. 'held:' .. pair end
 local function queue_key(pair) return P .. 'queue:' .. pair end
@@ -151,9 +153,12 @@ local function held_by(w, first, last)
   return nil
 end
 """
+)
 
 # ARGV: P, pair, parallel, queue_max
-CONFIGURE = PRELUDE + r"""
+CONFIGURE = (
+    PRELUDE
+    + r"""
 local pair = ARGV[2]
 redis.call('HSET', P .. 'conf:' .. pair, 'parallel', ARGV[3], 'queue_max', ARGV[4])
 redis.call('HDEL', P .. 'conf:' .. pair, 'removed')
@@ -161,16 +166,20 @@ redis.call('SADD', P .. 'pairs', pair)
 hand_over(pair)
 return 1
 """
+)
 
 # ARGV: P, pair. Like the in-process limiter: held slots release cleanly and waiters keep
 # their place, with the pair at parallel 1 and no new places, until it is idle and goes.
-REMOVE = PRELUDE + r"""
+REMOVE = (
+    PRELUDE
+    + r"""
 local pair = ARGV[2]
 if redis.call('EXISTS', P .. 'conf:' .. pair) == 0 then return 0 end
 redis.call('HSET', P .. 'conf:' .. pair, 'parallel', 1, 'queue_max', 0, 'removed', 1)
 tidy(pair)
 return 1
 """
+)
 
 # Placing on a list of pairs, for PLACE and OPEN.
 PLACING = r"""
@@ -227,7 +236,10 @@ end
 # pair1..pairN.
 # Reply: {'grant', pair} | {'queued', pair, position} | {'full'} | {'unconfigured', pair} |
 # {'lapsed'} (the process's liveness key is gone: what it took now would not count as its own)
-PLACE = PRELUDE + PLACING + r"""
+PLACE = (
+    PRELUDE
+    + PLACING
+    + r"""
 local w, again = ARGV[2], ARGV[5] == '1'
 local list = listed(6)
 if again then
@@ -241,6 +253,7 @@ if again then
 end
 return walk(w, ARGV[3], ARGV[4], list)
 """
+)
 
 # A conversation's first step in one call: its lease read, the place that follows from it,
 # and the lease written (the same choice as routing/core/opening.py `open_with`).
@@ -251,7 +264,11 @@ return walk(w, ARGV[3], ARGV[4], list)
 # Reply: {kind, pair, position, the lease's host as found or '', the host leased now or '',
 # '1' when home was usable (the place was asked there first) else '0'}, kind as PLACE's or
 # 'pinned' (a strict route whose home may not be used).
-OPEN = PRELUDE + PLACING + LEASE_FUNCTIONS + r"""
+OPEN = (
+    PRELUDE
+    + PLACING
+    + LEASE_FUNCTIONS
+    + r"""
 local w, ttl, mode, again = ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
 local id, ms, cap, model = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local strict, patient, n = ARGV[10] == '1', ARGV[11] == '1', tonumber(ARGV[12])
@@ -296,10 +313,13 @@ local host = string.match(got[2], '^([^/]*)/')
 lease_write(id, host, ms, cap, '*')
 return reply(got, host)
 """
+)
 
 # ARGV: P, waiter id, own pair, pair1..pairN to watch.
 # Reply: {'grant', pair} | {'watching'} | {'gone'} (the waiter left or lost its place)
-WATCH = PRELUDE + r"""
+WATCH = (
+    PRELUDE
+    + r"""
 local w = ARGV[2]
 local granted = held_by(w, 3, #ARGV)
 if granted then return {'grant', granted} end
@@ -333,11 +353,14 @@ end
 if #watches > 0 then redis.call('HSET', key, 'watches', cjson.encode(watches)) end
 return {'watching'}
 """
+)
 
 # ARGV: P, waiter id, pair1..pairN (its own and every pair it watched or was placed on).
 # Reply: {'grant', pair} when a slot reached the waiter first (the caller now holds it), else
 # {'none'}; either way the waiter is in no queue or watch set afterwards.
-CANCEL = PRELUDE + r"""
+CANCEL = (
+    PRELUDE
+    + r"""
 local w = ARGV[2]
 local granted = held_by(w, 3, #ARGV)
 if granted then return {'grant', granted} end
@@ -348,9 +371,12 @@ for i = 3, #ARGV do
 end
 return {'none'}
 """
+)
 
 # ARGV: P, grant id, pair
-RELEASE = PRELUDE + r"""
+RELEASE = (
+    PRELUDE
+    + r"""
 local pair = ARGV[3]
 if redis.call('HDEL', held_key(pair), ARGV[2]) == 1 then
   hand_over(pair)
@@ -358,10 +384,13 @@ if redis.call('HDEL', held_key(pair), ARGV[2]) == 1 then
 end
 return 1
 """
+)
 
 # ARGV: P, count, then per waiter: id, n, pair1..pairN. Reply per waiter: the pair it was
 # granted, 'waiting', or 'gone'.
-CHECK = PRELUDE + r"""
+CHECK = (
+    PRELUDE
+    + r"""
 local out = {}
 local i = 3
 for _ = 1, tonumber(ARGV[2]) do
@@ -375,6 +404,7 @@ for _ = 1, tonumber(ARGV[2]) do
 end
 return out
 """
+)
 
 # ARGV: P, process, hold ttl ms, epoch the process last saw, a new epoch, count of configs,
 # (pair, parallel, queue_max)*, (grant id, pair)*. Reply: {epoch, grant id lost...}.
@@ -383,7 +413,9 @@ return out
 # One that is gone was either taken back from it (it was away past its hold TTL: another may
 # hold that slot now) or lost with Redis's data: only in the second case, and only while the
 # pair has a free slot, is it counted again. The others are lost, so `parallel` holds.
-RESTORE = PRELUDE + r"""
+RESTORE = (
+    PRELUDE
+    + r"""
 local proc = ARGV[2]
 redis.call('SET', P .. 'proc:' .. proc, '1', 'PX', ARGV[3])
 alive_cache[proc] = true
@@ -418,10 +450,13 @@ while i < #ARGV do
 end
 return out
 """
+)
 
 # ARGV: P, lock ms. At most one process sweeps per lock period: dead holders and waiters go,
 # their slots to the next waiters; removed pairs that went idle are forgotten.
-SWEEP = PRELUDE + r"""
+SWEEP = (
+    PRELUDE
+    + r"""
 if not redis.call('SET', P .. 'sweeping', '1', 'PX', ARGV[2], 'NX') then return 0 end
 for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
   reclaim(pair)
@@ -431,12 +466,15 @@ for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
 end
 return 1
 """
+)
 
 # ARGV: P, a process whose slots not to count ('' for none), the digest of the caller's last
 # reply ('' for none). Reply: the digest of this one, then a flat list of pair, parallel,
 # queue_max, in flight, queued; the digest alone when it is the caller's (nothing changed:
 # an idle fleet's tick reads one short string, not every pair).
-SNAPSHOT = PRELUDE + r"""
+SNAPSHOT = (
+    PRELUDE
+    + r"""
 local out, skip = {}, ARGV[2]
 for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
   local parallel, queue_max = conf(pair)
@@ -461,13 +499,16 @@ if digest == ARGV[3] then return {digest} end
 table.insert(out, 1, digest)
 return out
 """
+)
 
 # ARGV: P, process, mark, live ids... After calls whose outcome this process could not learn
 # (Redis away, a cancelled call): every slot, place or watch of this process numbered up to the
 # mark that it no longer knows of goes, and freed slots go to the next waiters. Ids it still
 # holds or waits with are passed, and ids made after the mark (calls that may reach Redis
 # before this script) are left alone, so what is under way stays.
-RECONCILE = PRELUDE + r"""
+RECONCILE = (
+    PRELUDE
+    + r"""
 local mine, mark = ARGV[2], tonumber(ARGV[3])
 local live = {}
 for i = 4, #ARGV do live[ARGV[i]] = true end
@@ -500,3 +541,4 @@ for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
 end
 return 1
 """
+)

@@ -68,6 +68,7 @@ local function alive(proc)
 end
 """
 
+
 class StateUnavailable(GatewayError):
     """The shared state (Redis) cannot be reached; the request can be retried shortly."""
 

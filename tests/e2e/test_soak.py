@@ -64,9 +64,7 @@ def fd_targets(pid: int) -> list[str]:
 
 def client_connections(pid: int, port: int) -> int:
     """The gateway's TCP connections on its listening port (its clients' connections)."""
-    inodes = {
-        target[8:-1] for target in fd_targets(pid) if target.startswith("socket:")
-    }
+    inodes = {target[8:-1] for target in fd_targets(pid) if target.startswith("socket:")}
     count = 0
     for table in ("tcp", "tcp6"):
         with open(f"/proc/{pid}/net/{table}") as lines:
@@ -194,9 +192,7 @@ async def load(url: str, ledger: Ledger, seconds: float, rng: random.Random) -> 
 
 def test_a_soak_of_random_faults_and_departures_leaks_nothing(soak_gateway, fakes):
     gateway = soak_gateway
-    hosts = [
-        add_host(f"gpu{i}", fake.url, models={MODEL: (4, 8)}) for i, fake in enumerate(fakes)
-    ]
+    hosts = [add_host(f"gpu{i}", fake.url, models={MODEL: (4, 8)}) for i, fake in enumerate(fakes)]
     add_route("chat", hosts)
     gateway.sync()
     pid, port = gateway.process.pid, int(gateway.url.rsplit(":", 1)[1])

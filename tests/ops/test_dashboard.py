@@ -172,9 +172,20 @@ async def test_staff_get_hosts_with_slots_and_the_requests_going_by(connect):
     first = await receive_until(communicator, lambda m: host_in(m, "gpu1"))
     metrics.observe(
         RequestRecord(
-            route="chat", fingerprint="f" * 64, model=MODEL, host="gpu1",
-            started=datetime.now(UTC), queued_ms=0, ttfb_ms=12, total_ms=345, status=200,
-            streamed=True, lease="new", prompt_tokens=7, cached_tokens=0, completion_tokens=5,
+            route="chat",
+            fingerprint="f" * 64,
+            model=MODEL,
+            host="gpu1",
+            started=datetime.now(UTC),
+            queued_ms=0,
+            ttfb_ms=12,
+            total_ms=345,
+            status=200,
+            streamed=True,
+            lease="new",
+            prompt_tokens=7,
+            cached_tokens=0,
+            completion_tokens=5,
             client="team-a",
         )  # fmt: skip
     )
@@ -420,8 +431,10 @@ async def test_host_cards_give_the_last_five_minutes_and_the_down_reason(connect
 
     message = await receive_until(
         communicator,
-        lambda m: m.get("cards", {}).get("gpu-card", {}).get("requests") == 2
-        and (host_in(m, "gpu-card") or {}).get("state") == "down",
+        lambda m: (
+            m.get("cards", {}).get("gpu-card", {}).get("requests") == 2
+            and (host_in(m, "gpu-card") or {}).get("state") == "down"
+        ),
     )
 
     card = message["cards"]["gpu-card"]

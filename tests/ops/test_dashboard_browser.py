@@ -241,10 +241,19 @@ def add_rows_before_the_start(count: int) -> None:
         code, status = CODES[i // 3 % len(CODES)] if i % 3 == 0 else ("", 200)
         rows.append(
             Request(
-                route="chat", model=MODEL, host=("gpu-a", "gpu-b")[i % 2],
-                started=now - timedelta(minutes=50) + i * span, queued_ms=0,
-                ttfb_ms=TTFBS_MS[i % len(TTFBS_MS)], total_ms=20_000, status=status, code=code,
-                streamed=True, lease="new", prompt_tokens=100, cached_tokens=0,
+                route="chat",
+                model=MODEL,
+                host=("gpu-a", "gpu-b")[i % 2],
+                started=now - timedelta(minutes=50) + i * span,
+                queued_ms=0,
+                ttfb_ms=TTFBS_MS[i % len(TTFBS_MS)],
+                total_ms=20_000,
+                status=status,
+                code=code,
+                streamed=True,
+                lease="new",
+                prompt_tokens=100,
+                cached_tokens=0,
                 completion_tokens=30,
             )  # fmt: skip
         )

@@ -139,8 +139,10 @@ def test_host_state_is_one_gauge_per_host_and_state(gateway, fake):
 
     samples = scrape_until(
         gateway.url,
-        lambda s: value(s, "crossbar_host_state", host="gpu2", state="down") == 1
-        and value(s, "crossbar_host_state", host="gpu1", state="up") == 1,
+        lambda s: (
+            value(s, "crossbar_host_state", host="gpu2", state="down") == 1
+            and value(s, "crossbar_host_state", host="gpu1", state="up") == 1
+        ),
         what="gpu1 up and gpu2 down",
     )
 

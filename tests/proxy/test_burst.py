@@ -75,9 +75,7 @@ def test_nine_new_conversations_on_three_hosts_with_one_slot_and_one_place_serve
     assert Counter(row.status for row in rows) == {200: 6, 503: 3}
 
 
-def test_twelve_streams_on_two_hosts_with_two_slots_and_two_places_serve_eight(
-    gateway, slow_fakes
-):
+def test_twelve_streams_on_two_hosts_with_two_slots_and_two_places_serve_eight(gateway, slow_fakes):
     _fleet(slow_fakes[:2], [(2, 2)] * 2)
     gateway.sync()
 

@@ -124,9 +124,7 @@ def test_a_reset_in_the_middle_of_a_whole_answer_breaks_the_clients_response(
     assert row.status == 502 and not row.streamed and "mid-stream" in row.error
 
 
-def test_a_stream_silent_past_the_idle_timeout_ends_with_one_error_event(
-    chat_route, fake, ledger
-):
+def test_a_stream_silent_past_the_idle_timeout_ends_with_one_error_event(chat_route, fake, ledger):
     fake.token_delay = 0.05
     events = []
 

@@ -110,9 +110,7 @@ class RequestPath(RuleBasedStateMachine):
         strict=st.booleans(),
         patience=st.integers(0, 2),
         fallback=st.booleans(),
-        limits=st.lists(
-            st.tuples(st.integers(1, 2), st.integers(0, 2)), min_size=2, max_size=2
-        ),
+        limits=st.lists(st.tuples(st.integers(1, 2), st.integers(0, 2)), min_size=2, max_size=2),
         modes=st.lists(st.sampled_from(MODES), min_size=2, max_size=2),
     )
     def build(
@@ -224,9 +222,7 @@ class RequestPath(RuleBasedStateMachine):
     def check_refusal(self, refusal: Exception, conversation: str) -> None:
         if not self.CHECKS_REFUSALS:
             return
-        usable = [
-            name for name in HOSTS if self.fleet.usable(self.route, MODEL, name)
-        ]
+        usable = [name for name in HOSTS if self.fleet.usable(self.route, MODEL, name)]
         if isinstance(refusal, QueueFull):
             for name in usable:
                 limiter = self.fleet.limiter
@@ -279,9 +275,7 @@ class RequestPath(RuleBasedStateMachine):
             request.task.cancel()  # queued, or waiting for the host's head
         self.settle()
 
-    @rule(
-        name=st.sampled_from(HOSTS), parallel=st.integers(1, 3), queue_max=st.integers(0, 2)
-    )
+    @rule(name=st.sampled_from(HOSTS), parallel=st.integers(1, 3), queue_max=st.integers(0, 2))
     def config_reloads(self, name: str, parallel: int, queue_max: int) -> None:
         self.fleet.hosts[name]["models"][MODEL] = {"parallel": parallel, "queue_max": queue_max}
         self.configure(name, parallel, queue_max)

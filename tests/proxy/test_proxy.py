@@ -198,9 +198,7 @@ def test_a_strict_route_answers_pinned_host_down_when_its_host_refuses(
     gateway_without_polls, fake, fake2
 ):
     gateway = gateway_without_polls
-    add_route(
-        "chat", [add_host("gpu1", fake.url), add_host("gpu2", fake2.url)], sticky="strict"
-    )
+    add_route("chat", [add_host("gpu1", fake.url), add_host("gpu2", fake2.url)], sticky="strict")
     gateway.sync()
     url = f"{gateway.url}/chat/v1/chat/completions"
     assert httpx.post(url, json=chat("pinned")).headers["x-crossbar-host"] == "gpu1"
@@ -421,9 +419,7 @@ def test_no_healthy_host_gives_503(gateway, fake):
 
 
 def test_a_strict_route_answers_503_when_the_pinned_host_is_down(gateway, fake, fake2):
-    add_route(
-        "chat", [add_host("gpu1", fake.url), add_host("gpu2", fake2.url)], sticky="strict"
-    )
+    add_route("chat", [add_host("gpu1", fake.url), add_host("gpu2", fake2.url)], sticky="strict")
     gateway.sync()
     url = f"{gateway.url}/chat/v1/chat/completions"
     first = httpx.post(url, json=chat("pinned"))

@@ -103,7 +103,7 @@ def test_a_path_naming_no_route_is_answered_without_a_row_a_log_line_or_a_metric
 
     assert [a.status_code for a in answers] == [200, 404]  # the site's own icon; nothing
     assert not Request.objects.filter(started__gte=TEST_STARTED).exists()
-    assert "route=nope" not in gateway.log()[len(before):]
+    assert "route=nope" not in gateway.log()[len(before) :]
     assert 'route="nope"' not in httpx.get(f"{gateway.url}/metrics").text
 
 

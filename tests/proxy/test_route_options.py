@@ -43,9 +43,7 @@ def test_without_passing_credentials_the_host_gets_its_own_key_only(gateway):
         add_route("chat", [add_host("gpu1", keyed.url, api_key="host-key")])
         gateway.sync()
 
-        response = httpx.post(
-            gateway.url + CHAT, json=chat(), headers={"X-Api-Key": "client-key"}
-        )
+        response = httpx.post(gateway.url + CHAT, json=chat(), headers={"X-Api-Key": "client-key"})
 
     assert response.status_code == 200
     (seen,) = [seen for seen in keyed.seen if seen.method == "POST"]

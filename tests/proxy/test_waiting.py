@@ -104,9 +104,7 @@ def test_without_wait_status_a_queued_request_gets_its_head_with_the_answer(gate
 
 def test_a_request_still_queued_after_the_queue_timeout_gets_503(gateway, fake):
     fake.token_delay = 0.1
-    add_route(
-        "chat", [add_host("gpu1", fake.url, models={MODEL: (1, 4)})], queue_timeout=1
-    )
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 4)})], queue_timeout=1)
     gateway.sync()
     url = f"{gateway.url}/chat/v1/chat/completions"
 

@@ -44,7 +44,6 @@ class SharedFleet(MemoryFleet):
         self.state = state  # type: ignore[assignment]  # the shared backing stands in
 
 
-
 class SharedRequestPath(RequestPath):
     PATIENCES = (0.0, 0.15, 30.0)
     QUEUE_TIMEOUT = 3.0

@@ -339,8 +339,9 @@ def test_a_gateway_stalled_past_the_expiry_loses_its_slot_and_never_counts_it_ag
                 try:
                     taken = wait_until(
                         lambda: (
-                            (r := httpx.post(other.url + CHAT, json=chat("meanwhile")))
-                            .status_code == 200 and r
+                            (r := httpx.post(other.url + CHAT, json=chat("meanwhile"))).status_code
+                            == 200
+                            and r
                         ),
                         timeout=20,
                         interval=0.2,

@@ -53,9 +53,7 @@ async def granted(slots: RedisSlots, pairs: Sequence[tuple[str, str]] = (("h1", 
     return placed
 
 
-async def queued_at(
-    slots: RedisSlots, pairs: Sequence[tuple[str, str]] = (("h1", "m"),)
-) -> Queued:
+async def queued_at(slots: RedisSlots, pairs: Sequence[tuple[str, str]] = (("h1", "m"),)) -> Queued:
     """A place the test's setup expects to be in a queue."""
     placed = await slots.place(pairs)
     assert isinstance(placed, Queued), placed

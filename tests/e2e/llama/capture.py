@@ -630,15 +630,12 @@ def note_headers(rec: Recorder) -> None:
         f"- response header names over {len(answered)} responses: "
         + ", ".join(f"{k} ({n})" for k, n in sorted(names.items()))
     )
-    closing = sorted(
-        {r.status for _, r in answered if (r.header("Connection") or "") == "close"}
-    )
+    closing = sorted({r.status for _, r in answered if (r.header("Connection") or "") == "close"})
     rec.note(f"- statuses sent with `Connection: close`: {closing}")
     empty = sum(
         1
         for c, result in answered
-        if "Origin" not in c.request_headers
-        and result.header("Access-Control-Allow-Origin") == ""
+        if "Origin" not in c.request_headers and result.header("Access-Control-Allow-Origin") == ""
     )
     rec.note(f"- responses to requests without Origin carrying an empty ACAO header: {empty}")
 

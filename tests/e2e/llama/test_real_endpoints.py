@@ -41,9 +41,7 @@ def base(gateway, llama) -> str:
         ("/v1/messages", {"max_tokens": 4, "messages": HI}, "content"),
     ],
 )
-def test_a_real_host_generates_through_every_api_shape_and_the_row_counts_it(
-    base, path, body, key
-):
+def test_a_real_host_generates_through_every_api_shape_and_the_row_counts_it(base, path, body, key):
     started = timezone.now()
 
     response = httpx.post(f"{base}{path}", json=body, timeout=60)
