@@ -5,7 +5,6 @@ Drives Debian's chromium with Playwright; skips only when chromium is not instal
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import httpx
@@ -14,35 +13,22 @@ from django.contrib.auth.models import User
 
 from accounting.keys import hash_key
 from accounting.models import ClientKey
+from tests.browser import NEEDS_CHROMIUM, chromium
 from tests.fleet import add_host, add_route, chat
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        shutil.which("chromium") is None,
-        reason="chromium is not installed (apt-get install chromium; .ci/run does)",
-    ),
+    NEEDS_CHROMIUM,
 ]
 
 
 @pytest.fixture
 def browser_context(gateway, monkeypatch) -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API runs an event loop in this thread; the test's ORM calls are sync.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": 1366, "height": 768})
-            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gateway.url)
-            context.set_default_timeout(15_000)
-            yield context
-        finally:
-            browser.close()
+    with chromium(monkeypatch) as browser:
+        context = browser.new_context(viewport={"width": 1366, "height": 768})
+        context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gateway.url)
+        context.set_default_timeout(15_000)
+        yield context
 
 
 def test_adding_the_first_key_warns_then_shows_a_key_that_copies_and_works(

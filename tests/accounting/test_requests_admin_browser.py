@@ -6,7 +6,6 @@ only when chromium is not installed (`.ci/run` installs it).
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -15,16 +14,11 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from accounting.models import Request
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+from tests.browser import NEEDS_CHROMIUM, chromium
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        shutil.which("chromium") is None,
-        reason="chromium is not installed (apt-get install chromium; .ci/run does)",
-    ),
+    NEEDS_CHROMIUM,
 ]
 
 # Long but ordinary values: a quantized model's file name, the longest error code, big counts.
@@ -59,18 +53,10 @@ ROWS = [
 
 @pytest.fixture
 def page(monkeypatch) -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API runs an event loop in this thread; the test's ORM calls are sync.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            tab = browser.new_page(viewport={"width": 1366, "height": 768})
-            tab.set_default_timeout(15_000)
-            yield tab
-        finally:
-            browser.close()
+    with chromium(monkeypatch) as browser:
+        tab = browser.new_page(viewport={"width": 1366, "height": 768})
+        tab.set_default_timeout(15_000)
+        yield tab
 
 
 def test_every_column_of_the_request_list_fits_a_1366_pixel_screen(gateway, page):

@@ -7,25 +7,20 @@ var/test-artifacts/ (gitignored), to look at after a run.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth.models import User
 
+from tests.browser import NEEDS_CHROMIUM, chromium
 from tests.conftest import ROOT
 from tests.fleet import add_host, add_route
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        shutil.which("chromium") is None,
-        reason="chromium is not installed (apt-get install chromium; .ci/run does)",
-    ),
+    NEEDS_CHROMIUM,
 ]
 
 # Long but ordinary values: quantized model file names, a cluster's host names, API keys.
@@ -38,18 +33,10 @@ MODELS = {
 
 @pytest.fixture
 def page(monkeypatch) -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API runs an event loop in this thread; the test's ORM calls are sync.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            tab = browser.new_page(viewport={"width": 1366, "height": 768})
-            tab.set_default_timeout(15_000)
-            yield tab
-        finally:
-            browser.close()
+    with chromium(monkeypatch) as browser:
+        tab = browser.new_page(viewport={"width": 1366, "height": 768})
+        tab.set_default_timeout(15_000)
+        yield tab
 
 
 def sign_in(page, gateway, then: str) -> None:

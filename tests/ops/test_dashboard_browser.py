@@ -8,7 +8,6 @@ var/test-artifacts/ (gitignored), to look at after a run.
 from __future__ import annotations
 
 import re
-import shutil
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,47 +21,26 @@ from django.utils import timezone
 
 from accounting.models import Request
 from hosts.models import Host
+from tests.browser import NEEDS_CHROMIUM, chromium
 from tests.conftest import ROOT, running_gateway, wait_until
 from tests.fleet import MODEL, add_host, add_route, chat
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 WAIT = 15_000  # ms, for every expectation: the request runs about 6 s
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 WIDE = {"width": 1366, "height": 900}
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        shutil.which("chromium") is None,
-        reason="chromium is not installed (apt-get install chromium; .ci/run does)",
-    ),
+    NEEDS_CHROMIUM,
 ]
 
 
 @pytest.fixture
 def browser_page(monkeypatch) -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API runs an event loop in this thread, which makes Django refuse ORM
-    # calls from the test; the test's ORM calls are plain sync code all the same.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(WAIT)
-            yield page
-        finally:
-            browser.close()
+    with chromium(monkeypatch) as browser:
+        page = browser.new_page()
+        page.set_default_timeout(WAIT)
+        yield page
 
 
 def sign_in(page, gateway, then: str = "/dashboard/") -> None:
