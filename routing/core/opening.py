@@ -32,7 +32,7 @@ from routing.core.limiter import Pair
 if TYPE_CHECKING:
     from routing.core.state import FleetState, Held, InLine
 
-__all__ = ["UNREAD", "Opened", "Opening", "give_back", "is_held", "open_with"]
+__all__ = ["UNREAD", "Opened", "Opening", "give_back", "is_held", "keep_or_give_back", "open_with"]
 
 
 class _Unread(Enum):
@@ -85,21 +85,28 @@ async def open_with(
         else:
             got = await state.place(_Order(own, opening.pairs, own))
         if got is not None:
-            await _keep(state, opening, home, got, home)
+            await keep_or_give_back(state, key, home, ttl, got, home)
         return Opened(home, True, got)
     if home is not None and opening.strict:
         return Opened(home, False, None, pinned=True)
     got = await state.place(opening.pairs) if opening.pairs else None
     if got is not None:
-        await _keep(state, opening, got.host, got, home)
+        await keep_or_give_back(state, key, got.host, ttl, got, home)
     return Opened(home, False, got)
 
 
-async def _keep(
-    state: FleetState, opening: Opening, host: str, got: Held | InLine, home: str | None
+async def keep_or_give_back(
+    state: FleetState,
+    key: LeaseKey,
+    host: str,
+    ttl: float,
+    got: Held | InLine,
+    found: str | None,
 ) -> None:
+    """Lease `key` to `host` (`found`: as `FleetState.keep_lease`); when that fails or is
+    cancelled, give back `got`, the slot or place the request took, and raise."""
     try:
-        await state.keep_lease(opening.key, host, opening.ttl, home)
+        await state.keep_lease(key, host, ttl, found)
     except BaseException:
         give_back(got)
         raise

@@ -36,7 +36,7 @@ from typing import Generic, Protocol, TypeVar, cast
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.limiter import Pair
-from routing.core.opening import Opening, give_back, is_held
+from routing.core.opening import Opening, is_held, keep_or_give_back
 from routing.core.ranking import Ranking
 from routing.core.state import FleetState, Held, InLine
 
@@ -297,7 +297,7 @@ class Placer(Generic[RouteT]):
     def _accepts(self, pair: Pair) -> bool:
         """Whether a slot freed on `pair` may go to this request right now."""
         host, model = pair
-        if model == self.model and self.fleet.usable(self.route, model, host):
+        if model == self.model and self._usable(host):
             return True
         fallback = self._fallback
         return (
@@ -311,10 +311,7 @@ class Placer(Generic[RouteT]):
 
     async def _keep_lease(self, host: str, got: Held | InLine) -> None:
         """Lease the conversation to `host`; a cancellation meanwhile gives back `got`."""
-        if self.key is None:
-            return
-        try:
-            await self.fleet.state.keep_lease(self.key, host, self.route.lease_ttl, self._home)
-        except BaseException:
-            give_back(got)
-            raise
+        if self.key is not None:
+            await keep_or_give_back(
+                self.fleet.state, self.key, host, self.route.lease_ttl, got, self._home
+            )
