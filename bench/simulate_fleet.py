@@ -37,6 +37,7 @@ from routing.core.choose import Candidate  # noqa: E402
 from routing.core.leases import LeaseKey, LeaseTable  # noqa: E402
 from routing.core.limiter import Limiter  # noqa: E402
 from routing.core.placement import Placement, Placer  # noqa: E402
+from routing.core.prefixes import PrefixIndex  # noqa: E402
 from routing.core.ranking import Ranking, Rankings  # noqa: E402
 from routing.core.state import LocalState  # noqa: E402
 
@@ -70,6 +71,8 @@ class SimFleet:
         self.limiter = Limiter(on_change=self.rankings.touch)
         self.leases = LeaseTable(max_entries=cap, on_change=self.rankings.touch)
         self.state = LocalState(self.limiter, self.leases)
+        self.prefixes = PrefixIndex(10_000)
+        self.prefix_margin = 1
         self.rebuild = rebuild
         for name in self.names:
             self.limiter.configure(name, MODEL, SLOTS, SLOTS)

@@ -154,6 +154,10 @@ CROSSBAR = {
     # The prefix index's size, in (host, block) entries of about 150 bytes: 100,000 are ~15 MB
     # and hold some 6 million prompt tokens over the fleet (routing/core/prefixes.py).
     "PREFIX_INDEX_ENTRIES": env.int("CROSSBAR_PREFIX_INDEX_ENTRIES", default=100_000),
+    # How much more load (requests in flight and queued, conversations leased) than the
+    # best-ranked host a host holding more of a prompt's opening may carry and still be tried
+    # first (routing/core/affinity.py).
+    "PREFIX_MARGIN": env.int("CROSSBAR_PREFIX_MARGIN", default=1),
     # With CROSSBAR_REDIS_URL: how long a process's slots outlive it (routing/shared/state.py).
     "REDIS_HOLD_TTL": env.float("CROSSBAR_REDIS_HOLD_TTL", default=5.0),
     # Set: slots, queues, leases and client counts are shared by every process through Redis.

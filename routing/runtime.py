@@ -1,5 +1,6 @@
-"""The gateway's live state: the fleet as configured, and the fleet state (slots, lines,
-leases), health table and upstream client that serve it.
+"""The gateway's live state: the live fleet placement reads (routing/live_fleet.py: the fleet
+as configured, its health, its state and the rankings kept from them), and beside it the
+health poller, client keys, the running table, the prefix index and the upstream client.
 
 The fleet state is this process's own (`LocalState`: a `Limiter` and a `LeaseTable`), or,
 with `CROSSBAR_REDIS_URL`, shared by every gateway process through Redis (`SharedState`,
@@ -19,24 +20,22 @@ import asyncio
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from hosts.describe import ModelState
-from hosts.health import HealthTable, HostHealth
 from hosts.poller import Poller, Probe
 from routing import signals
 from routing.config.reader import current_revision, load_fleet
-from routing.config.shape import Fleet, HostConfig, RouteConfig
-from routing.core.choose import Candidate
+from routing.config.shape import Fleet, RouteConfig
 from routing.core.clients import Admitted, ClientGate, ClientSpec
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
 from routing.core.prefixes import PrefixIndex
-from routing.core.ranking import Ranking, Rankings
 from routing.core.running import RunningTable
 from routing.core.state import FleetState, LocalState
+from routing.live_fleet import LiveFleet
 from routing.shared.fleet_state import SharedState
 from routing.upstream_client import upstream_client
 
@@ -52,30 +51,26 @@ class Runtime:
 
     def __init__(self, fleet: Fleet, generation: int) -> None:
         conf = settings.CROSSBAR
-        self.fleet = fleet
         self.loop = asyncio.get_running_loop()
-        # Each route's hosts in the chooser's order, per model: whatever changes a host's
-        # place (its slots, line, leases, health) touches it there.
-        self.rankings = Rankings(self._candidate)
-        touch = self.rankings.touch
         self.shared: SharedState | None = None
-        if conf["REDIS_URL"]:
-            self.shared = SharedState(
-                conf["REDIS_URL"], hold_ttl=conf["REDIS_HOLD_TTL"], on_change=touch
-            )
-            self.state: FleetState = self.shared
-        else:
-            self.state = LocalState(Limiter(on_change=touch), LeaseTable(on_change=touch))
-        # A host that becomes usable again offers its free slots to the requests waiting.
-        self.health = HealthTable(on_eligible=self.state.wake, on_change=touch)
-        self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
-        self._served: dict[str, frozenset[str]] = {}  # the models each route serves
+
+        def make_state(touch: Callable[[str], None]) -> FleetState:
+            if conf["REDIS_URL"]:
+                self.shared = SharedState(
+                    conf["REDIS_URL"], hold_ttl=conf["REDIS_HOLD_TTL"], on_change=touch
+                )
+                return self.shared
+            return LocalState(Limiter(on_change=touch), LeaseTable(on_change=touch))
+
+        # What placement reads: the fleet, its health, state and caches, each route's ranking.
+        prefixes = PrefixIndex(conf["PREFIX_INDEX_ENTRIES"])
+        self.live = LiveFleet(fleet, make_state, prefixes, conf["PREFIX_MARGIN"])
+        self.state = self.live.state
+        self.health = self.live.health
+        self.prefixes = prefixes
         self.poller = Poller(self.health, conf["HEALTH_INTERVAL"], conf["HEALTH_TIMEOUT"])
         self.clients = ClientGate(require=conf["REQUIRE_KEY"])
         self.running = RunningTable()
-        # What each host's KV cache holds, as this process has seen it (routing/core/prefixes.py);
-        # with shared state too, each process keeps its own (docs/replicas.md).
-        self.prefixes = PrefixIndex(conf["PREFIX_INDEX_ENTRIES"])
         self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
         self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
         self.stream_idle_timeout: float = conf["STREAM_IDLE_TIMEOUT"]
@@ -85,7 +80,12 @@ class Runtime:
         self._reload_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._probing: dict[str, asyncio.Future[None]] = {}  # on-demand probes, by host
-        self._apply(fleet)
+        self._configured(fleet)
+
+    @property
+    def fleet(self) -> Fleet:
+        """The fleet as configured now (replaced whole by a reload)."""
+        return self.live.config
 
     async def start(self) -> None:
         """Start the health poller and the config watcher on the running loop, and the
@@ -125,31 +125,11 @@ class Runtime:
             self._apply(fleet)
 
     def _apply(self, fleet: Fleet) -> None:
-        old = getattr(self, "fleet", fleet)
-        replaced: list[str] = []
-        for host in fleet.hosts.values():
-            for model in host.models.values():
-                self.state.configure(host.name, model.name, model.parallel, model.queue_max)
-        for host in old.hosts.values():
-            current = fleet.hosts.get(host.name)
-            for model_name in host.models:
-                if current is None or model_name not in current.models:
-                    self.state.remove(host.name, model_name)
-            if current is None or current.url != host.url:
-                # Gone, or another machine under the same name: its caches hold nothing of ours.
-                self.state.drop_host(host.name)
-                replaced.append(host.name)
-        self.prefixes.forget(replaced)
-        self.health.track({host.name: host.url for host in fleet.hosts.values()})
+        self.live.apply(fleet)
+        self._configured(fleet)
+
+    def _configured(self, fleet: Fleet) -> None:
         self.clients.configure(fleet.clients)
-        self.fleet = fleet
-        self.rankings.clear()
-        self._route_hosts = {name: frozenset(route.hosts) for name, route in fleet.routes.items()}
-        self._served = {
-            name: frozenset(fleet.route_models(route)) for name, route in fleet.routes.items()
-        }
-        for name in fleet.hosts:  # undrained, enabled or added to a route: waiters may go there
-            self.state.wake(name)
         log.info(
             "config loaded: revision=%s hosts=%d routes=%d",
             fleet.revision,
@@ -200,88 +180,7 @@ class Runtime:
             if host.enabled
         ]
 
-    # -- placement -----------------------------------------------------------------------
-
-    def serves(self, route: RouteConfig, model: str) -> bool:
-        """Whether any enabled host of the route lists the model."""
-        return model in self._served.get(route.name, ())
-
-    def usable(self, route: RouteConfig, model: str, name: str) -> bool:
-        """Whether a host may take new work for this route and model right now."""
-        host = self.fleet.hosts.get(name)
-        return (
-            host is not None
-            and name in self._route_hosts.get(route.name, ())
-            and host.enabled
-            and not host.draining
-            and model in host.models
-            and self.health.eligible(name)
-        )
-
-    def ranking(self, route: RouteConfig, model: str | None) -> Ranking:
-        """The route's usable hosts for `model` in the chooser's order (kept, not rebuilt:
-        routing/core/ranking.py). `model` None: a request that names none (a GET such as
-        /props), for which every enabled host qualifies by its free slots over all models."""
-        self.state.expire_leases()  # the counts as of now, as `candidates` would read them
-        return self.rankings.of(route.name, route.hosts, model)
-
-    def _candidate(self, name: str, model: str | None) -> Candidate | None:
-        """One host as the chooser sees it for `model`; None when it is unknown or disabled."""
-        host = self.fleet.hosts.get(name)
-        if host is None or not host.enabled:
-            return None
-        evicts_busy = False
-        if model is None:
-            can_serve = loaded = True
-            free = self.state.free_slots(name)
-            queued = 0
-        else:
-            spec = host.models.get(model)
-            can_serve = spec is not None
-            health = self.health.get(name)
-            known = health.loaded
-            loaded = spec is not None and (
-                known is None or (spec.upstream_name or spec.name) in known
-            )
-            free = self.state.free_for(name, model) if can_serve else 0
-            queued = self.state.queued(name, model)
-            evicts_busy = can_serve and not loaded and self._evicts_busy(host, health)
-        return Candidate(
-            host=name,
-            healthy=self.health.eligible(name),
-            draining=host.draining,
-            loaded=loaded,
-            can_serve=can_serve,
-            free=free,
-            queued=queued,
-            weight=host.weight,
-            leases=self.state.leases_held(name),
-            evicts_busy=evicts_busy,
-        )
-
-    def _evicts_busy(self, host: HostConfig, health: HostHealth) -> bool:
-        """Whether loading one more model on this router-mode host would unload a busy one:
-        it holds its most models already, and each has requests or leased conversations."""
-        described = health.described
-        if described is None or not described.router or not described.max_models:
-            return False
-        running = [
-            upstream
-            for upstream, state in described.models.items()
-            if state in (ModelState.LOADED, ModelState.LOADING)
-        ]
-        if len(running) < described.max_models:
-            return False
-        by_upstream = {(m.upstream_name or m.name): m.name for m in host.models.values()}
-        return all(
-            (name := by_upstream.get(upstream)) is not None
-            and (
-                self.state.in_flight(host.name, name)
-                or self.state.queued(host.name, name)
-                or self.state.leases_held(host.name, name)
-            )
-            for upstream in running
-        )
+    # -- admission -----------------------------------------------------------------------
 
     async def admit(self, client: ClientSpec, route: str) -> Admitted:
         """Count a request of `client` on `route` against its key's limits: in this process,
@@ -290,11 +189,6 @@ class Runtime:
         if self.shared is None:
             return self.clients.admit(client, route)
         return await self.shared.clients.admit(client, route)
-
-    def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
-        """The route's fallback route, when it names an enabled one."""
-        fallback = self.fleet.routes.get(route.fallback) if route.fallback else None
-        return fallback if fallback is not None and fallback.enabled else None
 
 
 _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (

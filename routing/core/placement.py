@@ -12,7 +12,10 @@ atomic script in Redis), so no other request can take the place meanwhile:
   (`spilled`); `QueueFull` only when every usable host is full;
 - no lease, or home down/draining: the hosts ranked by the chooser (`routing.core.choose`),
   the first with a free slot, else the first with room in its queue (`new`, or `moved`;
-  a `sticky = strict` route refuses with `PinnedHostDown` instead of moving).
+  a `sticky = strict` route refuses with `PinnedHostDown` instead of moving). A host whose
+  cache holds more of the prompt than the best-ranked host's, within the load margin, goes
+  first (`routing.core.affinity`: `prefix` when it takes the request); so also for a request
+  with no conversation.
 
 A waiting request is woken only by events: a slot freed where it may go (the limiter hands it
 over), a host becoming usable again (`Limiter.wake`), or its own deadlines as loop timers:
@@ -33,10 +36,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, Protocol, TypeVar, cast
 
+from routing.core.affinity import Affinity, prefer
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.limiter import Pair
 from routing.core.opening import Opening, is_held, keep_or_give_back
+from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking
 from routing.core.state import FleetState, Held, InLine
 
@@ -48,6 +53,7 @@ class Reason(StrEnum):
 
     HOME = "home"  # the conversation's lease host
     NEW = "new"  # a new conversation: the best-ranked host with room
+    PREFIX = "prefix"  # a host holding more of the prompt's opening (routing.core.affinity)
     SPILLED = "spilled"  # patience spent, or home's queue full
     MOVED = "moved"  # home down or draining
     FALLBACK = "fallback"  # the route's fallback route
@@ -81,10 +87,20 @@ RouteT = TypeVar("RouteT", bound=RouteRules)
 
 
 class Fleet(Protocol[RouteT]):
-    """The live fleet as placement sees it (`routing.runtime.Runtime` is one)."""
+    """The live fleet as placement sees it (`routing.live_fleet.LiveFleet` is one)."""
 
     @property
     def state(self) -> FleetState: ...
+    @property
+    def prefixes(self) -> PrefixIndex:
+        """What each host's KV cache holds (routing/core/prefixes.py)."""
+        ...
+
+    @property
+    def prefix_margin(self) -> int:
+        """How much more load than the best-ranked host a host holding more of the prompt may
+        carry and still go first (routing/core/affinity.py)."""
+        ...
 
     def ranking(self, route: RouteT, model: str) -> Ranking:
         """The route's usable hosts for `model`, best first (`routing.core.ranking`)."""
@@ -130,9 +146,18 @@ class Placer(Generic[RouteT]):
     """Places one request of `route` for `model`: `now()`, then `wait()` when it must wait."""
 
     def __init__(
-        self, fleet: Fleet[RouteT], route: RouteT, model: str, fingerprint: str, started: float
+        self,
+        fleet: Fleet[RouteT],
+        route: RouteT,
+        model: str,
+        fingerprint: str,
+        started: float,
+        prompt: tuple[int, ...] = (),
     ) -> None:
+        """`prompt`: the prompt's block chain (routing/core/prefixes.py), for prefix affinity;
+        empty for none."""
         self.fleet = fleet
+        self.prompt = prompt
         self.route = route
         self.model = model
         self.key = LeaseKey(route.name, fingerprint, model) if fingerprint else None
@@ -153,15 +178,17 @@ class Placer(Generic[RouteT]):
             if not order:
                 return self._homeless(list(ranking.listed), Reason.NONE, LeaseOutcome.NONE,
                                       NoHealthyHost())  # fmt: skip
-            got = await self.fleet.state.place(ranking.pairs())
+            affinity = self._affinity(order)
+            got = await self.fleet.state.place(self._pairs_for(ranking, affinity))
             if got is None:
                 raise QueueFull(ranking.hosts(), self.model)  # each was asked, each was full
-            return self._result(got, Reason.NONE, LeaseOutcome.NONE)
+            return self._result(got, self._by(affinity, got, Reason.NONE), LeaseOutcome.NONE)
         had_hosts = bool(ranking.hosts())
+        affinity = self._affinity(ranking.hosts())
         opening = Opening(
             key=self.key,
             ttl=self.route.lease_ttl,
-            pairs=ranking.pairs(),
+            pairs=self._pairs_for(ranking, affinity),
             usable=self._usable,
             unusable=ranking.unusable(),
             strict=self.route.strict,
@@ -190,7 +217,7 @@ class Placer(Generic[RouteT]):
             if not had_hosts:
                 return self._homeless(list(ranking.listed), reason, lease, NoHealthyHost())
             raise QueueFull(ranking.hosts(), self.model)  # each was asked, each was full
-        return self._result(opened.got, reason, lease)
+        return self._result(opened.got, self._by(affinity, opened.got, reason), lease)
 
     async def wait(self, waiting: Waiting) -> Placement:
         """Wait for the slot; raises QueueTimeout after the route's queue_timeout.
@@ -231,7 +258,7 @@ class Placer(Generic[RouteT]):
                              self.model, waited)  # fmt: skip
         if waiting.host and slot.host != waiting.host:
             lease = LeaseOutcome.SPILLED  # the lease stays with home's warm cache
-            if waiting.reason in (Reason.NEW, Reason.MOVED):
+            if waiting.reason in (Reason.NEW, Reason.MOVED, Reason.PREFIX):
                 # No cache was warm where it queued: the conversation's cache starts here.
                 await self._keep_lease(slot.host, slot)
                 lease = waiting.lease
@@ -287,6 +314,33 @@ class Placer(Generic[RouteT]):
     def _ranking(self) -> Ranking:
         # Asked of the fleet each time: a reload replaces the rankings.
         return self.fleet.ranking(self.route, self.model)
+
+    def _affinity(self, order: Sequence[str]) -> Affinity | None:
+        state, model = self.fleet.state, self.model
+        return prefer(
+            order,
+            model,
+            self.prompt,
+            self.fleet.prefixes,
+            lambda host: (
+                state.in_flight(host, model)
+                + state.queued(host, model)
+                + state.leases_held(host, model)
+            ),
+            self.fleet.prefix_margin,
+        )
+
+    def _pairs_for(self, ranking: Ranking, affinity: Affinity | None) -> Sequence[Pair]:
+        """The ranking's pairs, the affinity's host first when there is one."""
+        if affinity is None:
+            return ranking.pairs()
+        first = (affinity.host, self.model)
+        return [first, *(pair for pair in ranking.pairs() if pair != first)]
+
+    @staticmethod
+    def _by(affinity: Affinity | None, got: Held | InLine, reason: Reason) -> Reason:
+        """`prefix` when the host put first for its cache is the one that took the request."""
+        return Reason.PREFIX if affinity is not None and got.host == affinity.host else reason
 
     def _pairs(self, hosts: Sequence[str]) -> list[Pair]:
         return [(host, self.model) for host in hosts]

@@ -155,7 +155,7 @@ class PrefixIndex:
     A bounded LRU of (host, model, block) entries: at most `max_entries`, the least recently
     learnt going first. `learn` refreshes a chain's blocks from its last to its first, so a
     block is always fresher than any block after it: eviction shortens chains from their ends,
-    never cuts one in the middle. `match` and `longest` only read. Memory: about 150 bytes an
+    never cuts one in the middle. `match` and `deepest` only read. Memory: about 150 bytes an
     entry (bench/bench_prefixes.py). Not thread-safe: call from one event loop; nothing here
     suspends.
     """
@@ -201,12 +201,30 @@ class PrefixIndex:
                 return depth
         return len(chain)
 
-    def longest(self, hosts: Iterable[str], model: str, chain: tuple[int, ...]) -> dict[str, int]:
-        """Of `hosts`, those believed to hold at least `chain`'s first block, with how many
-        leading blocks each holds, deepest first (ties in the order given). Costs one lookup
-        per host and one per block matched."""
-        depths = [(host, self.match(host, model, chain)) for host in hosts]
-        return dict(sorted(((h, d) for h, d in depths if d), key=lambda each: -each[1]))
+    def deepest(
+        self, hosts: Iterable[str], model: str, chain: tuple[int, ...], beyond: int
+    ) -> tuple[str, int] | None:
+        """Of `hosts`, the one believed to hold the most leading blocks of `chain`, when that
+        is more than `beyond`, with its count (the first given among equals); else None.
+
+        A host holds a block only with the blocks before it (chained hashes; eviction
+        shortens chains from their ends), so a host is walked only when it holds the block
+        past `beyond`: one lookup per host, and a walk per host that can win. For placement,
+        where a route may have hundreds of hosts.
+        """
+        if beyond >= len(chain):
+            return None
+        entries, salts = self._entries, self._salts
+        block = chain[max(beyond, 0)]
+        best: tuple[str, int] | None = None
+        for host in hosts:
+            salt = salts.get((host, model))
+            if salt is None or block ^ salt not in entries:
+                continue
+            depth = self.match(host, model, chain)  # fewer than it seems after a rare hole
+            if depth > (best[1] if best else beyond):
+                best = (host, depth)
+        return best
 
     def correct(self, host: str, model: str, chain: tuple[int, ...], cached_blocks: int) -> None:
         """The host reported holding only `cached_blocks` leading blocks of `chain`: forget

@@ -131,7 +131,7 @@ class Passage:
         raise failure or NoHealthyHost()
 
     def _next_host(self, tried: set[str]) -> str | None:
-        for host in self.runtime.ranking(self.route, self.ask.model).hosts():
+        for host in self.runtime.live.ranking(self.route, self.ask.model).hosts():
             if host not in tried:
                 return host
         return None

@@ -176,12 +176,14 @@ async def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -
 
     Raises UnknownModel, QueueFull, NoHealthyHost or PinnedHostDown.
     """
-    if ask.model is not None and not runtime.serves(route, ask.model):
+    if ask.model is not None and not runtime.live.serves(route, ask.model):
         raise unknown_model(route.name, ask.model, runtime.fleet.route_models(route))
     if not ask.takes_slot:
         return Passage(runtime, route, ask, trail, None, None)
     assert ask.model is not None
-    placer = Placer(runtime, route, ask.model, ask.fingerprint, runtime.loop.time())
+    placer = Placer(
+        runtime.live, route, ask.model, ask.fingerprint, runtime.loop.time(), ask.prefix.blocks
+    )
     return Passage(runtime, route, ask, trail, placer, await placer.now())
 
 

@@ -23,6 +23,7 @@ from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueT
 from routing.core.leases import LeaseKey, LeaseOutcome, LeaseTable
 from routing.core.limiter import Limiter, Slot
 from routing.core.placement import Placement, Placer, Reason, Waiting
+from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking, Rankings
 from routing.core.state import Held, LocalState
 
@@ -79,6 +80,8 @@ class MemoryFleet:
         self.limiter = Limiter(on_change=self.rankings.touch)
         self.leases = LeaseTable(on_change=self.rankings.touch)
         self.state = LocalState(self.limiter, self.leases)
+        self.prefixes = PrefixIndex(10_000)
+        self.prefix_margin = 1
         self.hosts = hosts
         self.routes = {route.name: route for route in routes}
         for name, spec in hosts.items():
@@ -143,12 +146,22 @@ class MemoryFleet:
         return got
 
 
-def placer(fleet: MemoryFleet, route: Route, fingerprint: str = "conversation") -> Placer:
-    return Placer(fleet, route, MODEL, fingerprint, asyncio.get_running_loop().time())
+def placer(
+    fleet: MemoryFleet,
+    route: Route,
+    fingerprint: str = "conversation",
+    prompt: tuple[int, ...] = (),
+) -> Placer:
+    return Placer(fleet, route, MODEL, fingerprint, asyncio.get_running_loop().time(), prompt)
 
 
-async def placed(fleet: MemoryFleet, route: Route, fingerprint: str = "conversation") -> Placement:
-    got = await placer(fleet, route, fingerprint).now()
+async def placed(
+    fleet: MemoryFleet,
+    route: Route,
+    fingerprint: str = "conversation",
+    prompt: tuple[int, ...] = (),
+) -> Placement:
+    got = await placer(fleet, route, fingerprint, prompt).now()
     assert isinstance(got, Placement), f"expected a slot at once, got {got!r}"
     return got
 
@@ -244,6 +257,118 @@ async def test_a_request_without_a_conversation_is_placed_but_never_leased() -> 
 
     assert (got.reason, got.lease) == (Reason.NONE, LeaseOutcome.NONE)
     assert len(fleet.leases) == 0
+
+
+# -- prefix affinity -----------------------------------------------------------------------
+
+PROMPT = (11, 12, 13, 14, 15, 16)  # a prompt's block chain (routing/core/prefixes.py)
+
+
+async def test_a_new_conversation_goes_to_the_host_holding_more_of_its_prompt() -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(parallel=2), "gpu2": host(parallel=2)}, route)
+    fleet.prefixes.learn("gpu1", MODEL, PROMPT[:2])  # the system prompt, say
+    fleet.prefixes.learn("gpu2", MODEL, PROMPT[:5])  # and the document after it
+
+    got = await placed(fleet, route, prompt=PROMPT)
+
+    assert (got.host, got.reason, got.lease) == ("gpu2", Reason.PREFIX, LeaseOutcome.NEW)
+    assert lease_of(fleet, route) == "gpu2"
+
+
+async def test_a_request_without_a_conversation_goes_where_its_prompt_is_cached_too() -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(), "gpu2": host()}, route)
+    fleet.prefixes.learn("gpu2", MODEL, PROMPT)
+
+    got = await placed(fleet, route, fingerprint="", prompt=PROMPT)
+
+    assert (got.host, got.reason, got.lease) == ("gpu2", Reason.PREFIX, LeaseOutcome.NONE)
+    assert len(fleet.leases) == 0
+
+
+async def test_hosts_holding_as_much_of_the_prompt_keep_the_rankings_order() -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(), "gpu2": host()}, route)
+    for name in route.hosts:
+        fleet.prefixes.learn(name, MODEL, PROMPT[:3])
+
+    got = await placed(fleet, route, prompt=PROMPT)
+
+    assert (got.host, got.reason) == ("gpu1", Reason.NEW)
+
+
+@pytest.mark.parametrize(("busy", "expected"), [(1, "gpu2"), (2, "gpu1")])
+async def test_the_host_holding_the_prompt_goes_first_only_within_the_load_margin(
+    busy: int, expected: str
+) -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(parallel=4), "gpu2": host(parallel=4)}, route)
+    fleet.prefixes.learn("gpu2", MODEL, PROMPT)
+    held = [fleet.occupy("gpu2") for _ in range(busy)]  # the margin is 1 request
+
+    got = await placed(fleet, route, prompt=PROMPT)
+
+    assert got.host == expected
+    assert got.reason == (Reason.PREFIX if expected == "gpu2" else Reason.NEW)
+    for slot in [got.slot, *held]:
+        slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_conversations_sharing_a_system_prompt_spread_over_the_hosts() -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(parallel=2), "gpu2": host(parallel=2)}, route)
+    system = PROMPT[:3]
+    fleet.prefixes.learn("gpu1", MODEL, system)  # one host holds the system prompt
+    went = []
+
+    for number in range(8):
+        prompt = (*system, 100 + number)  # the system prompt, then the conversation's own
+        got = await placed(fleet, route, f"conversation {number}", prompt)
+        fleet.prefixes.learn(got.host, MODEL, prompt)  # as the answer teaches the index
+        went.append((got.host, got.reason))
+        got.slot.release()  # each is done before the next arrives
+
+    # The second joins the first where the prompt is cached (a lease ahead: within the
+    # margin); the third would put gpu1 two ahead, so it goes to gpu2, which then holds the
+    # prompt too, and the ranking's spread takes over.
+    assert went[:3] == [("gpu1", Reason.NEW), ("gpu1", Reason.PREFIX), ("gpu2", Reason.NEW)]
+    assert fleet.leases.held_by_host() == {"gpu1": 4, "gpu2": 4}
+
+
+async def test_a_full_host_holding_the_prompt_leaves_the_request_to_a_free_one() -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
+    fleet.prefixes.learn("gpu2", MODEL, PROMPT)
+    fleet.prefix_margin = 5
+    held = fleet.occupy("gpu2")
+
+    got = await placed(fleet, route, prompt=PROMPT)
+
+    assert (got.host, got.reason) == ("gpu1", Reason.NEW)
+    for slot in (got.slot, held):
+        slot.release()
+
+
+async def test_with_every_host_full_the_request_queues_where_its_prompt_is_cached() -> None:
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
+    fleet.prefixes.learn("gpu2", MODEL, PROMPT)
+    held = [fleet.occupy("gpu1"), fleet.occupy("gpu2")]
+
+    request = placer(fleet, route, prompt=PROMPT)
+    waiting = await request.now()
+
+    assert isinstance(waiting, Waiting)
+    assert (waiting.host, waiting.reason) == ("gpu2", Reason.PREFIX)
+    held[1].release()
+    got = await asyncio.wait_for(request.wait(waiting), WAIT)
+    assert (got.host, got.reason, got.lease) == ("gpu2", Reason.PREFIX, LeaseOutcome.NEW)
+    assert lease_of(fleet, route) == "gpu2"
+    for slot in (got.slot, held[0]):
+        slot.release()
+    assert_nothing_held(fleet)
 
 
 # -- a busy home: waiting, patience and spilling -------------------------------------------

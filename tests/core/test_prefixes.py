@@ -185,17 +185,33 @@ def test_correct_forgets_the_hosts_blocks_past_what_it_reported():
     assert index.match("gpu2", "m", chain) == 5  # another host's word is its own
 
 
-def test_longest_gives_the_hosts_holding_the_chain_deepest_first():
+def test_deepest_names_the_host_holding_the_most_of_the_chain_past_a_depth():
     index = PrefixIndex(100)
     chain = (1, 2, 3, 4, 5)
     index.learn("gpu1", "m", chain[:2])
-    index.learn("gpu2", "m", chain)
-    index.learn("gpu3", "m", chain[:2])
+    index.learn("gpu2", "m", chain[:4])
+    index.learn("gpu3", "m", chain[:4])  # as deep as gpu2, later in the order given
     index.learn("gpu4", "m", (9, 9))
+    hosts = ["gpu1", "gpu2", "gpu3", "gpu4", "gpu5"]
 
-    held = index.longest(["gpu1", "gpu2", "gpu3", "gpu4", "gpu5"], "m", chain)
+    assert index.deepest(hosts, "m", chain, beyond=0) == ("gpu2", 4)
+    assert index.deepest(hosts, "m", chain, beyond=2) == ("gpu2", 4)
+    assert index.deepest(hosts, "m", chain, beyond=4) is None  # none holds more than 4
+    assert index.deepest(["gpu1", "gpu4"], "m", chain, beyond=0) == ("gpu1", 2)
+    assert index.deepest(hosts, "other", chain, beyond=0) is None  # another model's cache
 
-    assert list(held.items()) == [("gpu2", 5), ("gpu1", 2), ("gpu3", 2)]
+
+def test_deepest_counts_a_host_from_the_first_block_when_its_chain_has_a_hole():
+    index = PrefixIndex(100)
+    chain = (1, 2, 3, 4, 5)
+    index.learn("gpu1", "m", chain)
+    index.learn("gpu2", "m", chain[:3])
+    index.correct("gpu1", "m", chain, 1)  # gpu1 holds block 1 alone now
+    index.learn("gpu1", "m", (7, 8, 9))
+    index.learn("gpu1", "m", chain[3:])  # blocks 4 and 5, but not 2 and 3 before them
+
+    assert index.deepest(["gpu1", "gpu2"], "m", chain, beyond=1) == ("gpu2", 3)
+    assert index.deepest(["gpu1"], "m", chain, beyond=3) is None
 
 
 def test_forgetting_a_host_forgets_only_its_blocks():

@@ -39,7 +39,9 @@ def set_parallel(host: str, parallel: int) -> None:
 
 async def place(runtime: Runtime, fingerprint: str) -> tuple[str, str]:
     """Place one request of route chat at once; its host and lease outcome (slot given back)."""
-    placer = Placer(runtime, runtime.fleet.routes["chat"], MODEL, fingerprint, runtime.loop.time())
+    placer = Placer(
+        runtime.live, runtime.fleet.routes["chat"], MODEL, fingerprint, runtime.loop.time()
+    )
     placement = await placer.now()
     assert isinstance(placement, Placement)
     placement.slot.release()

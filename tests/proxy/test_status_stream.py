@@ -136,7 +136,7 @@ async def _running_after_a_grant_while_the_client_reads() -> list[bytes]:
         route = runtime.fleet.routes[ROUTE]
         other = await runtime.state.place([("gpu1", MODEL)])  # another request's slot
         assert isinstance(other, Slot)
-        placer = Placer(runtime, route, MODEL, "", runtime.loop.time())
+        placer = Placer(runtime.live, route, MODEL, "", runtime.loop.time())
         first = await placer.now()
         assert isinstance(first, Waiting) and first.host == "gpu1"
         body = _Body()

@@ -1,0 +1,59 @@
+"""Prefix affinity: which host to try first for a prompt some host's KV cache already holds.
+
+The ranking (routing/core/ranking.py) orders a route's hosts by load alone. A prompt that
+opens the way others did (a system prompt, tool definitions, a document, a conversation whose
+lease expired while its host kept the cache) is cheaper where its opening is cached: that host
+evaluates only the rest. `prefer` puts that host first, unless its load (for the model: its
+requests in flight and queued, and the conversations leased to it, which will be back) is
+more than `margin` above the ranking's best host's. A cache saves one prefill; a busier host
+costs every request behind it. So conversations sharing one system prompt do not pile onto
+the host that first held it: once it is `margin` ahead, the next goes to the best-ranked
+host, which then holds the prompt too, and the ranking spreads them again
+(docs/architecture.md, "Prefix affinity", says how the default was measured).
+
+Placement takes a free slot before a place in a line, so a host put first only takes the
+request when it has a slot free or when every host is full and its line is the choice.
+
+Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from routing.core.prefixes import PrefixIndex
+
+__all__ = ["Affinity", "prefer"]
+
+
+@dataclass(slots=True, frozen=True)
+class Affinity:
+    """The host to try first, and how many leading blocks of the prompt it is believed to
+    hold (more than the ranking's best host does)."""
+
+    host: str
+    blocks: int
+
+
+def prefer(
+    order: Sequence[str],
+    model: str,
+    chain: tuple[int, ...],
+    index: PrefixIndex,
+    load: Callable[[str], int],
+    margin: int,
+) -> Affinity | None:
+    """The host of `order` (a ranking's hosts, best first) holding more of `chain` than
+    `order[0]` does, when its `load` is at most `margin` above `order[0]`'s; None when no
+    host holds more, or the one that does is too busy."""
+    if not chain or not order:
+        return None
+    first = order[0]
+    found = index.deepest(order, model, chain, beyond=index.match(first, model, chain))
+    if found is None:
+        return None
+    host, blocks = found
+    if load(host) > load(first) + margin:
+        return None
+    return Affinity(host, blocks)

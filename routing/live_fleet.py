@@ -1,0 +1,168 @@
+"""The live fleet as placement sees it: the configuration, the hosts' health, the fleet state
+(slots, lines, leases), what their caches hold (the prefix index), and each route's ranking
+kept from them.
+
+This is `routing.core.placement.Fleet` for the gateway. A host's place in a ranking
+(routing/core/ranking.py) is computed from the facts this part alone puts together: what the
+configuration says of the host (route, weight, drain, models), what its health says (up,
+which models are loaded, a router's model limit) and what the fleet state counts (free slots,
+queued requests, leases). The state and the health table tell the rankings of every change
+(`on_change`), so a request reads its route's order instead of building it.
+
+A reload (`apply`) reconfigures the state in place, so in-flight slots, lines and the leases
+of hosts that still exist survive it, and builds the rankings anew: a host's route position,
+weight, drain and models are configuration.
+
+Not thread-safe: use it on its event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hosts.describe import ModelState
+from hosts.health import HealthTable, HostHealth
+from routing.config.shape import Fleet, HostConfig, RouteConfig
+from routing.core.choose import Candidate
+from routing.core.prefixes import PrefixIndex
+from routing.core.ranking import Ranking, Rankings
+from routing.core.state import FleetState
+
+# Builds the fleet state, given what it must call when a host's counts change.
+MakeState = Callable[[Callable[[str], None]], FleetState]
+
+
+class LiveFleet:
+    """The configured fleet, its health and its state, and the rankings kept from them."""
+
+    def __init__(
+        self, config: Fleet, make_state: MakeState, prefixes: PrefixIndex, prefix_margin: int
+    ) -> None:
+        self.rankings = Rankings(self._candidate)
+        touch = self.rankings.touch
+        self.state = make_state(touch)
+        # A host that becomes usable again offers its free slots to the requests waiting.
+        self.health = HealthTable(on_eligible=self.state.wake, on_change=touch)
+        # What each host's KV cache holds, as this process has seen it (routing/core/prefixes.py);
+        # with shared state too, each process keeps its own (docs/replicas.md).
+        self.prefixes = prefixes
+        self.prefix_margin = prefix_margin
+        self.config = config
+        self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
+        self._served: dict[str, frozenset[str]] = {}  # the models each route serves
+        self.apply(config)
+
+    def apply(self, config: Fleet) -> None:
+        """Serve `config` from now on. A host gone, or replaced by another machine under the
+        same name, is forgotten: its caches hold nothing of ours any more."""
+        old = self.config
+        replaced: list[str] = []
+        for host in config.hosts.values():
+            for model in host.models.values():
+                self.state.configure(host.name, model.name, model.parallel, model.queue_max)
+        for host in old.hosts.values():
+            current = config.hosts.get(host.name)
+            for model_name in host.models:
+                if current is None or model_name not in current.models:
+                    self.state.remove(host.name, model_name)
+            if current is None or current.url != host.url:
+                self.state.drop_host(host.name)
+                replaced.append(host.name)
+        self.prefixes.forget(replaced)
+        self.health.track({host.name: host.url for host in config.hosts.values()})
+        self.config = config
+        self.rankings.clear()
+        self._route_hosts = {name: frozenset(route.hosts) for name, route in config.routes.items()}
+        self._served = {
+            name: frozenset(config.route_models(route)) for name, route in config.routes.items()
+        }
+        for name in config.hosts:  # undrained, enabled or added to a route: waiters may go there
+            self.state.wake(name)
+
+    def serves(self, route: RouteConfig, model: str) -> bool:
+        """Whether any enabled host of the route lists the model."""
+        return model in self._served.get(route.name, ())
+
+    def usable(self, route: RouteConfig, model: str, name: str) -> bool:
+        """Whether a host may take new work for this route and model right now."""
+        host = self.config.hosts.get(name)
+        return (
+            host is not None
+            and name in self._route_hosts.get(route.name, ())
+            and host.enabled
+            and not host.draining
+            and model in host.models
+            and self.health.eligible(name)
+        )
+
+    def ranking(self, route: RouteConfig, model: str | None) -> Ranking:
+        """The route's usable hosts for `model` in the chooser's order (kept, not rebuilt:
+        routing/core/ranking.py). `model` None: a request that names none (a GET such as
+        /props), for which every enabled host qualifies by its free slots over all models."""
+        self.state.expire_leases()  # the lease counts as of now
+        return self.rankings.of(route.name, route.hosts, model)
+
+    def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
+        """The route's fallback route, when it names an enabled one."""
+        fallback = self.config.routes.get(route.fallback) if route.fallback else None
+        return fallback if fallback is not None and fallback.enabled else None
+
+    # -- the facts behind a host's place ---------------------------------------------------
+
+    def _candidate(self, name: str, model: str | None) -> Candidate | None:
+        """One host as the chooser sees it for `model`; None when it is unknown or disabled."""
+        host = self.config.hosts.get(name)
+        if host is None or not host.enabled:
+            return None
+        evicts_busy = False
+        if model is None:
+            can_serve = loaded = True
+            free = self.state.free_slots(name)
+            queued = 0
+        else:
+            spec = host.models.get(model)
+            can_serve = spec is not None
+            health = self.health.get(name)
+            known = health.loaded
+            loaded = spec is not None and (
+                known is None or (spec.upstream_name or spec.name) in known
+            )
+            free = self.state.free_for(name, model) if can_serve else 0
+            queued = self.state.queued(name, model)
+            evicts_busy = can_serve and not loaded and self._evicts_busy(host, health)
+        return Candidate(
+            host=name,
+            healthy=self.health.eligible(name),
+            draining=host.draining,
+            loaded=loaded,
+            can_serve=can_serve,
+            free=free,
+            queued=queued,
+            weight=host.weight,
+            leases=self.state.leases_held(name),
+            evicts_busy=evicts_busy,
+        )
+
+    def _evicts_busy(self, host: HostConfig, health: HostHealth) -> bool:
+        """Whether loading one more model on this router-mode host would unload a busy one:
+        it holds its most models already, and each has requests or leased conversations."""
+        described = health.described
+        if described is None or not described.router or not described.max_models:
+            return False
+        running = [
+            upstream
+            for upstream, state in described.models.items()
+            if state in (ModelState.LOADED, ModelState.LOADING)
+        ]
+        if len(running) < described.max_models:
+            return False
+        by_upstream = {(m.upstream_name or m.name): m.name for m in host.models.values()}
+        return all(
+            (name := by_upstream.get(upstream)) is not None
+            and (
+                self.state.in_flight(host.name, name)
+                or self.state.queued(host.name, name)
+                or self.state.leases_held(host.name, name)
+            )
+            for upstream in running
+        )
