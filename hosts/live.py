@@ -17,6 +17,10 @@ from typing import Any
 
 from hosts.health import HostState
 
+# A host's name, its requests in flight and those queued, over all its models: what the
+# dashboard's history samples every second (`routing.ops.live.host_loads`), without the rest.
+HostLoad = tuple[str, int, int]
+
 
 @dataclass(slots=True, frozen=True)
 class ModelLive:

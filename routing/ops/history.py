@@ -47,7 +47,7 @@ from django.db.models import F, Func, IntegerField
 
 from accounting.recorder import RequestRecord
 from accounting.report import COLD_TURN_SHARE, is_cold_turn
-from hosts.live import HostLive
+from hosts.live import HostLoad
 from routing.runtime import Runtime
 
 log = logging.getLogger("crossbar.dashboard")
@@ -333,14 +333,13 @@ class History:
                 for host in refused_by:
                     ring.at(moment, host).refused += 1
 
-    def sample(self, hosts: Iterable[HostLive], now: float | None = None) -> None:
+    def sample(self, loads: Iterable[HostLoad], now: float | None = None) -> None:
         """Add one sample of each host's requests in flight and queue depth."""
         moment = self._clock() if now is None else now
         with self._lock:
-            for host in hosts:
-                in_flight, queued = host.in_flight, host.queued
+            for name, in_flight, queued in loads:
                 for ring in self._rings.values():
-                    stats = ring.at(moment, host.name)
+                    stats = ring.at(moment, name)
                     stats.flight_sum += in_flight
                     stats.queued_sum += queued
                     stats.samples += 1
@@ -689,11 +688,11 @@ def sampling(runtime: Runtime) -> bool:
 
 
 async def _sample_forever(runtime: Runtime) -> None:
-    from routing.ops.live import host_lives
+    from routing.ops.live import host_loads
 
     while not runtime.client.is_closed:
         try:
-            history.sample(host_lives(runtime))
+            history.sample(host_loads(runtime))
         except Exception:  # a sample missed is a gap in a chart, never a dead sampler
             log.exception("history: cannot sample the hosts")
         # On the second, so each step gets the same number of samples.

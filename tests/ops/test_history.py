@@ -11,8 +11,6 @@ import pytest
 
 from accounting.models import Request
 from accounting.recorder import RequestRecord
-from hosts.health import HostState
-from hosts.live import HostLive, ModelLive
 from routing.ops.history import DatabaseHistory, History, read_steps
 
 T0 = 1_764_590_400.0  # 2025-12-01 12:00:00 UTC, on a minute (and so on every step)
@@ -27,11 +25,6 @@ RECORD = RequestRecord(
 
 def record(**changes: Any) -> RequestRecord:
     return replace(RECORD, **changes)
-
-
-def host(name: str, in_flight: int, queued: int) -> HostLive:
-    model = ModelLive("llama3", in_flight=in_flight, parallel=4, queued=queued, queue_max=8)
-    return HostLive(name, True, False, HostState.UP, "", T0, 0, (model,))
 
 
 def point_at(points: list[dict], t: float) -> dict:
@@ -121,7 +114,7 @@ def test_a_queue_full_counts_once_in_the_totals_and_as_a_refusal_on_each_full_ho
 def test_samples_give_each_hosts_mean_in_flight_and_queue_per_step() -> None:
     history = History()
     for second, (busy, waiting) in enumerate([(4, 2), (4, 0), (2, 0), (2, 0), (3, 3)]):
-        history.sample([host("gpu1", busy, waiting), host("gpu2", 0, 0)], now=T0 + second)
+        history.sample([("gpu1", busy, waiting), ("gpu2", 0, 0)], now=T0 + second)
 
     [point] = history.points("5m", since=int(T0), now=T0 + 4)
     cards = history.cards(now=T0 + 4)
