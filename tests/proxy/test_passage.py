@@ -56,6 +56,11 @@ class Fleet(MemoryFleet):
         self.probed: list[object] = []
         self.comes_back = ""
 
+    @property
+    def live(self) -> Fleet:
+        """The runtime's live fleet: this one (the passage reads its ranking there)."""
+        return self
+
     async def forward(self, runtime: Any, ask: Any, model: str | None, name: str) -> Any:
         self.asked.append((runtime, ask, model, name))
         if name in self.resetting:
