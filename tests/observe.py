@@ -1,18 +1,25 @@
 """Waiting until the gateway has seen something, read where an operator reads it.
 
 A test that changes the world (a host goes down, a request queues, a model loads) waits for the
-gateway to know it before going on: on a gauge of `/metrics`, or on the health polls a fake host
-answered. Each wait is bounded and fails the test, saying what it waited for.
+gateway to know it before going on: on a gauge of `/metrics`, on the health polls a fake host
+answered, or on the state the dashboard's socket sends. Each wait is bounded and fails the test,
+saying what it waited for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import json
+import time
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import ClientConnection, connect
 
-from tests.conftest import wait_until
+from tests.conftest import Gateway, signed_in, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
 
 
@@ -62,3 +69,26 @@ def wait_for_health_poll(fake: FakeLlamaServer, timeout: float = 10.0) -> None:
         timeout,
         what="the gateway to take in a health poll of the host",
     )
+
+
+@contextmanager
+def dashboard(gateway: Gateway) -> Iterator[ClientConnection]:
+    """The dashboard's socket, as a signed-in operator's browser opens it (the user must
+    exist: pytest-django's `admin_user`)."""
+    browser = signed_in(gateway)
+    cookie = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
+    browser.close()
+    url = gateway.url.replace("http://", "ws://") + "/dashboard/ws/"
+    headers = {"Cookie": cookie, "Origin": gateway.url}
+    with connect(url, additional_headers=headers, open_timeout=10) as socket:
+        yield socket
+
+
+def state_where(socket: ClientConnection, wanted: Callable[[dict[str, Any]], bool]) -> dict:
+    """The first `state` message `wanted` accepts; fails after 20 s."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        message = json.loads(socket.recv(timeout=10))
+        if message.get("type") == "state" and wanted(message):
+            return message
+    pytest.fail("no dashboard state as wanted within 20 s")

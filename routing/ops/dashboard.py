@@ -5,7 +5,8 @@ script opens `/dashboard/ws/` and renders what arrives. The consumer sends a `st
 every `TICK` seconds, read from the runtime of its own event loop (the one the proxy serves
 from): each host's `HostLive` (health and its reason, draining, leases, per model the slots in
 flight against `parallel` and the queue), the requests that finished since the last message,
-the requests running now, and per host the last five minutes (`history.cards`). Charts come in
+the requests running now, and per host the last five minutes (`history.cards`, with a hint for
+a host that keeps losing its cache: `cache_lost_hint`). Charts come in
 `history` messages: the whole window when the page opens or changes window, then only the
 points that changed, never the whole history every tick.
 
@@ -34,6 +35,7 @@ from accounting.recorder import RequestRecord
 from hosts.actions import set_draining
 from hosts.routes_left import left_lines, routes_left_without
 from routing.ops.history import (
+    CARD_SECONDS,
     RING_WINDOWS,
     WINDOWS,
     database_history,
@@ -271,15 +273,40 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "notice", "text": event["text"]})
 
 
+# A host that lost its cache this many times in a card's 5 minutes gets a hint on its card.
+# Not at one: a single loss is routine (a burst of new conversations evicts one), and the prefix
+# index forgets a lost prompt's blocks at once, so the same prompt counts again only if the host
+# evicts it again. Two in 5 minutes is a host evicting what it is sent again, which more room
+# cures; a restart also loses every conversation the host held, once each, so the hint says
+# "unless it restarted" rather than guess.
+CACHE_LOST_RECURS = 2
+
+
+def cache_lost_hint(lost: int) -> str | None:
+    """What a host card says of a host that lost its cache `lost` times in its 5 minutes;
+    None below `CACHE_LOST_RECURS`."""
+    if lost < CACHE_LOST_RECURS:
+        return None
+    return (
+        f"Lost what it had cached {lost} times in {CARD_SECONDS // 60} minutes. Unless it"
+        " restarted, more slots (llama-server --parallel, and its parallel in crossbar) or a"
+        " larger --cache-ram keep more."
+    )
+
+
 _cards_cache: tuple[int, dict[str, dict[str, Any]]] = (-1, {})
 
 
 def _cards() -> dict[str, dict[str, Any]]:
-    """The host cards, computed once a second for every open dashboard."""
+    """The host cards, with their hints, computed once a second for every open dashboard."""
     global _cards_cache
     second = int(time.time())
     if _cards_cache[0] != second:
-        _cards_cache = (second, history.cards())
+        cards = {
+            host: {**card, "cache_lost_hint": cache_lost_hint(card["cache_lost"])}
+            for host, card in history.cards().items()
+        }
+        _cards_cache = (second, cards)
     return _cards_cache[1]
 
 

@@ -46,7 +46,7 @@ from typing import Any
 from django.db.models import F, Func, IntegerField
 
 from accounting.recorder import RequestRecord
-from accounting.report import COLD_TURN_SHARE, is_cold_turn
+from accounting.report import CACHE_LOST_BLOCKS, COLD_TURN_SHARE, is_cache_lost, is_cold_turn
 from hosts.live import HostLoad
 from routing.runtime import Runtime
 
@@ -102,8 +102,8 @@ class Stats:
     """What one host did in one step; mutable, merged into larger spans."""
 
     __slots__ = (
-        "outcomes", "codes", "ttfb", "tokens", "prompt", "cached", "cold", "refused",
-        "flight_sum", "queued_sum", "samples", "queued_peak",
+        "outcomes", "codes", "ttfb", "tokens", "prompt", "cached", "cold", "cache_lost",
+        "refused", "flight_sum", "queued_sum", "samples", "queued_peak",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -114,6 +114,7 @@ class Stats:
         self.prompt = 0  # prompt tokens of rows whose cached count is known too
         self.cached = 0
         self.cold = 0
+        self.cache_lost = 0  # answers whose host held less than the prefix index predicted
         self.refused = 0  # queue_full refusals while this host was full (its own row or not)
         self.flight_sum = 0.0
         self.queued_sum = 0.0
@@ -133,6 +134,7 @@ class Stats:
         prompt: int | None,
         cached: int | None,
         cold: bool,
+        cache_lost: bool,
     ) -> None:
         self.outcomes[OUTCOMES.index(outcome(status))] += 1
         if label := error_label(code, status):
@@ -147,6 +149,8 @@ class Stats:
             self.cached += cached
         if cold:
             self.cold += 1
+        if cache_lost:
+            self.cache_lost += 1
 
     def merge(self, other: Stats) -> None:
         """Add `other`'s counts and its samples of in flight and queue depth."""
@@ -169,6 +173,7 @@ class Stats:
         self.prompt += other.prompt
         self.cached += other.cached
         self.cold += other.cold
+        self.cache_lost += other.cache_lost
         self.refused += other.refused
 
     def ttfb_percentile(self, p: float) -> float | None:
@@ -215,6 +220,7 @@ def _point(t: int, by_host: dict[str, Stats]) -> dict[str, Any]:
                 "queued": stats.queued_mean,
                 "cache_hit": stats.cache_hit,
                 "cold": stats.cold,
+                "cache_lost": stats.cache_lost,
             }
     return {
         "t": t,
@@ -317,6 +323,7 @@ class History:
         """Count one finished request in the steps of `now` (default: the clock)."""
         moment = self._clock() if now is None else now
         cold = is_cold_turn(record.lease, record.prompt_tokens, record.cached_tokens)
+        lost = is_cache_lost(record.predicted_cached_blocks, record.reported_cached_blocks)
         refused_by = record.refused_by.split() if record.refused_by else ()
         with self._lock:
             for ring in self._rings.values():
@@ -328,6 +335,7 @@ class History:
                     record.prompt_tokens,
                     record.cached_tokens,
                     cold,
+                    lost,
                 )
                 # The row counts once, under its host; the refusal counts on each full host.
                 for host in refused_by:
@@ -426,6 +434,7 @@ def _card(stats: Stats, span: float) -> dict[str, Any]:
         "tokens_per_s": round(stats.tokens / span, 2),
         "cache_hit": stats.cache_hit,
         "cold": stats.cold,
+        "cache_lost": stats.cache_lost,
         "refused": stats.refused,
         "in_flight": stats.in_flight_mean,
         "queued_peak": stats.queued_peak,
@@ -555,6 +564,12 @@ def read_steps(
                 cached_tokens__lt=F("prompt_tokens") * COLD_TURN_SHARE,
             ),
         ),
+        # is_cache_lost in SQL: a comparison with an unknown (NULL) figure is never true, so
+        # a row without both figures is not counted, on SQLite and PostgreSQL alike.
+        cache_lost=Count(
+            "pk",
+            filter=Q(predicted_cached_blocks__gt=F("reported_cached_blocks") + CACHE_LOST_BLOCKS),
+        ),
         busy_ms=Sum(F("total_ms") - F("queued_ms")),
         queued_ms=Sum("queued_ms"),
     )
@@ -567,6 +582,7 @@ def read_steps(
         stats.prompt = row["prompt"] or 0
         stats.cached = row["cached"] or 0
         stats.cold = row["cold"]
+        stats.cache_lost = row["cache_lost"]
         # Little's law: the step's mean number running (or waiting) is their time over its length.
         stats.flight_sum = (row["busy_ms"] or 0) / (step * 1000)
         stats.queued_sum = (row["queued_ms"] or 0) / (step * 1000)

@@ -20,7 +20,9 @@ from routing.ops import metrics
 from routing.ops.dashboard import DashboardConsumer
 from routing.runtime import close_runtime
 from tests.conftest import signed_in
+from tests.conversation import Conversation
 from tests.fleet import MODEL, add_host, add_route
+from tests.observe import dashboard, state_where
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -444,3 +446,35 @@ async def test_host_cards_give_the_last_five_minutes_and_the_down_reason(connect
     assert 100 < card["ttfb_p50"] <= 125
     reason = host_in(message, "gpu-card")["reason"]  # type: ignore[index]  # None fails the test
     assert reason.startswith("/health: connection refused")
+
+
+# -- a host that keeps losing its cache, through the real gateway -----------------------------
+
+
+def test_a_host_card_counts_each_lost_cache_and_hints_at_more_room_once_it_recurs(
+    gateway, fake, admin_user
+):
+    # A name of its own: the session's gateway keeps each host name's last 5 minutes.
+    add_route("chat", [add_host("gpu-forgets", fake.url)])
+    gateway.sync()
+    conversation = Conversation(f"{gateway.url}/chat/v1/chat/completions")
+
+    def card_with(lost: int):
+        return lambda m: m["cards"].get("gpu-forgets", {}).get("cache_lost") == lost
+
+    with dashboard(gateway) as socket:
+        conversation.turn()  # the prefix index learns what the host now holds
+        fake.forget_cache()  # and the host loses it, as an eviction does
+        conversation.turn()
+        once = state_where(socket, card_with(1))["cards"]["gpu-forgets"]
+        fake.forget_cache()  # again: the second turn's prompt, which the index expected
+        conversation.turn()
+        twice = state_where(socket, card_with(2))["cards"]["gpu-forgets"]
+
+    assert once["requests"] == 2 and once["cache_lost_hint"] is None
+    assert twice["requests"] == 3
+    assert twice["cache_lost_hint"] == (
+        "Lost what it had cached 2 times in 5 minutes. Unless it restarted, more slots"
+        " (llama-server --parallel, and its parallel in crossbar) or a larger --cache-ram keep"
+        " more."
+    )

@@ -23,6 +23,7 @@ from accounting.models import Request
 from hosts.models import Host
 from tests.browser import NEEDS_CHROMIUM, chromium
 from tests.conftest import ROOT, running_gateway, wait_until
+from tests.conversation import Conversation
 from tests.fleet import MODEL, add_host, add_route, chat
 
 WAIT = 15_000  # ms, for every expectation: the request runs about 6 s
@@ -363,3 +364,56 @@ def test_after_a_restart_the_page_shows_the_hours_requests_and_fits_1366_and_192
     assert re.fullmatch(rf"up since {moment} \(this gateway's view\)", since), since
     started = page.locator("#gateway-since").inner_text()
     assert re.fullmatch(rf"gateway started {moment}", started), started
+
+
+# -- a host that keeps losing its cache ------------------------------------------------------
+
+
+# What a reader sees of a host's card, read at once (the cards are drawn again every tick):
+# whether its hint wraps inside it, and whether its two counts of a lost cache share a line.
+CARD_GEOMETRY = """(host) => {
+    const card = document.querySelector(`#hosts [data-host="${host}"]`);
+    const box = (selector) => card.querySelector(selector).getBoundingClientRect();
+    const outer = card.getBoundingClientRect();
+    const hint = box('[data-role="cache-lost-hint"]');
+    return {
+        hintInside: outer.left <= hint.left && hint.right <= outer.right
+                    && hint.bottom <= outer.bottom,
+        sameLine: box('[data-figure="cold turns"]').top === box('[data-figure="cache lost"]').top,
+        pageOverflow: document.documentElement.scrollWidth - window.innerWidth,
+    };
+}"""
+
+
+def test_a_host_that_keeps_losing_its_cache_says_so_on_its_card_at_1366_and_1920_pixels(
+    gateway, fake, browser_page
+):
+    from playwright.sync_api import expect
+
+    page = browser_page
+    # A name of its own: the session's gateway keeps each host name's last 5 minutes.
+    add_route("chat", [add_host("gpu-forgetful", fake.url)])
+    gateway.sync()
+    conversation = Conversation(f"{gateway.url}/chat/v1/chat/completions")
+    conversation.turn()
+    for _ in range(2):  # the host loses what the prefix index expected it to hold, twice
+        fake.forget_cache()
+        conversation.turn()
+
+    page.set_viewport_size(SCREENS["1366"])
+    sign_in(page, gateway)
+    card = page.locator('#hosts [data-host="gpu-forgetful"]')
+    expect(card.locator('[data-figure="cache lost"]')).to_have_text("2", timeout=WAIT)
+    hint = card.locator('[data-role="cache-lost-hint"]')
+    expect(hint).to_contain_text("Lost what it had cached 2 times in 5 minutes.")
+    expect(hint).to_contain_text("--parallel")
+    lost_chart = page.locator('[data-chart="cache_lost"] .latest')
+    expect(lost_chart).to_have_text("in this window: gpu-forgetful 2", timeout=WAIT)
+    for name, size in SCREENS.items():
+        page.set_viewport_size(size)
+        page.screenshot(path=str(ARTIFACTS / f"dashboard-cache-lost-{name}.png"))
+        geometry = page.evaluate(CARD_GEOMETRY, "gpu-forgetful")
+
+        assert geometry["hintInside"], f"{name} px: the hint runs out of its card"
+        assert geometry["sameLine"], f"{name} px: cold turns and cache lost on two lines"
+        assert geometry["pageOverflow"] <= 0, f"{name} px: the page scrolls sideways"

@@ -86,6 +86,25 @@ def test_tokens_cache_hits_and_cold_turns_add_up_per_host() -> None:
     assert point["hosts"]["gpu2"]["cold"] == 0
 
 
+def test_a_host_that_held_less_than_the_prefix_index_predicted_counts_a_lost_cache() -> None:
+    history = History()
+    for predicted, reported in [(10, 0), (10, 8), (10, 9), (10, 30), (None, 0), (10, None)]:
+        lost = record(predicted_cached_blocks=predicted, reported_cached_blocks=reported)
+        history.observe(lost, now=T0)
+    history.observe(
+        record(host="gpu2", predicted_cached_blocks=4, reported_cached_blocks=0), now=T0
+    )
+
+    [point] = history.points("5m", since=int(T0), now=T0)
+    cards = history.cards(now=T0 + 1)
+
+    # Ten predicted and none or eight held: lost; nine is within the conversion's block, and
+    # more than predicted or an unknown figure is no loss.
+    assert point["hosts"]["gpu1"]["cache_lost"] == 2
+    assert point["hosts"]["gpu2"]["cache_lost"] == 1
+    assert (cards["gpu1"]["cache_lost"], cards["gpu2"]["cache_lost"]) == (2, 1)
+
+
 def test_a_request_that_reached_no_host_counts_for_the_fleet_only() -> None:
     history = History()
     history.observe(record(host="", status=404, code="model_not_found"), now=T0)
@@ -122,7 +141,8 @@ def test_samples_give_each_hosts_mean_in_flight_and_queue_per_step() -> None:
     assert point["hosts"]["gpu1"]["in_flight"] == 3.0
     assert point["hosts"]["gpu1"]["queued"] == 1.0
     assert point["hosts"]["gpu2"] == {
-        "requests": 0, "in_flight": 0.0, "queued": 0.0, "cache_hit": None, "cold": 0
+        "requests": 0, "in_flight": 0.0, "queued": 0.0, "cache_hit": None, "cold": 0,
+        "cache_lost": 0,
     }  # fmt: skip
     assert cards["gpu1"]["queued_peak"] == 3
 
@@ -236,6 +256,34 @@ def test_the_table_is_read_per_minute_with_the_rings_figures() -> None:
     assert minutes[int(T0) + 60][""].codes == {"http_502": 1}
 
 
+LOSSES = [
+    (10, 0, True), (10, 8, True),  # the host held none, or two blocks fewer: lost
+    (10, 9, False),  # one block fewer: within the conversion from tokens
+    (3, 40, False),  # more than predicted: the index did not know all it held
+    (10, None, False), (None, 0, False), (None, None, False),  # unknown is no loss
+]  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_table_counts_a_lost_cache_as_the_rings_do() -> None:
+    for predicted, reported, _ in LOSSES:
+        add_row(0, predicted_cached_blocks=predicted, reported_cached_blocks=reported)
+        add_row(0, host="gpu2", predicted_cached_blocks=predicted, reported_cached_blocks=9)
+    rings = History()
+    for predicted, reported, _ in LOSSES:
+        rings.observe(
+            record(predicted_cached_blocks=predicted, reported_cached_blocks=reported), now=T0
+        )
+
+    [minute] = read_steps(int(T0), int(T0) + 60, 60).values()
+    [point] = rings.points("5m", since=int(T0), now=T0)
+
+    lost = sum(is_lost for _, _, is_lost in LOSSES)
+    assert minute["gpu1"].cache_lost == point["hosts"]["gpu1"]["cache_lost"] == lost == 2
+    # gpu2 held 9 of each: lost where 11 or more were predicted, and none was.
+    assert minute["gpu2"].cache_lost == 0
+
+
 @pytest.mark.django_db
 def test_a_row_counts_in_the_step_it_finished_as_the_rings_count_it() -> None:
     add_row(0, total_ms=50_000)  # started at 0:05, finished at 0:55
@@ -290,7 +338,8 @@ async def test_a_minute_without_rows_of_a_host_shows_it_idle_in_the_24_hour_view
 
     assert busy["hosts"]["gpu1"]["in_flight"] == 0.5  # 30 s of running over the minute
     assert idle["hosts"]["gpu1"] == {
-        "requests": 0, "in_flight": 0.0, "queued": 0.0, "cache_hit": None, "cold": 0
+        "requests": 0, "in_flight": 0.0, "queued": 0.0, "cache_hit": None, "cold": 0,
+        "cache_lost": 0,
     }  # fmt: skip
 
 
@@ -314,6 +363,22 @@ def test_a_restarted_history_counts_the_requests_of_the_last_hour_from_the_rows(
     # The rows say when requests ran, not what was queued or running between the samples.
     assert {p["hosts"]["gpu1"]["in_flight"] for p in hour if p["hosts"]} == {None}
     assert rings.version == 1
+
+
+@pytest.mark.django_db
+def test_a_restarted_history_cards_count_the_lost_caches_of_the_rows_before_it() -> None:
+    add_row(3, predicted_cached_blocks=12, reported_cached_blocks=0)  # in no card: too old
+    for minute in (6, 7, 8):
+        add_row(minute, predicted_cached_blocks=12, reported_cached_blocks=0)
+    add_row(8, host="gpu2", predicted_cached_blocks=12, reported_cached_blocks=12)
+    rings = History(clock=lambda: T0 + 600)  # the process starts 10 minutes after T0
+
+    rings.rebuild()
+    cards = rings.cards()
+    hour = rings.points("1h")
+
+    assert (cards["gpu1"]["cache_lost"], cards["gpu2"]["cache_lost"]) == (3, 0)
+    assert sum(p["hosts"].get("gpu1", {}).get("cache_lost", 0) for p in hour) == 4
 
 
 @pytest.mark.django_db(transaction=True)

@@ -8,21 +8,17 @@ receives them. `CROSSBAR_TEST_SHARED=1` runs the same tests on the Redis-shared 
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
 
 import httpx
 import pytest
-from websockets.sync.client import ClientConnection, connect
 
 from accounting.models import Request
-from tests.conftest import Gateway, free_port, signed_in, wait_until
+from tests.conftest import Gateway, free_port, wait_until
 from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import series, wait_for_gauge, wait_for_host_state
+from tests.observe import dashboard, series, state_where, wait_for_gauge, wait_for_host_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,28 +56,6 @@ def held(gateway: Gateway, ledger, fakes, count: int) -> Iterator[list[Future]]:
             for fake in fakes:
                 fake.token_delay = 0
             assert [f.result() for f in futures] == [200] * count
-
-
-@contextmanager
-def dashboard(gateway: Gateway) -> Iterator[ClientConnection]:
-    """The dashboard's socket, as a signed-in operator's browser opens it."""
-    browser = signed_in(gateway)
-    cookie = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
-    browser.close()
-    url = gateway.url.replace("http://", "ws://") + "/dashboard/ws/"
-    headers = {"Cookie": cookie, "Origin": gateway.url}
-    with connect(url, additional_headers=headers, open_timeout=10) as socket:
-        yield socket
-
-
-def state_where(socket: ClientConnection, wanted: Callable[[dict[str, Any]], bool]) -> dict:
-    """The first `state` message `wanted` accepts; fails after 20 s."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        message = json.loads(socket.recv(timeout=10))
-        if message.get("type") == "state" and wanted(message):
-            return message
-    pytest.fail("no dashboard state as wanted within 20 s")
 
 
 def counters(gateway: Gateway, name: str) -> dict[str, float]:

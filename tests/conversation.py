@@ -1,0 +1,32 @@
+"""A conversation through the real gateway, turn by turn, as an agent holds one: each turn
+sends the whole history, so what the host kept of the turns before is what it reuses."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+
+from tests.fleet import MODEL
+
+
+class Conversation:
+    """A chat with a long system prompt of its own (some 3,000 characters: a dozen of the
+    prefix index's blocks), sent to `url`, a route's chat completions."""
+
+    def __init__(self, url: str) -> None:
+        system = f"{uuid.uuid4()} " + " ".join(f"rule{i}" for i in range(400))
+        self.url = url
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "first?"},
+        ]
+
+    def turn(self, question: str = "and then?") -> None:
+        """Send the history, keep the answer and ask `question` next; fails unless 200."""
+        body = {"model": MODEL, "messages": list(self.messages), "max_tokens": 4}
+        answer = httpx.post(self.url, json=body, timeout=10)
+        assert answer.status_code == 200, answer.text
+        self.messages.append(answer.json()["choices"][0]["message"])
+        self.messages.append({"role": "user", "content": question})
