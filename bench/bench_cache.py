@@ -133,8 +133,10 @@ def check_cache(host: Host, workload: Workload, max_tokens: int) -> dict[str, ob
     """Does the real server report `timings.prompt_n`, `cache_n`, `prompt_ms` and reuse its
     cache? Conversation 0's first turn, its second (the first's prompt from the slot), then
     first turns of as many other conversations as the host has slots, then conversation 0's
-    third (from --cache-ram, its slot having moved on). Exits when the timings lack a count or
-    the second turn found nothing cached; says whether the third did."""
+    third (from --cache-ram, its slot having moved on). Says whether the second and the third
+    found the whole prompt before them; exits when the timings lack a count or no request
+    found anything cached. (With `-sps 0` a second turn goes to the least recently used slot,
+    not the one holding its first: the slot cache then misses and --cache-ram catches it.)"""
     host.cold()
     conversations = workload.conversations
     if len(conversations) <= host.slots or len(conversations[0].turns) < 3:
@@ -159,16 +161,17 @@ def check_cache(host: Host, workload: Workload, max_tokens: int) -> dict[str, ob
     if missing:
         sys.exit(f"llama-server's timings lack {', '.join(missing)}: {timings[0]}")
     first, second, third = timings[0], timings[1], timings[-1]
-    whole_first = first["prompt_n"] + first["cache_n"]
+    # Each turn's prompt begins with the whole prompt before it (the answer the bench writes
+    # into the history is not what the model generated, so the match ends where it begins).
     report = {
         "first_turn": first,
         "second_turn": second,
         "third_turn_after_other_conversations": third,
-        "slot_cache_works": second["cache_n"] >= whole_first * 0.9,
-        "ram_cache_works": third["cache_n"] >= whole_first * 0.9,
+        "slot_cache_works": second["cache_n"] >= first["prompt_n"] + first["cache_n"],
+        "ram_cache_works": third["cache_n"] >= second["prompt_n"] + second["cache_n"],
     }
-    if not report["slot_cache_works"]:
-        sys.exit(f"llama-server did not reuse the first turn's prompt on the second: {report}")
+    if not any(turn["cache_n"] for turn in timings):
+        sys.exit(f"llama-server took nothing from its cache in the cache check: {report}")
     return report
 
 
