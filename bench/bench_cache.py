@@ -1,6 +1,6 @@
 """Cache-aware placement on real llama-servers, policy against policy: `make bench-cache`.
 
-    .venv/bin/python bench/bench_cache.py                        # everything, about 15 minutes
+    .venv/bin/python bench/bench_cache.py                        # everything, about 11 minutes
     .venv/bin/python bench/bench_cache.py --patience 0 2 600 auto --seed 1
     .venv/bin/python bench/bench_cache.py --policies one-host crossbar --conversations 8
 
