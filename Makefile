@@ -50,7 +50,7 @@ LITELLM_VENV := bench/.venv-litellm
 LITELLM_PIN := litellm[proxy]==1.108.7
 BENCH_INSTALLED := bench/results/.requirements-installed
 
-.PHONY: bench bench-compare bench-idle-queue bench-poller bench-scale
+.PHONY: bench bench-cache bench-compare bench-idle-queue bench-poller bench-scale
 
 $(BENCH_INSTALLED): bench/requirements.txt $(VENV)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
@@ -71,6 +71,12 @@ bench-poller: $(VENV)/.installed
 
 bench-scale: $(BENCH_INSTALLED)
 	$(PY) bench/bench_scale.py $(BENCH_ARGS)
+
+# Placement policies on real llama-servers (the `make llama-server` build, a tiny model made
+# for the run): one host, random, least loaded, crossbar at each patience; about 11 minutes.
+# Without the build it says how to make one and exits non-zero.
+bench-cache: $(VENV)/.installed
+	$(PY) bench/bench_cache.py $(BENCH_ARGS)
 
 $(LITELLM_VENV)/.installed:
 	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)

@@ -264,7 +264,7 @@ def _site_env(work: Path) -> dict[str, str]:
 @contextlib.contextmanager
 def crossbar(
     work: Path,
-    upstream: Server,
+    upstream: Server | None,
     source: Path,
     server: str,
     fleet_toml: str = FLEET_TOML,
@@ -274,14 +274,16 @@ def crossbar(
 ) -> Iterator[Server]:
     """crossbar from `source` behind `server` (a key of SERVERS), on a new SQLite database
     (`work/NAME.sqlite3`) with `fleet_toml` (by default one host, the fake, and one route
-    `bench`); `env` is added to its environment. The pid watched is the process that serves."""
+    `bench`; `{upstream}` in it is the URL of `upstream`, when one is given, and braces are
+    then doubled); `env` is added to its environment. The pid watched is the process that
+    serves."""
     env = {
         **_site_env(work),
         "DATABASE_URL": f"sqlite:///{work / f'{name}.sqlite3'}",
         **(env or {}),
     }
     fleet = work / f"{name}-fleet.toml"
-    fleet.write_text(fleet_toml.format(upstream=upstream.url))
+    fleet.write_text(fleet_toml.format(upstream=upstream.url) if upstream else fleet_toml)
     manage = [PYTHON, str(source / "manage.py")]
     for step in (["migrate", "--noinput"], ["crossbar_config", "load", str(fleet)]):
         done = subprocess.run(manage + step, cwd=source, env=env, capture_output=True, text=True)
@@ -291,6 +293,17 @@ def crossbar(
     command = _server_command(SERVERS[server][0], port, APP)
     with serving(command, port, "/health", work / f"{name}.log", env=env, cwd=source) as main:
         yield Server(main.url, worker_pid(main.pid), main.log) if server == "granian" else main
+
+
+def fleet_problems(work: Path, source: Path, fleet_toml: str, name: str) -> str | None:
+    """What `manage.py crossbar_config check` finds wrong with `fleet_toml` (written to
+    `work/NAME-fleet.toml`), or None when it would load: a benchmark can skip a setting the
+    code it measures does not know yet instead of failing at its start."""
+    fleet = work / f"{name}-fleet.toml"
+    fleet.write_text(fleet_toml)
+    command = [PYTHON, str(source / "manage.py"), "crossbar_config", "check", str(fleet)]
+    done = subprocess.run(command, cwd=source, env=_site_env(work), capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stderr or done.stdout).strip()
 
 
 @contextlib.contextmanager

@@ -73,19 +73,21 @@ def running_llama_server(
     base: Sequence[str] = BASE_ARGS,
     alias: str | None = ALIAS,
     timeout: float = 120,
+    port: int | None = None,
 ) -> Iterator[LlamaServer]:
     """llama-server serving `model` with `base` + `extra` arguments, healthy, then stopped.
 
-    `alias=None` leaves the model's id to llama-server (its file name). The server's output goes
-    to `log_dir/llama-server-<port>.log`.
+    `alias=None` leaves the model's id to llama-server (its file name). `port`: a free one
+    unless given (bench/bench_cache.py restarts a host where it was). The server's output is
+    appended to `log_dir/llama-server-<port>.log`.
     """
-    port = free_port()
+    port = port or free_port()
     log_path = log_dir / f"llama-server-{port}.log"
     args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *base]
     if alias:
         args += ["--alias", alias]
     args += list(extra)
-    with log_path.open("wb") as log_file:
+    with log_path.open("ab") as log_file:
         process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT)
     server = LlamaServer(url=f"http://127.0.0.1:{port}", port=port, process=process,
                          log_path=log_path)  # fmt: skip

@@ -1,0 +1,211 @@
+"""The figures of `make bench-cache` (bench/bench_cache.py): per policy, side by side, and the
+issue's "done when" checks computed from them. Pure: plain records in, dicts and text out.
+
+A policy's key is `one-host`, `random`, `least-loaded`, or `crossbar@P` for a route with
+`lease_patience = P` (`crossbar@auto` for the priced patience).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from bench_gateway import percentile
+
+__all__ = ["Answer", "Check", "done_when", "summarize", "tables"]
+
+IDEAL = "one-host"
+RANDOM = "random"
+AUTO = "crossbar@auto"
+MISSING = "missing"  # a crossbar answer without X-Crossbar-Placement (no reason is named so)
+SPREAD_MARGIN = 0.10  # the issue: no host above 1/N + 10% of the requests
+HALF_OF_RANDOM = 0.5
+CALM_OF_IDEAL = 1.05
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One request of the workload, as the agent saw it (after its retries)."""
+
+    conversation: int
+    turn: int
+    host: str  # who served it: X-Crossbar-Host through crossbar, else the host the bench chose
+    status: int  # the last attempt's HTTP status; 0 for a transport error
+    attempts: int
+    ttfb_ms: float | None  # first attempt sent -> first body byte of the answer; None: failed
+    prompt_n: int | None  # the final `timings`: prompt tokens the host evaluated
+    cache_n: int | None  # ... and prompt tokens it took from its cache
+    prompt_ms: float | None  # ... and the time it spent evaluating them
+    placement: str = ""  # X-Crossbar-Placement; MISSING when crossbar sent none; direct: empty
+    lease: str = ""  # X-Crossbar-Lease
+    error: str = ""  # the last failed attempt's reason, if any
+    after_restart: bool = False  # sent after the restarted host was back
+
+
+def placement_reason(header: str) -> str:
+    """`prefix 12 blocks` -> `prefix`: the reason, without what it carries, so reasons count."""
+    return re.split(r"[\s;:(=,]", header.strip(), maxsplit=1)[0] if header.strip() else ""
+
+
+def summarize(answers: Sequence[Answer], hosts: Sequence[str]) -> dict[str, object]:
+    """A phase's figures: prompt tokens evaluated (the sum of the hosts' `prompt_n`, lower is
+    better) and cached, the cache fraction cached / (cached + evaluated), the hosts' prefill
+    seconds, TTFB p50/p95 (nearest rank, answered requests), each of `hosts`' share of the
+    answered requests, the placement reasons counted (answers that carry one)."""
+    served = [answer for answer in answers if answer.prompt_n is not None]
+    evaluated = sum(answer.prompt_n or 0 for answer in served)
+    cached = sum(answer.cache_n or 0 for answer in served)
+    ttfbs = [answer.ttfb_ms for answer in served if answer.ttfb_ms is not None]
+    counts = Counter(answer.host for answer in served)
+    return {
+        "requests": len(answers),
+        "answered": len(served),
+        "failed": len(answers) - len(served),
+        "retries": sum(answer.attempts - 1 for answer in answers),
+        "prompt_tokens_evaluated": evaluated,
+        "prompt_tokens_cached": cached,
+        "cache_fraction": cached / (cached + evaluated) if cached + evaluated else math.nan,
+        "prefill_s": sum(answer.prompt_ms or 0.0 for answer in served) / 1000,
+        "ttfb_p50_ms": percentile(ttfbs, 0.50),
+        "ttfb_p95_ms": percentile(ttfbs, 0.95),
+        "host_share": {host: counts[host] / len(served) if served else 0.0 for host in hosts},
+        "placements": dict(
+            Counter(placement_reason(a.placement) for a in served if a.placement).most_common()
+        ),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    what: str
+    subject: str  # the policy judged
+    figure: str  # what was measured against what
+    passed: bool | None  # None: not measured (a policy it needs did not run)
+
+
+def done_when(
+    main: Mapping[str, Mapping[str, object]],
+    calm: Mapping[str, Mapping[str, object]],
+    hosts: int,
+) -> list[Check]:
+    """The issue's checks, for every crossbar policy measured in `main` (the contended phase
+    with the restart) and `calm` (fewer conversations than slots); `hosts`: the fleet's size.
+    The frontier check is `crossbar@auto`'s alone: its TTFB p95 at or below the fixed patience
+    with the best p95, with no more prompt tokens evaluated than that patience."""
+    checks = []
+    crossbars = [key for key in main if key.startswith("crossbar@")]
+    fixed = [key for key in crossbars if key != AUTO]
+    if AUTO in main and fixed:
+        best = min(fixed, key=lambda key: _number(main[key], "ttfb_p95_ms"))
+        auto, other = main[AUTO], main[best]
+        checks.append(Check(
+            "on the fixed patiences' frontier (TTFB p95 <= the best fixed's, tokens <= its)",
+            AUTO,
+            f"p95 {_ms(auto)} vs {best}'s {_ms(other)}; tokens {_tokens(auto)} vs {_tokens(other)}",
+            _number(auto, "ttfb_p95_ms") <= _number(other, "ttfb_p95_ms")
+            and _number(auto, "prompt_tokens_evaluated")
+            <= _number(other, "prompt_tokens_evaluated"),
+        ))  # fmt: skip
+    else:
+        checks.append(Check("on the fixed patiences' frontier", AUTO, "not measured", None))
+    limit = 1 / hosts + SPREAD_MARGIN
+    for key in crossbars:
+        figures = main[key]
+        checks.append(_ratio(f"at most {HALF_OF_RANDOM:g}x random's prompt tokens", key,
+                             figures, main.get(RANDOM), HALF_OF_RANDOM))  # fmt: skip
+        checks.append(_ratio(f"calm: at most {CALM_OF_IDEAL:g}x one host's prompt tokens", key,
+                             calm.get(key), calm.get(IDEAL), CALM_OF_IDEAL))  # fmt: skip
+        shares = figures["host_share"]
+        assert isinstance(shares, dict)
+        top = max(shares.values(), default=0.0)
+        spread = f"no host above 1/{hosts} + {SPREAD_MARGIN:.0%} of the requests"
+        checks.append(Check(spread, key, f"busiest {top:.0%}, limit {limit:.0%}", top <= limit))
+        lost = figures.get("cache_lost")
+        if isinstance(lost, dict):
+            counted = lost["counted_after_restart"]
+            checks.append(Check("the lost cache counted after the restart", key,
+                                f"crossbar_cache_lost_total +{counted}", counted > 0))  # fmt: skip
+        placements = figures["placements"]
+        assert isinstance(placements, dict)
+        unexplained = sum(n for reason, n in placements.items() if reason in (MISSING, "none"))
+        checks.append(Check("every request says why (X-Crossbar-Placement)", key,
+                            f"{unexplained} without a reason", unexplained == 0))  # fmt: skip
+    return checks
+
+
+def _ratio(
+    what: str,
+    key: str,
+    figures: Mapping[str, object] | None,
+    base: Mapping[str, object] | None,
+    limit: float,
+) -> Check:
+    if figures is None or base is None:
+        return Check(what, key, "not measured", None)
+    ratio = _number(figures, "prompt_tokens_evaluated") / max(
+        1.0, _number(base, "prompt_tokens_evaluated")
+    )
+    return Check(what, key, f"{ratio:.2f}x ({_tokens(figures)} vs {_tokens(base)})", ratio <= limit)
+
+
+def _number(figures: Mapping[str, object], key: str) -> float:
+    value = figures[key]
+    assert isinstance(value, (int, float))
+    return float(value)
+
+
+def _ms(figures: Mapping[str, object]) -> str:
+    return f"{_number(figures, 'ttfb_p95_ms'):.0f} ms"
+
+
+def _tokens(figures: Mapping[str, object]) -> str:
+    return f"{_number(figures, 'prompt_tokens_evaluated'):,.0f}"
+
+
+def tables(
+    main: Mapping[str, Mapping[str, object]],
+    calm: Mapping[str, Mapping[str, object]],
+    checks: Sequence[Check],
+) -> str:
+    """The phases side by side and the checks, as Markdown tables."""
+    parts = ["Contended, a host restarted halfway:", _phase_table(main)]
+    if calm:
+        parts += ["Calm (fewer conversations than slots, no restart):", _phase_table(calm)]
+    rows = ["| check | policy | measured | |", "|---|---|---|---|"]
+    verdicts = {True: "yes", False: "**no**", None: "-"}
+    rows += [f"| {c.what} | {c.subject} | {c.figure} | {verdicts[c.passed]} |" for c in checks]
+    return "\n\n".join([*parts, "Done when:", "\n".join(rows)])
+
+
+def _phase_table(phase: Mapping[str, Mapping[str, object]]) -> str:
+    base = phase.get(IDEAL)
+    rows = [
+        "| policy | answered (failed, retries) | prompt tokens evaluated | x one host | cache "
+        "fraction | prefill s | TTFB p50 | TTFB p95 | host shares | placements | cache lost "
+        "(before restart -> end) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, figures in phase.items():
+        shares = figures["host_share"]
+        placements = figures["placements"]
+        assert isinstance(shares, dict) and isinstance(placements, dict)
+        evaluated = _number(figures, "prompt_tokens_evaluated")
+        times = f"{evaluated / _number(base, 'prompt_tokens_evaluated'):.2f}x" if base else "-"
+        lost = figures.get("cache_lost")
+        lost_text = (
+            f"{sum(lost['before_restart'].values())} -> {sum(lost['end'].values())}"
+            if isinstance(lost, dict)
+            else "-"
+        )
+        rows.append(
+            f"| {key} | {figures['answered']} ({figures['failed']}, {figures['retries']}) "
+            f"| {evaluated:,.0f} | {times} | {_number(figures, 'cache_fraction'):.1%} "
+            f"| {_number(figures, 'prefill_s'):.1f} | {_number(figures, 'ttfb_p50_ms'):.0f} ms "
+            f"| {_ms(figures)} | {' '.join(f'{h} {s:.0%}' for h, s in shares.items())} "
+            f"| {' '.join(f'{reason} {n}' for reason, n in placements.items()) or '-'} "
+            f"| {lost_text} |"
+        )
+    return "\n".join(rows)
