@@ -33,6 +33,7 @@ from routing.core.choose import Candidate
 from routing.core.clients import Admitted, ClientGate, ClientSpec
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
+from routing.core.patience import Figures
 from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking, Rankings
 from routing.core.running import RunningTable
@@ -76,6 +77,9 @@ class Runtime:
         # What each host's KV cache holds, as this process has seen it (routing/core/prefixes.py);
         # with shared state too, each process keeps its own (docs/replicas.md).
         self.prefixes = PrefixIndex(conf["PREFIX_INDEX_ENTRIES"])
+        # The hosts' recent service times and prompt speeds, for priced patience
+        # (routing/core/patience.py); with shared state too, each process keeps its own.
+        self.figures = Figures()
         self.connect_timeout: float = conf["CONNECT_TIMEOUT"]
         self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
         self.stream_idle_timeout: float = conf["STREAM_IDLE_TIMEOUT"]
@@ -140,6 +144,7 @@ class Runtime:
                 self.state.drop_host(host.name)
                 replaced.append(host.name)
         self.prefixes.forget(replaced)
+        self.figures.forget(replaced)
         self.health.track({host.name: host.url for host in fleet.hosts.values()})
         self.clients.configure(fleet.clients)
         self.fleet = fleet
