@@ -16,6 +16,7 @@ import pytest
 from django.utils import timezone
 
 from accounting.models import Request
+from hosts.models import Host
 from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, add_host, add_route, chat
@@ -111,3 +112,25 @@ def test_a_busy_homes_request_stays_when_the_cold_start_elsewhere_is_priced_long
     assert stayed.headers["x-crossbar-patience"] == (
         f"stay stay_ms={row.patience_stay_ms} spill_ms={row.patience_spill_ms}"
     )
+
+
+def test_a_host_moved_to_another_machine_is_priced_afresh(gateway, fake, fake2):
+    home, other = fresh_hosts(fake, fake2)
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    spilled, _ = spilled_at_once(url, fake, fake2, home, other)
+    assert spilled.headers["x-crossbar-patience"].startswith("spill ")
+
+    with FakeLlamaServer() as third:
+        moved = Host.objects.get(name=other)
+        moved.url = third.url  # the same name, another machine: nothing measured there yet
+        moved.save()
+        gateway.sync()
+        with holding(url, slow("mine", tokens=30), fake):  # home busy for some 3 s
+            again = httpx.post(url, json=chat("mine", max_tokens=2), timeout=10)
+
+    assert (again.headers["x-crossbar-host"], again.headers["x-crossbar-lease"]) == (
+        other, "spilled",
+    )  # fmt: skip
+    assert again.headers["x-crossbar-patience"].startswith("default ")  # after the fixed 2 s
+    assert float(again.headers["x-crossbar-queued-ms"]) >= 2000
