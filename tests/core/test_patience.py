@@ -16,7 +16,14 @@ from routing.core.patience import (
     line_wait,
     prefill,
 )
-from routing.core.prefixes import BLOCK_CHARS, BLOCK_TOKENS, NO_PREFIX, PrefixIndex, prefix_blocks
+from routing.core.prefixes import (
+    BLOCK_CHARS,
+    BLOCK_TOKENS,
+    NO_PREFIX,
+    Prefix,
+    PrefixIndex,
+    prefix_blocks,
+)
 
 MODEL = "llama3"
 # 40 whole blocks of text and 8 characters more: with 4 characters a token, 2,562 tokens.
@@ -115,6 +122,16 @@ def test_unknown_or_senseless_counts_teach_nothing():
     assert known.units_per_token(MODEL, BLOCK_CHARS) is None
 
 
+def test_the_smallest_answers_still_count():
+    known = Figures()
+    one_unit = Prefix((), 1, BLOCK_CHARS)  # a prompt of one character
+    known.prompted("gpu1", MODEL, one_unit, 1, 0, 0.5)  # one token, in half a millisecond
+
+    assert known.speed("gpu1") == 2000.0
+    assert known.units_per_token(MODEL, BLOCK_CHARS) == 1.0
+    assert Pricing(known, PrefixIndex(10), MODEL, one_unit, lambda host: 1).spill("gpu1") == 0.0005
+
+
 def test_a_slot_held_no_time_at_all_is_a_figure_too():
     known = Figures()
     known.held("gpu1", MODEL, 0.0)
@@ -179,6 +196,7 @@ def test_no_measurements_no_price():
 
     assert prices.stay("gpu1", 1) is None
     assert prices.spill("gpu2") is None
+    assert pricing(figures(gpu1=(1.0, 1000.0))).spill("gpu9") is None  # units, but no speed
     only_speed = Figures()
     only_speed.prompted("gpu1", MODEL, PROMPT, TOKENS, 0, 1000.0)
     assert pricing(only_speed).stay("gpu1", 1) is None  # no service time yet
@@ -198,8 +216,9 @@ def test_a_prompt_the_index_cannot_read_has_no_price():
 def test_no_measurements_the_fixed_default_decides():
     assert decide(None, None, [], spent=False) == Priced(Choice.DEFAULT, None, None, False)
     assert decide(None, None, [], spent=True) == Priced(Choice.DEFAULT, None, None, True)
-    assert decide(5.0, None, [], spent=False).choice is Choice.DEFAULT  # the other host unknown
-    assert decide(None, 0.1, [], spent=True).takes  # home unknown: the default decides
+    # One price known: the default decides, and the row keeps the price it had.
+    assert decide(5.0, None, [], spent=False) == Priced(Choice.DEFAULT, 5.0, None, False)
+    assert decide(None, 0.1, [], spent=True) == Priced(Choice.DEFAULT, None, 0.1, True)
     assert DEFAULT_PATIENCE == 2.0
 
 
