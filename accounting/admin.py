@@ -141,6 +141,8 @@ class RequestAdmin(admin.ModelAdmin):
         ("Tokens", {"fields": ("prompt_tokens", "cached_tokens", "completion_tokens")}),
         # The prefix index's guess against the host's word (a lost cache: the first well above).
         ("Cache", {"fields": ("predicted_cached_blocks", "reported_cached_blocks")}),
+        # Priced patience's choice for a request that waited, and the two prices it compared.
+        ("Patience", {"fields": ("patience", "patience_stay_ms", "patience_spill_ms")}),
     )
     readonly_fields = ("started_at",)
 

@@ -33,6 +33,12 @@ class Request(models.Model):
         FALLBACK = "fallback", "fallback"  # the route's fallback route served
         NONE = "none", "none"  # no conversation (e.g. a GET) or no host reached
 
+    class Patience(models.TextChoices):
+        STAY = "stay", "stay"  # the wait in line was priced sooner (or nothing else was free)
+        SPILL = "spill", "spill"  # the cold start on another host was priced sooner
+        DEFAULT = "default", "default"  # a figure was missing: the fixed default decided
+        NONE = "", "none"  # not priced: no wait, or a route with a fixed lease_patience
+
     route = models.CharField(max_length=64, blank=True, help_text="Empty when none was named.")
     fingerprint = models.CharField(
         max_length=64, blank=True, help_text="The conversation's fingerprint (hex sha256), if any."
@@ -90,6 +96,29 @@ class Request(models.Model):
         blank=True,
         help_text="The prompt's leading blocks the host reported cached (its cached tokens, "
         "in blocks); empty when it did not say.",
+    )
+    # A route's `lease_patience = "auto"` prices a wait in line against a cold start elsewhere
+    # (routing/core/patience.py): its last choice for the request, and the two prices.
+    patience = models.CharField(
+        max_length=10,
+        choices=Patience.choices,
+        blank=True,
+        help_text="What priced patience chose for a request that waited; empty when it did "
+        "not price the wait.",
+    )
+    patience_stay_ms = models.PositiveIntegerField(
+        "patience stay ms",
+        null=True,
+        blank=True,
+        help_text="The expected ms to the first token staying in line (the wait, then the "
+        "prompt's uncached part); empty when a figure was missing.",
+    )
+    patience_spill_ms = models.PositiveIntegerField(
+        "patience spill ms",
+        null=True,
+        blank=True,
+        help_text="The expected ms to the first token on the other host's free slot (its "
+        "prefill of what it does not hold); empty when a figure was missing or nothing was free.",
     )
 
     class Meta:

@@ -67,6 +67,9 @@ class RequestRecord:
     refused_by: str = ""  # space-separated host names
     predicted_cached_blocks: int | None = None
     reported_cached_blocks: int | None = None
+    patience: str = ""
+    patience_stay_ms: int | None = None
+    patience_spill_ms: int | None = None
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))

@@ -34,7 +34,7 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any
 
-GROUPINGS = ("route", "host", "model", "lease", "placement", "code", "client")
+GROUPINGS = ("route", "host", "model", "lease", "placement", "patience", "code", "client")
 
 # A reused lease that finds less than this share of its prompt cached is a cold turn.
 COLD_TURN_SHARE = 0.5

@@ -1,6 +1,6 @@
 """The live fleet as placement sees it: the configuration, the hosts' health, the fleet state
-(slots, lines, leases), what their caches hold (the prefix index), and each route's ranking
-kept from them.
+(slots, lines, leases), what their caches hold (the prefix index) and how fast they serve
+(priced patience's figures), and each route's ranking kept from them.
 
 This is `routing.core.placement.Fleet` for the gateway. A host's place in a ranking
 (routing/core/ranking.py) is computed from the facts this part alone puts together: what the
@@ -24,6 +24,7 @@ from hosts.describe import ModelState
 from hosts.health import HealthTable, HostHealth
 from routing.config.shape import Fleet, HostConfig, RouteConfig
 from routing.core.choose import Candidate
+from routing.core.patience import Figures
 from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking, Rankings
 from routing.core.state import FleetState
@@ -36,7 +37,12 @@ class LiveFleet:
     """The configured fleet, its health and its state, and the rankings kept from them."""
 
     def __init__(
-        self, config: Fleet, make_state: MakeState, prefixes: PrefixIndex, prefix_margin: int
+        self,
+        config: Fleet,
+        make_state: MakeState,
+        prefixes: PrefixIndex,
+        prefix_margin: int,
+        figures: Figures,
     ) -> None:
         self.rankings = Rankings(self._candidate)
         touch = self.rankings.touch
@@ -47,6 +53,9 @@ class LiveFleet:
         # with shared state too, each process keeps its own (docs/replicas.md).
         self.prefixes = prefixes
         self.prefix_margin = prefix_margin
+        # The hosts' recent service times and prompt speeds, for priced patience
+        # (routing/core/patience.py); with shared state too, each process keeps its own.
+        self.figures = figures
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
         self._served: dict[str, frozenset[str]] = {}  # the models each route serves
@@ -69,6 +78,7 @@ class LiveFleet:
                 self.state.drop_host(host.name)
                 replaced.append(host.name)
         self.prefixes.forget(replaced)
+        self.figures.forget(replaced)
         self.health.track({host.name: host.url for host in config.hosts.values()})
         self.config = config
         self.rankings.clear()

@@ -70,10 +70,14 @@ class Route(models.Model):
         help_text="Seconds a request may wait for a slot before it gets 503 queue timeout.",
     )
     lease_patience = models.FloatField(
-        default=2.0,
+        null=True,
+        blank=True,
+        default=None,
         validators=[validate_seconds],
         help_text="Seconds a conversation waits for its own (cache-warm) host before it goes "
-        "to another host with a free slot. 0: never wait while another host is free.",
+        "to another host with a free slot. 0: never wait while another host is free. Empty: "
+        "auto, whichever is sooner: the wait in line at home, or the prompt evaluated cold "
+        "on the other host, as the hosts' recent answers price them.",
     )
     fallback = models.ForeignKey(
         "self",

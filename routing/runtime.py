@@ -32,6 +32,7 @@ from routing.config.shape import Fleet, RouteConfig
 from routing.core.clients import Admitted, ClientGate, ClientSpec
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
+from routing.core.patience import Figures
 from routing.core.prefixes import PrefixIndex
 from routing.core.running import RunningTable
 from routing.core.state import FleetState, LocalState
@@ -63,11 +64,12 @@ class Runtime:
             return LocalState(Limiter(on_change=touch), LeaseTable(on_change=touch))
 
         # What placement reads: the fleet, its health, state and caches, each route's ranking.
-        prefixes = PrefixIndex(conf["PREFIX_INDEX_ENTRIES"])
-        self.live = LiveFleet(fleet, make_state, prefixes, conf["PREFIX_MARGIN"])
+        prefixes, figures = PrefixIndex(conf["PREFIX_INDEX_ENTRIES"]), Figures()
+        self.live = LiveFleet(fleet, make_state, prefixes, conf["PREFIX_MARGIN"], figures)
         self.state = self.live.state
         self.health = self.live.health
         self.prefixes = prefixes
+        self.figures = figures
         self.poller = Poller(self.health, conf["HEALTH_INTERVAL"], conf["HEALTH_TIMEOUT"])
         self.clients = ClientGate(require=conf["REQUIRE_KEY"])
         self.running = RunningTable()

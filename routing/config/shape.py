@@ -46,7 +46,7 @@ class RouteConfig:
     hosts: tuple[str, ...]
     wait_status: bool = False
     queue_timeout: float = 300.0
-    lease_patience: float = 2.0
+    lease_patience: float | None = None  # seconds; None: auto (routing/core/patience.py)
     fallback: str = ""  # a route name
     fallback_after: float = 10.0
     fallback_model: str = ""

@@ -32,9 +32,18 @@ _ACCEPTED: dict[str, tuple[type, ...]] = {
     "str": (str,),
     "int": (int,),
     "float": (int, float),
+    "float | None": (int, float),  # or AUTO, which the spec holds as None
     "bool": (bool,),
 }
-_EXPECTED = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}
+_EXPECTED = {
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "float | None": 'a number or "auto"',
+    "bool": "true or false",
+}
+# How the file spells a number left to the gateway (a route's `lease_patience`): None in a spec.
+AUTO = "auto"
 
 DUMP_HEADER = "# crossbar configuration, written by `manage.py crossbar_config dump`."
 DISCOVER_HEADER = (
@@ -112,7 +121,9 @@ def _table(name: str, values: Mapping[str, object], indent: str = "") -> list[st
 
 
 def toml_literal(value: object) -> str:
-    """`value` as TOML writes it: `"gpu1"`, `2.0`, `true`, `["a", "b"]`."""
+    """`value` as TOML writes it: `"gpu1"`, `2.0`, `true`, `["a", "b"]`, None as `"auto"`."""
+    if value is None:
+        value = AUTO
     if isinstance(value, list):
         return "[" + ", ".join(toml_literal(item) for item in value) + "]"
     return tomli_w.dumps({"v": value}).removeprefix("v = ").rstrip("\n")
@@ -167,12 +178,17 @@ class _Reader:
         values: dict[str, Any] = {}
         for name, type_name in fields.items():
             value = table.get(name)
+            if value == AUTO and type_name.endswith("| None"):
+                values[name] = None
+                continue
             # bool is an int to Python, never to this file.
             if isinstance(value, _ACCEPTED[type_name]) and not (
                 isinstance(value, bool) and type_name != "bool"
             ):
                 values[name] = (
-                    float(value) if type_name == "float" and isinstance(value, int) else value
+                    float(value)
+                    if type_name.startswith("float") and isinstance(value, int)
+                    else value
                 )
                 continue
             if name in table:

@@ -83,7 +83,7 @@ class RouteSpec:
     enabled: bool
     wait_status: bool
     queue_timeout: int
-    lease_patience: float
+    lease_patience: float | None  # None: auto ("auto" in the file)
     fallback: str
     fallback_after: float
     fallback_model: str

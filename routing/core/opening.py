@@ -52,7 +52,7 @@ class Opening:
     usable: Callable[[str], bool]  # whether the lease's host may take the request here
     unusable: Collection[str]  # the route's hosts for the model that `usable` refuses now
     strict: bool  # a host that may not be used refuses rather than moves the conversation
-    patient: bool  # home's line before the other hosts' free slots (lease_patience > 0)
+    patient: bool  # home's line before the other hosts' free slots (lease_patience > 0, or auto)
 
 
 @dataclass(slots=True, frozen=True)

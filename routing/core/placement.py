@@ -7,7 +7,10 @@ atomic script in Redis), so no other request can take the place meanwhile:
 - home usable, a free slot there: taken (`home`);
 - home busy, room in its queue: the request queues at home; after the route's
   `lease_patience` it also watches the route's other hosts and takes the first slot freed there
-  (`spilled`, the lease stays home);
+  (`spilled`, the lease stays home). With `lease_patience` auto (None), it watches them at
+  once, and a free slot there takes it only when its cold start is priced sooner than the wait
+  in line (`routing.core.patience`): priced when the wait begins, again at each slot freed
+  there and each move of its line, and by the fixed default for a host without figures;
 - home's queue full: the first other usable host with a free slot, else with room in its queue
   (`spilled`); `QueueFull` only when every usable host is full;
 - no lease, or home down/draining: the hosts ranked by the chooser (`routing.core.choose`),
@@ -18,9 +21,10 @@ atomic script in Redis), so no other request can take the place meanwhile:
   with no conversation.
 
 A waiting request is woken only by events: a slot freed where it may go (the limiter hands it
-over), a host becoming usable again (`Limiter.wake`), or its own deadlines as loop timers:
-patience, `fallback_after` (it then also watches the fallback route's hosts for
-`fallback_model` and takes the first free slot there: `fallback`), and `queue_timeout`
+over), a host becoming usable again (`Limiter.wake`), its place in line moving (priced
+patience only), or its own deadlines as loop timers: patience (auto: the fixed default, for
+the hosts without figures), `fallback_after` (it then also watches the fallback route's hosts
+for `fallback_model` and takes the first free slot there: `fallback`), and `queue_timeout`
 (`QueueTimeout`). A route with a fallback waits, rather than refusing, while it has no usable
 host: it watches its hosts until one comes back or the fallback takes it.
 
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Generic, Protocol, TypeVar, cast
 
@@ -41,6 +45,7 @@ from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueT
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.limiter import Pair
 from routing.core.opening import Opening, is_held, keep_or_give_back
+from routing.core.patience import DEFAULT_PATIENCE, Choice, Priced, Pricing, decide
 from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking
 from routing.core.state import FleetState, Held, InLine
@@ -54,7 +59,7 @@ class Reason(StrEnum):
     HOME = "home"  # the conversation's lease host
     NEW = "new"  # a new conversation: the best-ranked host with room
     PREFIX = "prefix"  # a host holding more of the prompt's opening (routing.core.affinity)
-    SPILLED = "spilled"  # patience spent, or home's queue full
+    SPILLED = "spilled"  # patience spent (or priced cheaper elsewhere), or home's queue full
     MOVED = "moved"  # home down or draining
     FALLBACK = "fallback"  # the route's fallback route
     NONE = "none"  # no conversation (no fingerprint)
@@ -72,7 +77,7 @@ class RouteRules(Protocol):
     @property
     def queue_timeout(self) -> float: ...
     @property
-    def lease_patience(self) -> float: ...
+    def lease_patience(self) -> float | None: ...  # None: auto (priced)
     @property
     def fallback(self) -> str: ...
     @property
@@ -126,6 +131,7 @@ class Placement:
     model: str  # the model asked of that route
     waited: float  # seconds from arrival to the slot
     fallback: str = ""  # the fallback route's name, when one was taken
+    patience: Priced | None = None  # priced patience's last choice, when it priced the wait
 
     @property
     def host(self) -> str:
@@ -143,7 +149,11 @@ class Waiting:
 
 
 class Placer(Generic[RouteT]):
-    """Places one request of `route` for `model`: `now()`, then `wait()` when it must wait."""
+    """Places one request of `route` for `model`: `now()`, then `wait()` when it must wait.
+
+    `pricing`: the request's prices, for a route whose patience is auto; without it such a
+    route waits the fixed default.
+    """
 
     def __init__(
         self,
@@ -153,6 +163,7 @@ class Placer(Generic[RouteT]):
         fingerprint: str,
         started: float,
         prompt: tuple[int, ...] = (),
+        pricing: Pricing | None = None,
     ) -> None:
         """`prompt`: the prompt's block chain (routing/core/prefixes.py), for prefix affinity;
         empty for none."""
@@ -165,6 +176,11 @@ class Placer(Generic[RouteT]):
         self._home: str | None = None  # the usable lease host the last `now()` found
         self._fallback: RouteT | None = None  # set once `fallback_after` has passed
         self._fallback_pairs: set[Pair] = set()
+        self._pricing = pricing
+        self._priced: InLine | None = None  # the wait in line that priced patience prices
+        self._spent = False  # priced patience: the fixed default has passed
+        self._choices: dict[str, Priced] = {}  # the last choice about each host's free slot
+        self._last: Priced | None = None  # the last choice of the wait
 
     async def now(self) -> Placement | Waiting:
         """A placement, or a `Waiting` holding the request's place, taken in one step.
@@ -192,7 +208,7 @@ class Placer(Generic[RouteT]):
             usable=self._usable,
             unusable=ranking.unusable(),
             strict=self.route.strict,
-            patient=self.route.lease_patience > 0,
+            patient=self.route.lease_patience is None or self.route.lease_patience > 0,
         )
         opened = await self.fleet.state.open(opening)
         home = opened.home
@@ -228,15 +244,21 @@ class Placer(Generic[RouteT]):
         loop = asyncio.get_running_loop()
         waiter = waiting.waiter
         timers = [loop.call_at(self.started + self.route.queue_timeout, self._time_out, waiter)]
+        self._priced, self._spent, self._choices, self._last = None, False, {}, None
         if waiting.host and len(self._ranking().listed) > 1:
-            patience = self.started + self.route.lease_patience
-            timers.append(loop.call_at(patience, self._spill, waiter))
+            patience = self.route.lease_patience
+            if patience is None:
+                self._priced = waiter
+                default = self._pricing.default if self._pricing else DEFAULT_PATIENCE
+                timers.append(loop.call_at(self.started + default, self._default_spent, waiter))
+            else:
+                timers.append(loop.call_at(self.started + patience, self._spill, waiter))
         fallback = self.fleet.fallback_of(self.route)
         if fallback is not None:
             after = self.started + self.route.fallback_after
             timers.append(loop.call_at(after, self._fall_back, waiter, fallback))
         try:
-            slot: Held = await waiter.granted
+            slot: Held = await self._granted(waiter)
         except asyncio.CancelledError:
             granted = waiter.cancel()
             if granted is not None:
@@ -245,7 +267,16 @@ class Placer(Generic[RouteT]):
         finally:
             for timer in timers:
                 timer.cancel()
-        waited = loop.time() - self.started
+        placement = await self._placed_after(waiting, slot, fallback)
+        if self._priced is None:
+            return placement
+        return replace(placement, patience=self._choices.get(slot.host, self._last))
+
+    async def _placed_after(
+        self, waiting: Waiting, slot: Held, fallback: RouteT | None
+    ) -> Placement:
+        """The placement of a wait that ended with `slot`."""
+        waited = asyncio.get_running_loop().time() - self.started
         own = slot.model == self.model and self._ranking().lists(slot.host)
         if fallback is not None and not own:
             return Placement(
@@ -290,9 +321,80 @@ class Placer(Generic[RouteT]):
         waiter = cast(InLine, got)
         return Waiting(waiter, waiter.host, reason, lease)
 
+    async def _granted(self, waiter: InLine) -> Held:
+        """The slot `waiter` is handed. A priced wait is priced now (a free slot elsewhere
+        that is sooner takes it at once) and again each time its place in line moves; a slot
+        freed elsewhere is priced by `_accepts` as it frees."""
+        if self._priced is None:
+            slot: Held = await waiter.granted
+            return slot
+        moved = waiter.changes()
+        while not waiter.granted.done():
+            moved.clear()  # before pricing: a move from here on wakes the wait below
+            self._reprice(waiter)
+            if waiter.granted.done():
+                break
+            moving = asyncio.ensure_future(moved.wait())
+            try:
+                await asyncio.wait((waiter.granted, moving), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                moving.cancel()
+        granted: Held = waiter.granted.result()  # raises as awaiting it would
+        return granted
+
     def _spill(self, waiter: InLine) -> None:
-        """Patience spent: a slot freed on another usable host of the route may take it."""
+        """Patience spent (or priced): a slot freed on another usable host of the route may
+        take it, as `_accepts` says."""
         self.fleet.state.watch(waiter, list(self._ranking().pairs()), self._accepts)
+
+    def _default_spent(self, waiter: InLine) -> None:
+        """Priced patience: the fixed default has passed, for the hosts without figures."""
+        self._spent = True
+        self._reprice(waiter)
+
+    def _reprice(self, waiter: InLine) -> None:
+        """Price staying against the soonest free slot elsewhere (the choice the row keeps if
+        the request stays), then offer the free slots elsewhere to `_accepts`."""
+        stay, pricing = self._stay(waiter), self._pricing
+        free = self._free_elsewhere(waiter.host)
+        if not free:
+            self._last = Priced(Choice.DEFAULT if stay is None else Choice.STAY, stay, None)
+        else:
+            prices = [pricing.spill(host) for host in free] if pricing is not None else []
+            known = [price for price in prices if price is not None]
+            self._last = decide(stay, min(known, default=None), (), self._spent)
+        self._spill(waiter)
+
+    def _stay(self, waiter: InLine) -> float | None:
+        pricing = self._pricing
+        return pricing.stay(waiter.host, waiter.position) if pricing is not None else None
+
+    def _takes(self, host: str) -> bool:
+        """Priced patience: whether a free slot on `host` is sooner than the wait in line (and
+        than the other hosts' free slots). The choice is kept for the row."""
+        waiter, pricing = self._priced, self._pricing
+        if waiter is None:
+            return True  # patience was spent: any free slot
+        if host == waiter.host:
+            return True  # its own line's host (a slot there goes to its line first)
+        spill = pricing.spill(host) if pricing is not None else None
+        rivals: list[float | None] = []
+        if pricing is not None and spill is not None:
+            rivals = [pricing.spill(other) for other in self._free_elsewhere(host, waiter.host)]
+        priced = self._choices[host] = decide(self._stay(waiter), spill, rivals, self._spent)
+        return priced.takes
+
+    def _free_elsewhere(self, *besides: str) -> list[str]:
+        """The route's usable hosts, but `besides`, with a free slot and an empty line now."""
+        state, model = self.fleet.state, self.model
+        return [
+            host
+            for host in self._ranking().listed
+            if host not in besides
+            and state.free_for(host, model) > 0
+            and state.queued(host, model) == 0
+            and self._usable(host)
+        ]
 
     def _fall_back(self, waiter: InLine, fallback: RouteT) -> None:
         """Waited `fallback_after`: a free slot of the fallback route may take it."""
@@ -352,7 +454,7 @@ class Placer(Generic[RouteT]):
         """Whether a slot freed on `pair` may go to this request right now."""
         host, model = pair
         if model == self.model and self._usable(host):
-            return True
+            return self._takes(host)
         fallback = self._fallback
         return (
             fallback is not None

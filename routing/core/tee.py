@@ -3,12 +3,14 @@
 The proxy hands every upstream chunk to `Tee.feed` and yields the same chunk to the client; the
 tee only looks. At the end `Tee.usage()` says how many prompt, cached and completion tokens the
 host reported, from the last `usage` object (OpenAI shape) or, failing that, llama-server's
-`timings`. Pure: no Django, no I/O, no event loop.
+`timings`; `Tee.prompt_ms()` how long the host took over the part of the prompt it evaluated
+(`timings.prompt_ms`). Pure: no Django, no I/O, no event loop.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +84,18 @@ class Tee:
                 self._read_json_body(self._body)
             self._result = _count_tokens(self._usage, self._timings)
         return self._result
+
+    def prompt_ms(self) -> float | None:
+        """The milliseconds the host reported evaluating the prompt's uncached part
+        (llama-server's `timings.prompt_ms`); None when it did not say. Call after the last
+        chunk."""
+        self.usage()  # a JSON body is read there
+        value = (self._timings or {}).get("prompt_ms")
+        # json reads NaN and Infinity too, which no duration is.
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if math.isfinite(value) and value >= 0:
+                return float(value)
+        return None
 
     def _feed_sse(self, chunk: bytes) -> None:
         end = chunk.rfind(b"\n")

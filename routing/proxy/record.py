@@ -13,9 +13,11 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from accounting.recorder import RequestRecord, get_recorder
 from routing.core.clients import Admitted
+from routing.core.patience import Priced
 from routing.core.placement import Placement
 from routing.core.prefixes import NO_PREFIX, Prefix
 from routing.core.running import RunningRequest
@@ -60,6 +62,7 @@ class Trail:
     prefix: Prefix = NO_PREFIX  # the prompt in blocks (routing/core/prefixes.py)
     predicted_blocks: int | None = None  # the prefix index's guess of the host's cached blocks
     reported_blocks: int | None = None  # the host's word (its cached tokens, in blocks)
+    patience: Priced | None = None  # priced patience's choice, when it priced the wait
 
     def placed(self, placement: Placement) -> Trail:
         """Where the request runs. `route` stays the route the client asked for."""
@@ -73,6 +76,7 @@ class Trail:
             model=placement.model,
             fallback=placement.fallback,
             queued_ms=int(placement.waited * 1000),
+            patience=placement.patience,
         )
 
 
@@ -114,12 +118,13 @@ def finish(
         refused_by=" ".join(trail.refused_by),
         predicted_cached_blocks=trail.predicted_blocks,
         reported_cached_blocks=trail.reported_blocks,
+        **_patience_fields(trail.patience),
     )
     get_recorder().record(record)
     metrics.observe(record)
     log.info(
         "route=%s model=%s host=%s status=%d placement=%s lease=%s queued_ms=%d total_ms=%d "
-        "fp=%s%s",
+        "fp=%s%s%s",
         trail.route or "-",
         trail.model or "-",
         trail.host or "-",
@@ -129,5 +134,37 @@ def finish(
         trail.queued_ms,
         total_ms,
         trail.fingerprint[:8] or "-",
+        f" patience={said(trail.patience)}" if trail.patience is not None else "",
         f" error={error!r}" if error else "",
     )
+
+
+def said(priced: Priced) -> str:
+    """A choice as the log line and `X-Crossbar-Patience` say it: `spill stay_ms=5200
+    spill_ms=800` (`-` for a price it did not have)."""
+    stay, spill = (_ms(price) for price in (priced.stay, priced.spill))
+    return f"{priced.choice} stay_ms={_shown(stay)} spill_ms={_shown(spill)}"
+
+
+def _shown(ms: int | None) -> str:
+    return "-" if ms is None else str(ms)
+
+
+def _patience_fields(priced: Priced | None) -> dict[str, Any]:
+    """The row's patience fields for a choice (empty ones for none)."""
+    if priced is None:
+        return {"patience": "", "patience_stay_ms": None, "patience_spill_ms": None}
+    return {
+        "patience": str(priced.choice),
+        "patience_stay_ms": _ms(priced.stay),
+        "patience_spill_ms": _ms(priced.spill),
+    }
+
+
+# The row's columns hold up to this (PostgreSQL's integer): a price from a host measured
+# absurdly slow must not make the database refuse the row.
+_MAX_MS = 2**31 - 1
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else min(round(seconds * 1000), _MAX_MS)

@@ -17,6 +17,7 @@ from routing.core.errors import Answer
 from routing.core.running import data_events
 from routing.core.state import Held, on_lost
 from routing.core.tee import Tee
+from routing.proxy.figures import held, measured
 from routing.proxy.prefix_check import settled
 from routing.proxy.record import Trail, finish
 from routing.runtime import Runtime
@@ -344,8 +345,9 @@ class Relay:
             close_soon(self._upstream)
 
     def _free_host(self) -> None:
-        """The host is done with: its slot back."""
+        """The host is done with: its slot back (and how long it was held, to the figures)."""
         if self._slot is not None:
+            held(self._trail, self._runtime)
             self._slot.release()
             self._slot = None
 
@@ -357,4 +359,5 @@ class Relay:
         if not code and status >= 400:
             code = "upstream_error"  # the host's own error answer, passed through as it is
         usage = self._tee.usage()
+        measured(self._trail, self._runtime, usage, self._tee.prompt_ms(), status)
         finish(settled(self._trail, self._runtime, usage, status), status, error, code, usage)

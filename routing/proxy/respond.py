@@ -16,7 +16,7 @@ from django.utils.cache import patch_vary_headers
 from routing.core.cors import grant
 from routing.core.errors import Answer
 from routing.proxy.passage import Answered
-from routing.proxy.record import Trail
+from routing.proxy.record import Trail, said
 
 METHODS = ("GET", "HEAD", "POST", "DELETE", "OPTIONS")  # llama-server's; the rest is 405
 _PREFLIGHT_METHODS = "GET, POST, DELETE, OPTIONS"
@@ -119,9 +119,12 @@ def allow_origin(
 
 
 def set_placement_headers(response: HttpResponse | StreamingHttpResponse, trail: Trail) -> None:
-    """Where the request went and why: `X-Crossbar-Host`, `-Lease`, `-Placement`, `-Fallback`."""
+    """Where the request went and why: `X-Crossbar-Host`, `-Lease`, `-Placement`, `-Fallback`,
+    and `-Patience` when priced patience priced its wait (`spill stay_ms=5200 spill_ms=800`)."""
     response["X-Crossbar-Host"] = trail.host
     response["X-Crossbar-Placement"] = trail.placement
+    if trail.patience is not None:
+        response["X-Crossbar-Patience"] = said(trail.patience)
     if trail.lease:
         response["X-Crossbar-Lease"] = trail.lease
     if trail.fallback:

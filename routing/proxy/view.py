@@ -40,6 +40,7 @@ from routing.proxy.ask import (
     resolve_route,
     wants_wait_status,
 )
+from routing.proxy.figures import pricing
 from routing.proxy.model_list import model_list
 from routing.proxy.passage import Passage
 from routing.proxy.record import Arrival, Trail, finish
@@ -181,9 +182,11 @@ async def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -
     if not ask.takes_slot:
         return Passage(runtime, route, ask, trail, None, None)
     assert ask.model is not None
+    prices = pricing(runtime, route, ask)
     placer = Placer(
-        runtime.live, route, ask.model, ask.fingerprint, runtime.loop.time(), ask.prefix.blocks
-    )
+        runtime.live, route, ask.model, ask.fingerprint, runtime.loop.time(), ask.prefix.blocks,
+        prices,
+    )  # fmt: skip
     return Passage(runtime, route, ask, trail, placer, await placer.now())
 
 

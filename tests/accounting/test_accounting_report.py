@@ -167,6 +167,7 @@ def test_tokens_per_second_is_measured_over_streamed_generation_time() -> None:
         ("lease", [("", 1), ("new", 1), ("reused", 2)]),
         ("client", [("", 2), ("team-a", 2)]),
         ("placement", [("home", 2), ("new", 1), ("spilled", 1)]),
+        ("patience", [("", 2), ("spill", 1), ("stay", 1)]),
         ("code", [("", 3), ("queue_full", 1)]),
     ],
 )
@@ -175,8 +176,9 @@ def test_requests_are_grouped_by_any_combination_of_names(
 ) -> None:
     add(host="gpu1", model="qwen", lease="new", client="team-a", placement="new")
     add(host="gpu1", model="qwen", lease="reused", client="team-a", placement="home")
-    add(host="gpu1", model="llama", lease="reused", placement="home")
-    add(host="gpu2", model="llama", lease="", placement="spilled", code="queue_full")
+    add(host="gpu1", model="llama", lease="reused", placement="home", patience="stay")
+    add(host="gpu2", model="llama", lease="", placement="spilled", code="queue_full",
+        patience="spill")  # fmt: skip
     names = by.split(",")
 
     rows = report_json("--by", by)

@@ -44,7 +44,7 @@ class Route:
     lease_ttl: float = 60.0
     strict: bool = False
     queue_timeout: float = LONG
-    lease_patience: float = LONG
+    lease_patience: float | None = LONG  # None: auto (tests/core/test_priced_patience.py)
     fallback: str = ""
     fallback_after: float = LONG
     fallback_model: str = ""

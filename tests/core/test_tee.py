@@ -344,3 +344,23 @@ def test_input_tokens_with_a_null_cache_count_give_the_prompt_and_no_cached_coun
     usage: dict[str, object],
 ):
     assert _usage_of([_event({"usage": usage})]) == Usage(9, None, 2)
+
+
+def test_the_hosts_prompt_time_is_read_from_its_timings():
+    stream = _content("hi ") + LAST_CONTENT + USAGE_CHUNK + DONE
+    tee = Tee(SSE)
+    tee.feed(stream)
+
+    assert tee.prompt_ms() == 3.2
+    body = Tee("application/json")
+    body.feed(json.dumps({"usage": USAGE, "timings": TIMINGS}).encode())
+    assert body.prompt_ms() == 3.2
+
+
+@pytest.mark.parametrize("value", [None, -1, "3.2", True, float("nan"), float("inf")])
+def test_a_prompt_time_that_is_no_duration_is_unknown(value: object):
+    tee = Tee(SSE)
+    tee.feed(_event({"timings": {**TIMINGS, "prompt_ms": value}}))
+
+    assert tee.prompt_ms() is None
+    assert Tee(SSE).prompt_ms() is None  # no timings at all

@@ -41,7 +41,9 @@ from hypothesis.stateful import (
 
 from routing.core.choose import ranked
 from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown, QueueFull
+from routing.core.patience import DEFAULT_PATIENCE, Figures, Pricing
 from routing.core.placement import Placer, Waiting
+from routing.core.prefixes import PrefixIndex, prefix_blocks
 from routing.proxy.ask import Ask
 from routing.proxy.passage import Answered, Passage
 from routing.proxy.record import Arrival, Trail
@@ -49,6 +51,7 @@ from routing.runtime import Runtime
 from tests.core.test_placement import MODEL, MemoryFleet, Route, host
 
 HOSTS = ("gpu1", "gpu2")
+PROMPT = prefix_blocks({"messages": [{"role": "user", "content": "word " * 256}]})
 SMALL = "small"  # the fallback route's model
 MODES = ("ok", "reset", "hang")
 
@@ -87,7 +90,10 @@ class RequestPath(RuleBasedStateMachine):
     """The model over one process's state (`LocalState`), in virtual time. A subclass over
     another backing overrides the hooks below the rules (tests/shared)."""
 
-    PATIENCES = (0.0, 1.0, 300.0)  # the route's lease_patience, one drawn per run
+    # The route's lease_patience, one drawn per run; None: auto, priced by figures drawn with
+    # the fleet, and AUTO_DEFAULT while a host has none (the fallback's).
+    PATIENCES: tuple[float | None, ...] = (0.0, 1.0, 300.0, None)
+    AUTO_DEFAULT = DEFAULT_PATIENCE
     QUEUE_TIMEOUT = 20.0
     FALLBACK_AFTER = 3.0
     PASSES = (0.5, 1.5, 4.0, 30.0)  # how long `time_passes` lets pass, one drawn per step
@@ -103,15 +109,17 @@ class RequestPath(RuleBasedStateMachine):
         self.passages: dict[int, Passage] = {}
         self.fleet: MemoryFleet
         self.route: Route
+        self.pricing: Pricing
 
     # -- the fleet ----------------------------------------------------------------------
 
     @initialize(
         strict=st.booleans(),
-        patience=st.integers(0, 2),
+        patience=st.integers(0, 3),
         fallback=st.booleans(),
         limits=st.lists(st.tuples(st.integers(1, 2), st.integers(0, 2)), min_size=2, max_size=2),
         modes=st.lists(st.sampled_from(MODES), min_size=2, max_size=2),
+        prices=st.lists(st.tuples(st.floats(0.1, 10), st.floats(0.1, 10)), min_size=2, max_size=2),
     )
     def build(
         self,
@@ -120,6 +128,7 @@ class RequestPath(RuleBasedStateMachine):
         fallback: bool,
         limits: list[tuple[int, int]],
         modes: list[str],
+        prices: list[tuple[float, float]] | None = None,
     ) -> None:
         for name, mode in zip(HOSTS, modes, strict=True):
             self.hosts[name].mode = mode
@@ -137,6 +146,7 @@ class RequestPath(RuleBasedStateMachine):
                  zip(HOSTS, limits, strict=True)}  # fmt: skip
         hosts["cpu1"] = host(1, 1, model=SMALL)
         self.fleet = self.make_fleet(hosts, self.route, cpu)
+        self.pricing = self.priced(prices or [])
 
     def settle(self) -> None:
         """Run every task that can run now, and every timer that is due."""
@@ -152,6 +162,18 @@ class RequestPath(RuleBasedStateMachine):
 
     def pairs(self) -> list[tuple[str, str]]:
         return [*((name, MODEL) for name in HOSTS), ("cpu1", SMALL)]
+
+    def priced(self, prices: list[tuple[float, float]]) -> Pricing:
+        """Each host's (service seconds, cold start seconds of the prompt) as its figures."""
+        figures = Figures()
+        for name, (service, cold) in zip(HOSTS, prices, strict=False):  # none: unpriced
+            figures.held(name, MODEL, service)
+            figures.prompted(name, MODEL, PROMPT, PROMPT.length, 0, cold * 1000)  # a unit a token
+
+        def slots(name: str) -> int:
+            return self.parallel((name, MODEL))
+
+        return Pricing(figures, PrefixIndex(1000), MODEL, PROMPT, slots, self.AUTO_DEFAULT)
 
     def parallel(self, pair: tuple[str, str]) -> int:
         host_name, model = pair
@@ -199,7 +221,9 @@ class RequestPath(RuleBasedStateMachine):
     def arrive(self, conversation: str, process: int) -> None:
         number = next(self.numbers)
         fleet = self.fleet_of(process)
-        placer = Placer(fleet, self.route, MODEL, conversation, self.loop.time())
+        placer = Placer(
+            fleet, self.route, MODEL, conversation, self.loop.time(), pricing=self.pricing
+        )
         try:
             first = self.loop.run_until_complete(placer.now())
         except (QueueFull, NoHealthyHost, PinnedHostDown) as refusal:

@@ -15,6 +15,7 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
+from routing.core.patience import Figures
 from routing.core.tee import Usage
 from routing.proxy import relay as relay_module
 from routing.proxy.record import Arrival, Trail
@@ -51,10 +52,10 @@ def relay(chunks: list[bytes], content_type: str) -> tuple[list[bytes], tuple[ob
             200, headers={"content-type": content_type}, stream=_Upstream(chunks)
         )
         ends = _Ends()
-        runtime = SimpleNamespace(stream_idle_timeout=5.0)
+        runtime = SimpleNamespace(stream_idle_timeout=5.0, figures=Figures())
         trail = Trail(Arrival(), host="gpu1")
         with mock.patch.object(relay_module, "finish", ends):
-            received = [chunk async for chunk in Relay(upstream, None, trail, runtime)]  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout
+            received = [chunk async for chunk in Relay(upstream, None, trail, runtime)]  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout and figures
         (outcome,) = ends.finished
         return received, outcome
 

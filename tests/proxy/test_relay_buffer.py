@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from routing.core.patience import Figures
 from routing.proxy import relay as relay_module
 from routing.proxy.record import Arrival, Trail
 from routing.proxy.relay import BUFFER_BYTES, Relay
@@ -63,8 +64,8 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> _Ends:
 
 def make_relay(host: httpx.AsyncByteStream, slot: _Slot) -> Relay:
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=host)
-    runtime = SimpleNamespace(stream_idle_timeout=5.0)
-    return Relay(response, slot, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout
+    runtime = SimpleNamespace(stream_idle_timeout=5.0, figures=Figures())
+    return Relay(response, slot, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout and figures
 
 
 async def test_a_lagging_client_gets_every_byte_after_the_hosts_slot_is_freed(ends: _Ends):

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from routing.core.patience import Figures
 from routing.proxy import relay as relay_module
 from routing.proxy.record import Arrival, Trail
 from routing.proxy.relay import Relay
@@ -53,8 +54,8 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> _Ends:
 
 def make_relay(upstream: _Stalling, idle: float) -> Relay:
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=upstream)
-    runtime = SimpleNamespace(stream_idle_timeout=idle)
-    return Relay(response, None, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout
+    runtime = SimpleNamespace(stream_idle_timeout=idle, figures=Figures())
+    return Relay(response, None, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout and figures
 
 
 async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error_event(ends: _Ends):
@@ -86,8 +87,8 @@ async def test_time_the_client_takes_to_read_is_not_counted_as_the_hosts_silence
 async def test_a_client_that_takes_nothing_for_the_idle_timeout_is_cut(ends: _Ends):
     upstream = _Stalling()
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=upstream)
-    runtime = SimpleNamespace(stream_idle_timeout=0.2)
-    relay = Relay(response, None, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout
+    runtime = SimpleNamespace(stream_idle_timeout=0.2, figures=Figures())
+    relay = Relay(response, None, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout and figures
 
     async def client_stuck_in_send() -> None:
         await anext(relay)

@@ -45,7 +45,8 @@ class SharedFleet(MemoryFleet):
 
 
 class SharedRequestPath(RequestPath):
-    PATIENCES = (0.0, 0.15, 30.0)
+    PATIENCES = (0.0, 0.15, 30.0, None)
+    AUTO_DEFAULT = 0.15
     QUEUE_TIMEOUT = 3.0
     FALLBACK_AFTER = 0.4
     PASSES = (0.05, 0.2, 0.5, 1.0)

@@ -1,0 +1,256 @@
+"""Priced patience: wait in line for the host that holds the conversation, or start cold on
+another host with a free slot, whichever gives the first token sooner (a route's
+`lease_patience = "auto"`).
+
+Both ways are priced in seconds until the request's first token:
+
+- **stay** at place `p` in the line of host `h`, which has `s` slots:
+  `p x service(h) / s + prefill(h)`. Busy slots free at `s / service` a second on average, so
+  the `p`-th one to free comes after about `p x service / s` (how far the running requests have
+  got is unknown, so their mean is the estimate); then `h` still evaluates what it does not
+  hold of the prompt (the new turn, at home).
+- **spill** to host `g` with a free slot now: `prefill(g)`, the prompt less what `g` holds.
+
+`prefill(h) = (prompt tokens - tokens h holds) / h's prompt speed`. The prompt's tokens are its
+length in the prefix index's units (canonical characters, or token ids) over the model's
+measured units per token; the tokens a host holds are its matched blocks
+(`PrefixIndex.match`), converted the same way.
+
+The figures (`Figures`) come from the answers themselves: per host and model the seconds a
+slot was held (service), per host the prompt tokens it evaluated per second (llama-server's
+`timings.prompt_n` over `prompt_ms`), per model and unit the prompt's units per token. Each is
+a decayed ratio of sums: an answer adds its own numbers and the earlier ones keep `DECAY` of
+their weight, so a figure follows a change within a handful of answers, and a small
+evaluation (one token after a cache hit, its time mostly overhead) weighs little in a speed.
+
+The choice (`decide`): a free slot elsewhere is taken when it is priced sooner than staying
+and no other host with a free slot now is priced lower. Without a figure it needs (a host
+that has not answered yet, an engine that reports no `timings`), the fixed default applies
+to that slot: it may take the request once the request has waited `DEFAULT_PATIENCE`.
+
+Pure: standard library only; no I/O, no event loop. Not thread-safe: call from one loop.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+from routing.core.prefixes import Prefix, PrefixIndex
+
+__all__ = [
+    "DEFAULT_PATIENCE",
+    "Choice",
+    "Figures",
+    "Priced",
+    "Pricing",
+    "decide",
+    "line_wait",
+    "prefill",
+]
+
+DEFAULT_PATIENCE = 2.0  # seconds: the fixed patience that applies while a figure is missing
+# The weight the earlier answers keep at each new one: the newest carries a quarter, and
+# after five more answers one carries less than a quarter of that.
+DECAY = 0.75
+# Keys per table (hosts x models, hosts, models): hosts and models come from configuration,
+# so this is a bound against mistakes, not a cache size.
+MAX_ENTRIES = 1024
+
+K = TypeVar("K", bound=Hashable)
+
+
+def line_wait(position: int, service: float, slots: int) -> float:
+    """Seconds until the slot for place `position` (1-based) of a line whose host has `slots`
+    slots, each held `service` seconds on average."""
+    return max(0, position) * service / max(1, slots)
+
+
+def prefill(tokens: float, held: float, speed: float) -> float:
+    """Seconds a host evaluating `speed` tokens a second takes for a prompt of `tokens` of
+    which it holds `held` already."""
+    return max(0.0, tokens - held) / speed
+
+
+class Choice(StrEnum):
+    """What priced patience chose for a request that waits: the row's `patience`."""
+
+    STAY = "stay"  # staying is sooner (or no other host had a free slot)
+    SPILL = "spill"  # the cold start elsewhere is sooner
+    DEFAULT = "default"  # a figure was missing: the fixed default patience decided
+
+
+@dataclass(slots=True, frozen=True)
+class Priced:
+    """One decision: the prices it compared, in seconds (None: a figure was missing, or for
+    `spill`, no other host had a free slot), and whether the request takes the slot."""
+
+    choice: Choice
+    stay: float | None
+    spill: float | None
+    takes: bool = False
+
+
+def decide(
+    stay: float | None, spill: float | None, rivals: Iterable[float | None], spent: bool
+) -> Priced:
+    """Whether a waiting request priced `stay` takes a free slot priced `spill` on another host.
+
+    `rivals`: the prices of the other hosts with a free slot now (None: unknown, ignored);
+    `spent`: the request has waited `DEFAULT_PATIENCE`, which decides when a price is missing.
+    A slot priced no sooner than a rival is left for the rival (`stay` for this slot).
+    """
+    if stay is None or spill is None:
+        return Priced(Choice.DEFAULT, stay, spill, spent)
+    if spill < stay and all(rival is None or spill <= rival for rival in rivals):
+        return Priced(Choice.SPILL, stay, spill, True)
+    return Priced(Choice.STAY, stay, spill)
+
+
+class _Ratio:
+    """A decayed ratio of sums: `top / bottom` over the answers added, the older fading."""
+
+    __slots__ = ("top", "bottom")
+
+    def __init__(self) -> None:
+        self.top = 0.0
+        self.bottom = 0.0
+
+    def add(self, top: float, bottom: float) -> None:
+        self.top = self.top * DECAY + top
+        self.bottom = self.bottom * DECAY + bottom
+
+
+class _Table(Generic[K]):
+    """Ratios by key, at most `max_entries`, the least recently added to going first."""
+
+    __slots__ = ("max_entries", "_ratios")
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._ratios: OrderedDict[K, _Ratio] = OrderedDict()
+
+    def add(self, key: K, top: float, bottom: float) -> None:
+        ratio = self._ratios.get(key)
+        if ratio is None:
+            ratio = self._ratios[key] = _Ratio()
+            if len(self._ratios) > self.max_entries:
+                self._ratios.popitem(last=False)
+        else:
+            self._ratios.move_to_end(key)
+        ratio.add(top, bottom)
+
+    def get(self, key: K) -> float | None:
+        ratio = self._ratios.get(key)
+        return None if ratio is None else ratio.top / ratio.bottom  # `add`ed bottoms are > 0
+
+    def drop(self, gone: Callable[[K], bool]) -> None:
+        for key in [key for key in self._ratios if gone(key)]:
+            del self._ratios[key]
+
+
+class Figures:
+    """What the hosts' answers say about them: service times, prompt speeds, units per token.
+
+    Fed at the end of each request (`held`, `prompted`), read when a request waits. Bounded:
+    `max_entries` keys per kind of figure. Each process keeps its own.
+    """
+
+    __slots__ = ("_service", "_speed", "_units")
+
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self._service: _Table[tuple[str, str]] = _Table(max_entries)
+        self._speed: _Table[str] = _Table(max_entries)
+        self._units: _Table[tuple[str, int]] = _Table(max_entries)
+
+    def held(self, host: str, model: str, seconds: float) -> None:
+        """A slot of (host, model) was held `seconds`, from the grant to its release."""
+        if seconds >= 0:
+            self._service.add((host, model), seconds, 1.0)
+
+    def prompted(
+        self,
+        host: str,
+        model: str,
+        prefix: Prefix,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        prompt_ms: float | None,
+    ) -> None:
+        """An answer's prompt counts: `prompt_tokens` in all, `cached_tokens` of them from the
+        cache, the rest evaluated in `prompt_ms`; `prefix` is the prompt as the index cut it.
+        Unknown counts teach nothing."""
+        if prompt_tokens is None or prompt_tokens <= 0:
+            return
+        if prefix.length > 0:
+            self._units.add((model, prefix.block_size), prefix.length, prompt_tokens)
+        if cached_tokens is None or prompt_ms is None or prompt_ms <= 0:
+            return
+        evaluated = prompt_tokens - cached_tokens
+        if evaluated > 0:
+            self._speed.add(host, evaluated, prompt_ms / 1000)
+
+    def forget(self, hosts: Iterable[str]) -> None:
+        """Forget what the hosts' answers said (gone, or another machine under the same name).
+        Costs a pass over every figure: for a reload, not for a request."""
+        gone = set(hosts)
+        if gone:
+            self._service.drop(lambda key: key[0] in gone)
+            self._speed.drop(lambda key: key in gone)
+
+    def service(self, host: str, model: str) -> float | None:
+        """Recent seconds a slot of (host, model) is held; None before any answer."""
+        return self._service.get((host, model))
+
+    def speed(self, host: str) -> float | None:
+        """Recent prompt tokens the host evaluates a second; None before any timings."""
+        return self._speed.get(host)
+
+    def units_per_token(self, model: str, block_size: int) -> float | None:
+        """Recent prompt units (characters, or token ids: told by the block size) per token of
+        the model; None before any answer with a prompt of that unit."""
+        return self._units.get((model, block_size))
+
+
+class Pricing:
+    """One request's prices on its route's hosts, from the figures and the prefix index as
+    they are when asked. `slots(host)`: the host's slots for the model."""
+
+    __slots__ = ("figures", "index", "model", "prefix", "slots", "default")
+
+    def __init__(
+        self,
+        figures: Figures,
+        index: PrefixIndex,
+        model: str,
+        prefix: Prefix,
+        slots: Callable[[str], int],
+        default: float = DEFAULT_PATIENCE,
+    ) -> None:
+        self.figures = figures
+        self.index = index
+        self.model = model
+        self.prefix = prefix
+        self.slots = slots
+        self.default = default  # the fixed patience while a figure is missing
+
+    def stay(self, host: str, position: int) -> float | None:
+        """Seconds to the first token staying at place `position` of the host's line."""
+        service = self.figures.service(host, self.model)
+        evaluate = self.spill(host)
+        if service is None or evaluate is None:
+            return None
+        return line_wait(position, service, self.slots(host)) + evaluate
+
+    def spill(self, host: str) -> float | None:
+        """Seconds to the first token on a free slot of the host: its prefill of the prompt."""
+        prefix = self.prefix
+        speed = self.figures.speed(host)
+        per_token = self.figures.units_per_token(self.model, prefix.block_size)
+        if not speed or not per_token or prefix.length <= 0:
+            return None
+        held = self.index.match(host, self.model, prefix.blocks) * prefix.block_size
+        return prefill(prefix.length / per_token, held / per_token, speed)

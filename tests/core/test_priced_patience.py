@@ -1,0 +1,302 @@
+"""Placement with `lease_patience` auto: a busy home's request stays in line or takes a free
+slot elsewhere, whichever its prices say is sooner (routing/core/patience.py), over the
+in-memory fleet of tests/core/test_placement.py.
+
+The figures are set by hand: gpu1 (home) evaluates prompts at 1,000 tokens a second and holds
+the conversation's whole prompt; gpu2 and gpu3 hold none of it, so their cold start is the
+whole prompt at their speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from routing.core.leases import LeaseKey, LeaseOutcome
+from routing.core.limiter import Waiter
+from routing.core.patience import Choice, Figures, Pricing
+from routing.core.placement import Placement, Placer, Reason, Waiting
+from routing.core.prefixes import NO_PREFIX, PrefixIndex, prefix_blocks
+from tests.core.test_placement import (
+    EARLY,
+    LONG,
+    MODEL,
+    SHORT,
+    WAIT,
+    MemoryFleet,
+    Route,
+    assert_nothing_held,
+    host,
+    lease_of,
+    settle,
+)
+
+AUTO = Route(lease_patience=None)
+# 40 whole blocks and 8 characters more; at 4 characters a token, 2,562 tokens.
+PROMPT = prefix_blocks({"messages": [{"role": "user", "content": "word " * 2048 + "abc"}]})
+TOKENS = PROMPT.length // 4
+
+
+class Prices:
+    """Figures and a prefix index for the conversation's prompt, set by hand."""
+
+    def __init__(self, fleet: MemoryFleet, home_service: float = 1.0) -> None:
+        self.fleet = fleet
+        self.figures = Figures()
+        self.index = PrefixIndex(10_000)
+        self.index.learn("gpu1", MODEL, PROMPT.blocks)
+        self.figures.prompted("gpu1", MODEL, PROMPT, TOKENS, TOKENS - 1, 1.0)  # 4 chars a token
+        self.speed("gpu1", 1000.0)
+        self.served("gpu1", home_service)
+
+    def speed(self, name: str, tokens_per_second: float) -> None:
+        self.figures.prompted(name, MODEL, NO_PREFIX, 1000, 0, 1e6 / tokens_per_second)
+
+    def cold_start(self, name: str, seconds: float) -> None:
+        """Make `name`'s cold start of the prompt take `seconds`."""
+        self.speed(name, TOKENS / seconds)
+
+    def served(self, name: str, seconds: float) -> None:
+        self.figures.held(name, MODEL, seconds)
+
+    def placer(self, route: Route = AUTO, default: float = LONG) -> Placer:
+        slots = lambda name: self.fleet.hosts[name]["models"][MODEL]["parallel"]  # noqa: E731
+        pricing = Pricing(self.figures, self.index, MODEL, PROMPT, slots, default)
+        return Placer(self.fleet, route, MODEL, "conversation", asyncio.get_running_loop().time(),
+                      pricing=pricing)  # fmt: skip
+
+
+def at_home(fleet: MemoryFleet, route: Route = AUTO) -> None:
+    """The conversation's lease is on gpu1."""
+    fleet.leases.keep(LeaseKey(route.name, "conversation", MODEL), "gpu1", route.lease_ttl)
+
+
+async def waiting_at_home(
+    prices: Prices, route: Route = AUTO, default: float = LONG
+) -> tuple[Placer, Waiting]:
+    request = prices.placer(route, default)
+    waiting = await request.now()
+    assert isinstance(waiting, Waiting)
+    assert (waiting.host, waiting.reason) == ("gpu1", Reason.HOME)
+    return request, waiting
+
+
+async def test_home_wait_longer_than_cold_start_spills_at_once() -> None:
+    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    prices = Prices(fleet, home_service=10.0)
+    prices.cold_start("gpu2", 1.0)
+    at_home(fleet)
+    running = fleet.occupy("gpu1")
+    request, waiting = await waiting_at_home(prices)  # no default patience to run out
+
+    got = await asyncio.wait_for(request.wait(waiting), WAIT)
+
+    assert (got.host, got.reason, got.lease) == ("gpu2", Reason.SPILLED, LeaseOutcome.SPILLED)
+    assert got.patience is not None
+    assert got.patience.choice is Choice.SPILL
+    # First in line behind a 10 s request; then home evaluates the prompt's last 2 tokens.
+    assert got.patience.stay == pytest.approx(10.0, abs=0.01)
+    assert got.patience.spill == pytest.approx(1.0)
+    assert lease_of(fleet, AUTO) == "gpu1"  # the lease stays with the cache-warm host
+    assert fleet.limiter.queued("gpu1", MODEL) == 0
+    running.release()
+    got.slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_cold_start_longer_than_home_wait_stays_in_line() -> None:
+    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    prices = Prices(fleet, home_service=1.0)
+    prices.cold_start("gpu2", 5.0)
+    at_home(fleet)
+    running = fleet.occupy("gpu1")
+    request, waiting = await waiting_at_home(prices)
+    task = asyncio.create_task(request.wait(waiting))
+    await settle()
+    assert not task.done()
+    assert fleet.limiter.free_for("gpu2", MODEL) == 1  # priced, and left free
+
+    running.release()
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert (got.host, got.reason, got.lease) == ("gpu1", Reason.HOME, LeaseOutcome.REUSED)
+    assert got.patience is not None
+    assert got.patience.choice is Choice.STAY
+    assert got.patience.stay == pytest.approx(1.0, abs=0.01)
+    assert got.patience.spill == pytest.approx(5.0)
+    got.slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_line_moves_re_decided() -> None:
+    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    prices = Prices(fleet, home_service=1.0)
+    prices.cold_start("gpu2", 3.0)
+    at_home(fleet)
+    running = fleet.occupy("gpu1")
+    ahead = fleet.limiter.place([("gpu1", MODEL)])  # another request, first in home's line
+    assert isinstance(ahead, Waiter)
+    request, waiting = await waiting_at_home(prices)
+    assert waiting.waiter.position == 2
+    task = asyncio.create_task(request.wait(waiting))
+    await settle()
+    assert not task.done()  # second in line, 2 s, against a 3 s cold start: it stays
+    assert fleet.limiter.free_for("gpu2", MODEL) == 1
+
+    # The running request took 10 s: home's service time goes up, and the line moves.
+    prices.served("gpu1", 10.0)
+    running.release()
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert (got.host, got.reason, got.lease) == ("gpu2", Reason.SPILLED, LeaseOutcome.SPILLED)
+    assert got.patience is not None and got.patience.choice is Choice.SPILL
+    service = prices.figures.service("gpu1", MODEL)
+    assert service is not None and service > 3.0
+    assert got.patience.stay == pytest.approx(service, abs=0.01)  # first in line now
+    assert lease_of(fleet, AUTO) == "gpu1"
+    (await asyncio.wait_for(ahead.granted, WAIT)).release()
+    got.slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_a_slot_freed_elsewhere_is_priced_as_it_frees() -> None:
+    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    prices = Prices(fleet, home_service=10.0)
+    prices.cold_start("gpu2", 1.0)
+    at_home(fleet)
+    running = fleet.occupy("gpu1")
+    other = fleet.occupy("gpu2")
+    request, waiting = await waiting_at_home(prices)
+    task = asyncio.create_task(request.wait(waiting))
+    await settle()
+    assert not task.done()  # nothing is free elsewhere
+
+    other.release()
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert (got.host, got.reason) == ("gpu2", Reason.SPILLED)
+    assert got.patience is not None and got.patience.choice is Choice.SPILL
+    running.release()
+    got.slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_a_spill_takes_the_free_host_with_the_soonest_cold_start() -> None:
+    route = Route(hosts=("gpu1", "gpu2", "gpu3"), lease_patience=None)
+    fleet = MemoryFleet({name: host(queue_max=2) for name in route.hosts}, route)
+    prices = Prices(fleet, home_service=10.0)
+    prices.cold_start("gpu2", 4.0)  # first in the ranking's order, but slower
+    prices.cold_start("gpu3", 2.0)
+    at_home(fleet, route)
+    running = fleet.occupy("gpu1")
+    request, waiting = await waiting_at_home(prices, route=route)
+
+    got = await asyncio.wait_for(request.wait(waiting), WAIT)
+
+    assert (got.host, got.reason) == ("gpu3", Reason.SPILLED)
+    assert got.patience is not None and got.patience.spill == pytest.approx(2.0)
+    running.release()
+    got.slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_no_measurements_fixed_default() -> None:
+    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    prices = Prices(fleet)
+    prices.figures = Figures()  # nothing measured yet
+    at_home(fleet)
+    running = fleet.occupy("gpu1")
+    other = fleet.occupy("gpu2")
+    request, waiting = await waiting_at_home(prices, default=SHORT)
+    task = asyncio.create_task(request.wait(waiting))
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(request.started + SHORT + SHORT / 5 - loop.time())  # past the default
+    await settle()
+    assert not task.done()
+
+    other.release()
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert (got.host, got.reason, got.lease) == ("gpu2", Reason.SPILLED, LeaseOutcome.SPILLED)
+    assert got.waited >= SHORT - EARLY
+    assert got.patience is not None
+    assert (got.patience.choice, got.patience.stay, got.patience.spill) == (
+        Choice.DEFAULT, None, None,
+    )  # fmt: skip
+    running.release()
+    got.slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_no_measurements_a_free_host_waits_for_the_default_first() -> None:
+    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    prices = Prices(fleet)
+    prices.figures = Figures()
+    at_home(fleet)
+    running = fleet.occupy("gpu1")
+    request, waiting = await waiting_at_home(prices, default=SHORT)
+    task = asyncio.create_task(request.wait(waiting))
+    await settle()
+    assert not task.done()  # gpu2 is free, but the default has not passed
+
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert (got.host, got.reason) == ("gpu2", Reason.SPILLED)
+    assert got.waited >= SHORT - EARLY
+    running.release()
+    got.slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_a_request_of_an_auto_route_without_prices_waits_the_fixed_default() -> None:
+    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    at_home(fleet)
+    running = fleet.occupy("gpu1")
+    request = Placer(fleet, AUTO, MODEL, "conversation", asyncio.get_running_loop().time())
+    waiting = await request.now()
+    assert isinstance(waiting, Waiting) and waiting.host == "gpu1"  # auto is patient
+    task = asyncio.create_task(request.wait(waiting))
+    await settle()
+
+    assert not task.done()  # gpu2 is free: 2 s of default patience first
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    running.release()
+    assert_nothing_held(fleet)
+
+
+async def test_a_cancelled_priced_wait_leaves_its_line_and_every_watch() -> None:
+    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    prices = Prices(fleet, home_service=1.0)
+    prices.cold_start("gpu2", 5.0)
+    at_home(fleet)
+    running = fleet.occupy("gpu1")
+    request, waiting = await waiting_at_home(prices)
+    task = asyncio.create_task(request.wait(waiting))
+    await settle()
+
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+    assert fleet.limiter.queued("gpu1", MODEL) == 0
+    running.release()
+    assert_nothing_held(fleet)
+
+
+async def test_a_wait_at_once_or_a_fixed_patience_records_no_choice() -> None:
+    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    prices = Prices(fleet)
+    at_home(fleet)
+    home = await prices.placer().now()
+    assert isinstance(home, Placement) and home.patience is None  # a free slot at home
+    fixed = Route(lease_patience=SHORT)
+    at_home(fleet, fixed)
+    request, waiting = await waiting_at_home(prices, route=fixed)
+
+    got = await asyncio.wait_for(request.wait(waiting), WAIT)
+
+    assert (got.host, got.reason, got.patience) == ("gpu2", Reason.SPILLED, None)
+    home.slot.release()
+    got.slot.release()
+    assert_nothing_held(fleet)

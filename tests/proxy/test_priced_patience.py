@@ -1,0 +1,136 @@
+"""Priced patience through the real gateway and fake llama-servers: a busy home's request
+stays in line or spills, as the hosts' own answers price it, and its row and response say
+which, with both prices.
+
+The fake evaluates 10,000 prompt tokens a second (its `timings.prompt_ms`), and its answers
+take as long as their tokens' delays. Each test names its hosts afresh: the session's
+gateway keeps the figures of every host it has served.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from accounting.models import Request
+from hosts.models import Host
+from tests.conftest import wait_until
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.fleet import MODEL, add_host, add_route, chat
+from tests.proxy.test_waiting import holding, slow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def fresh_hosts(fake: FakeLlamaServer, fake2: FakeLlamaServer) -> tuple[str, str]:
+    """A route `chat` (patience left to its default: auto) over two new one-slot hosts."""
+    home, other = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("home", "other"))
+    add_route(
+        "chat",
+        [
+            add_host(home, fake.url, models={MODEL: (1, 4)}),
+            add_host(other, fake2.url, models={MODEL: (1, 4)}),
+        ],
+    )
+    return home, other
+
+
+def spilled_at_once(
+    url: str, fake: FakeLlamaServer, fake2: FakeLlamaServer, home: str, other: str
+) -> tuple[httpx.Response, Request]:
+    """Home serves slowly (its first answer takes some 0.4 s), the other host is free and
+    evaluates the short prompt in well under a millisecond: the next turn, with home busy,
+    spills at once. Returns its response and its row."""
+    fake.token_delay = 0.1
+    first = httpx.post(url, json=chat("mine", max_tokens=4), timeout=10)
+    assert first.headers["x-crossbar-host"] == home
+    theirs = httpx.post(url, json=chat("theirs", max_tokens=2), timeout=10)
+    assert theirs.headers["x-crossbar-host"] == other  # the other host's figures
+    since = timezone.now()
+
+    with holding(url, slow("mine", tokens=30), fake):  # home busy for some 3 s
+        spilled = httpx.post(url, json=chat("mine", max_tokens=2), timeout=10)
+
+    rows = Request.objects.filter(started__gte=since, host=other)
+    wait_until(rows.exists, what="the spilled request's row")
+    return spilled, rows.get()
+
+
+def test_a_busy_homes_request_spills_at_once_when_the_cold_start_is_priced_sooner(
+    gateway, fake, fake2
+):
+    home, other = fresh_hosts(fake, fake2)
+    gateway.sync()
+
+    spilled, row = spilled_at_once(f"{gateway.url}/chat/v1/chat/completions", fake, fake2,
+                                   home, other)  # fmt: skip
+
+    assert spilled.status_code == 200
+    assert (spilled.headers["x-crossbar-host"], spilled.headers["x-crossbar-lease"]) == (
+        other, "spilled",
+    )  # fmt: skip
+    assert spilled.headers["x-crossbar-placement"] == "spilled"
+    said = spilled.headers["x-crossbar-patience"]
+    assert said == f"spill stay_ms={row.patience_stay_ms} spill_ms={row.patience_spill_ms}"
+    assert (row.placement, row.lease, row.patience) == ("spilled", "spilled", "spill")
+    assert row.patience_stay_ms is not None and row.patience_stay_ms >= 100  # 4 tokens, 0.1 s
+    assert row.patience_spill_ms is not None and row.patience_spill_ms < row.patience_stay_ms
+    assert row.queued_ms < 1500  # it did not wait for the fixed default (2 s) to pass
+    assert f"patience={said}" in gateway.log()
+
+
+def test_a_busy_homes_request_stays_when_the_cold_start_elsewhere_is_priced_longer(
+    gateway, fake, fake2
+):
+    home, other = fresh_hosts(fake, fake2)
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    document = " ".join(f"clause{i}" for i in range(20_000))  # 2 s to evaluate cold
+    first = httpx.post(url, json=chat("mine?", system=document, max_tokens=2), timeout=10)
+    assert first.headers["x-crossbar-host"] == home
+    theirs = httpx.post(url, json=chat("theirs", max_tokens=2), timeout=10)
+    assert theirs.headers["x-crossbar-host"] == other
+    since = timezone.now()
+    fake.token_delay = 0.05
+
+    busy = chat("mine?", system=document, stream=True, max_tokens=10)  # the same conversation
+    with holding(url, busy, fake):  # home busy for some 0.5 s
+        stayed = httpx.post(url, json=chat("mine?", system=document, max_tokens=2), timeout=10)
+
+    assert stayed.status_code == 200
+    assert stayed.headers["x-crossbar-host"] == home
+    assert stayed.headers["x-crossbar-placement"] == "home"
+    rows = Request.objects.filter(started__gte=since, host=home, queued_ms__gt=0)
+    wait_until(rows.exists, what="the row of the request that waited")
+    row = rows.get()
+    assert row.patience == "stay"
+    assert row.patience_spill_ms is not None and row.patience_spill_ms >= 1000
+    assert row.patience_stay_ms is not None and row.patience_stay_ms < row.patience_spill_ms
+    assert stayed.headers["x-crossbar-patience"] == (
+        f"stay stay_ms={row.patience_stay_ms} spill_ms={row.patience_spill_ms}"
+    )
+
+
+def test_a_host_moved_to_another_machine_is_priced_afresh(gateway, fake, fake2):
+    home, other = fresh_hosts(fake, fake2)
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    spilled, _ = spilled_at_once(url, fake, fake2, home, other)
+    assert spilled.headers["x-crossbar-patience"].startswith("spill ")
+
+    with FakeLlamaServer() as third:
+        moved = Host.objects.get(name=other)
+        moved.url = third.url  # the same name, another machine: nothing measured there yet
+        moved.save()
+        gateway.sync()
+        with holding(url, slow("mine", tokens=30), fake):  # home busy for some 3 s
+            again = httpx.post(url, json=chat("mine", max_tokens=2), timeout=10)
+
+    assert (again.headers["x-crossbar-host"], again.headers["x-crossbar-lease"]) == (
+        other, "spilled",
+    )  # fmt: skip
+    assert again.headers["x-crossbar-patience"].startswith("default ")  # after the fixed 2 s
+    assert float(again.headers["x-crossbar-queued-ms"]) >= 2000
