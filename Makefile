@@ -43,7 +43,9 @@ clean:
 	rm -rf $(VENV) var/static
 
 # Benchmarks (bench/README.md): crossbar and its floor against a fake upstream; bench-compare
-# adds LiteLLM, installed on first use into its own venv (bench/.venv-litellm, gitignored).
+# measures what issue 22 judges, at the log level `make run` serves at (INFO): crossbar and its
+# floor on daphne and on uvicorn (CROSSBAR_SERVER), 1 and 2 workers, and LiteLLM, installed on
+# first use into its own venv (bench/.venv-litellm, gitignored), at concurrency 8 and 32.
 # bench/requirements.txt (the aiohttp lever, py-spy) goes into .venv; its stamp lives in the
 # gitignored bench/results/.
 LITELLM_VENV := bench/.venv-litellm
@@ -56,7 +58,8 @@ $(BENCH_INSTALLED): bench/requirements.txt $(VENV)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
 	mkdir -p $(dir $@) && touch $@
 
-# BENCH_ARGS: more options, e.g. BENCH_ARGS="--targets crossbar crossbar#59c3c43 floor".
+# BENCH_ARGS: more options, e.g. BENCH_ARGS="--targets crossbar crossbar#59c3c43 floor"
+# (for bench-compare, --targets replaces its list, and litellm is added).
 bench: $(BENCH_INSTALLED)
 	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
 

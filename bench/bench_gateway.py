@@ -6,9 +6,10 @@
     .venv/bin/python bench/bench_gateway.py --profile   # py-spy on the first target (c=32, or N)
     .venv/bin/python bench/bench_gateway.py --rev HEAD  # a commit instead of the working tree
     .venv/bin/python bench/bench_gateway.py --server uvicorn   # another ASGI server (SERVERS)
+    .venv/bin/python bench/bench_gateway.py --targets crossbar+stages floor+stages --concurrency 8
 
 Starts a lean fake llama-server (`bench/fake_upstream.py`), then every target (bench/targets.py:
-crossbar as users run it, on its own SQLite database, DEBUG off, log level WARNING; the floor,
+crossbar as users run it, on its own SQLite database, DEBUG off, log level INFO; the floor,
 bench/floor_app.py, a bare pass-through on the same server and client library; LiteLLM...),
 and drives them with `bench/loadgen.py` in a process of its own. At each concurrency the same
 workload goes direct to the upstream, then through each target in turn (the order turning from
@@ -38,6 +39,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import stages
 import tables
 
 # This directory is on sys.path when the script runs.
@@ -69,6 +71,14 @@ SPLIT_CONCURRENCY, SPLIT_REQUESTS = 8, 40
 IDLE_SECONDS = 2.0
 PROFILE_CONCURRENCY, PROFILE_SECONDS, PROFILE_RATE = 32, 20.0, 200
 DEFAULT_TARGETS = ("crossbar", "floor")
+# `--compare` (make bench-compare): what issue 22 judges, on both of crossbar_serve's servers
+# (N = 1 and 2 workers side by side), and LiteLLM; at the concurrencies it judges, with more
+# requests per client than PLAN's, for steadier medians.
+COMPARE_TARGETS = (
+    "crossbar", "floor", "crossbar@uvicorn", "floor@uvicorn", "crossbar+workers2",
+    "crossbar@uvicorn+workers2", "litellm",
+)  # fmt: skip
+COMPARE_PLAN = ((8, 24), (32, 12))
 
 
 def completions_url(target: Target, server: Server) -> str:
@@ -87,6 +97,7 @@ def load(
     reconnect: bool = False,
     seconds: float = PHASE_SECONDS,
     new_conversations: bool = False,
+    keep_samples: bool = False,
 ) -> dict:
     command = [PYTHON, str(BENCH / "loadgen.py"), "--url", url, "--watch-pid", str(server.pid)]
     if server.tree:
@@ -99,10 +110,17 @@ def load(
         command.append("--reconnect")
     if new_conversations:
         command.append("--new-conversations")
+    started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"the load generator failed against {url}:\n{done.stderr[-3000:]}")
-    return summarize(json.loads(done.stdout))
+    result = json.loads(done.stdout)
+    samples = result["samples"] if keep_samples else None
+    summary = summarize(result)
+    summary["window"] = (started, time.perf_counter())
+    if samples is not None:
+        summary["samples"] = samples  # for bench/stages.py; dropped once it has read them
+    return summary
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -163,9 +181,12 @@ def cpu_seconds(server: Server) -> dict[int, tuple[float, float]]:
     return {server.pid: (read_cpu_seconds(server.pid), 0.0)}
 
 
-def run_plan(running: list[tuple[Target, Server]], upstream: Server) -> dict[str, dict]:
+def run_plan(
+    running: list[tuple[Target, Server]], upstream: Server, plan: tuple[tuple[int, int], ...]
+) -> dict[str, dict]:
     """Every concurrency of the plan: direct first, then each target; reports by label."""
-    reports: dict[str, dict] = {target.label: {"phases": []} for target, _ in running}
+    # `served`: every request the target answered, warm-ups included (for its log's lines).
+    reports: dict[str, dict] = {target.label: {"phases": [], "served": 1} for target, _ in running}
     print("warm-up", end="", flush=True)
     for target, server in running:
         # The first request builds crossbar's runtime and the connections.
@@ -181,7 +202,7 @@ def run_plan(running: list[tuple[Target, Server]], upstream: Server) -> dict[str
         idle = sum(total for total, _ in used.values()) * 1000 / IDLE_SECONDS
         reports[target.label]["idle_cpu_ms_per_s"] = idle
     print("; concurrency", end="", flush=True)
-    for step, (concurrency, requests) in enumerate(PLAN):
+    for step, (concurrency, requests) in enumerate(plan):
         print(f" {concurrency}", end="", flush=True)
         # llama-server closes the connection after every stream: so does the fake, and the
         # direct clients connect anew each time, the connect counting in their time.
@@ -193,12 +214,16 @@ def run_plan(running: list[tuple[Target, Server]], upstream: Server) -> dict[str
         # closing its connections) or last (after the others) is not always the same target.
         turn = step % len(running)
         for target, server in running[turn:] + running[:turn]:
-            phase = load(completions_url(target, server), server, concurrency, requests)
+            phase = load(completions_url(target, server), server, concurrency, requests,
+                         keep_samples=server.stages is not None)  # fmt: skip
             reports[target.label]["phases"].append(added(phase, direct))
+            reports[target.label]["served"] += phase["requests"] + concurrency  # and warm-ups
     print("; per-request cost", end="", flush=True)
     for target, server in running:
         if target.kind != "litellm":  # ~40 ms a request: 320 more would take long
-            reports[target.label]["split"] = cost_split(target, server, reports[target.label])
+            if split := cost_split(target, server, reports[target.label]):
+                reports[target.label]["split"] = split
+                reports[target.label]["served"] += split["one_token_requests"]
     for target, server in running:
         if server.redis_url:  # after all its load, the gateway still running
             reports[target.label]["redis_end"] = redis_state(server.redis_url)
@@ -208,9 +233,11 @@ def run_plan(running: list[tuple[Target, Server]], upstream: Server) -> dict[str
 
 def cost_split(target: Target, server: Server, report: dict) -> dict:
     """CPU per request and per chunk, from the same clients asking for 1 and for 64 tokens."""
+    full = next((p for p in report["phases"] if p["concurrency"] == SPLIT_CONCURRENCY), None)
+    if full is None:
+        return {}  # the plan left that concurrency out
     url = completions_url(target, server)
     one = load(url, server, SPLIT_CONCURRENCY, SPLIT_REQUESTS, chunks=1)
-    full = next(p for p in report["phases"] if p["concurrency"] == SPLIT_CONCURRENCY)
     per_chunk_ms = (full["cpu_ms_per_request"] - one["cpu_ms_per_request"]) / (CHUNKS - 1)
     return {
         "concurrency": SPLIT_CONCURRENCY,
@@ -218,6 +245,7 @@ def cost_split(target: Target, server: Server, report: dict) -> dict:
         "cpu_ms_per_request": one["cpu_ms_per_request"] - per_chunk_ms,
         "cpu_us_per_chunk": per_chunk_ms * 1000,
         "one_token_errors": one["errors"],
+        "one_token_requests": one["requests"] + SPLIT_CONCURRENCY,  # and its warm-ups
         **({"one_token_redis": one["redis"]} if "redis" in one else {}),
     }
 
@@ -259,16 +287,63 @@ def profile(target: Target, server: Server, out: Path, concurrency: int) -> None
     print(f"\nraw stacks: {raw.relative_to(ROOT)}; this report: {raw.stem}.report.txt")
 
 
+def stage_reports(running: list[tuple[Target, Server]], reports: dict[str, dict]) -> None:
+    """For each `+stages` target, once it has stopped (its lever writes at exit): where the
+    first token waited, per concurrency (bench/stages.py); the samples are dropped then."""
+    for target, server in running:
+        report = reports[target.label]
+        if server.stages is None:
+            continue
+        by_port = stages.read_records(server.stages)
+        report["stages"] = {
+            p["concurrency"]: stages.summary(p.pop("samples"), by_port) for p in report["phases"]
+        }
+
+
+def plan_of(concurrencies: list[int] | None, compare: bool) -> tuple[tuple[int, int], ...]:
+    """The phases to run: the concurrencies asked for (with PLAN's or COMPARE_PLAN's requests
+    per client), else COMPARE_PLAN for `--compare`, else PLAN."""
+    base = COMPARE_PLAN if compare else PLAN
+    if not concurrencies:
+        return base
+    known = dict(PLAN) | dict(base)
+    return tuple((c, known.get(c, 10)) for c in concurrencies)
+
+
+def log_lines(log: Path, served: int) -> str:
+    """What a gateway's log says per request: its proxy lines (one per proxied request at
+    INFO, routing/proxy/record.py) against the requests served, and its other lines."""
+    lines = log.read_text(errors="replace").splitlines()
+    proxied = sum(1 for line in lines if " crossbar.proxy route=" in line)
+    return (
+        f"{proxied} proxy lines for {served} requests ({proxied / served:.2f} per request),"
+        f" {len(lines) - proxied} other lines"
+    )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compare", action="store_true", help="add the target litellm")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="add the target litellm; without --targets, measure "
+        + " ".join(COMPARE_TARGETS) + "; without --concurrency, at "
+        + " and ".join(str(c) for c, _ in COMPARE_PLAN),
+    )  # fmt: skip
     parser.add_argument(
         "--targets",
         nargs="+",
-        default=list(DEFAULT_TARGETS),
         metavar="TARGET",
         help="what to measure, KIND[@SERVER][+LEVER...] (bench/targets.py; default: "
         + " ".join(DEFAULT_TARGETS) + ")",
+    )  # fmt: skip
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="only these concurrencies (default: "
+        + " ".join(str(c) for c, _ in PLAN) + "; some tables need 8, 128 and 512)",
     )  # fmt: skip
     parser.add_argument(
         "--profile",
@@ -287,8 +362,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         " what `make run` serves)",
     )
     args = parser.parse_args(argv)
+    if args.targets is None:
+        args.targets = list(COMPARE_TARGETS if args.compare else DEFAULT_TARGETS)
     if args.compare and "litellm" not in args.targets:
         args.targets.append("litellm")
+    args.plan = plan_of(args.concurrency, args.compare)
     try:
         args.parsed = parse_all(args.targets, args.server)
     except ValueError as exc:
@@ -314,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         "workload": {
             "chunks": CHUNKS,
             "token_delay_s": TOKEN_DELAY,
-            "plan": PLAN,
+            "plan": args.plan,
             "phase_seconds": PHASE_SECONDS,
         },
         "targets": {},
@@ -350,13 +428,14 @@ def main(argv: list[str] | None = None) -> None:
                     name = f"profile-{target.label}-c{args.profile}-{stamp}"
                     profile(target, server, RESULTS / name, args.profile)
                     return
-                reports = run_plan(running, upstream)
+                reports = run_plan(running, upstream, args.plan)
             finally:
                 for target, server in running:
                     if server.log.exists():
                         shutil.copy(server.log, RESULTS / f"{target.label}-{stamp}.log")
                     if server.redis_log is not None and server.redis_log.exists():
                         shutil.copy(server.redis_log, RESULTS / f"{target.label}-redis-{stamp}.log")
+        stage_reports(running, reports)  # the targets have stopped: their levers have written
     for target in targets:
         reports[target.label]["target"] = {
             "kind": target.kind, "server": target.server, "levers": list(target.levers),
@@ -368,9 +447,13 @@ def main(argv: list[str] | None = None) -> None:
     results["targets"] = reports
     if "crossbar" in reports:
         results["crossbar"] = reports["crossbar"]  # where runs before the targets kept it
+    kind = "compare" if any(t.kind == "litellm" for t in targets) else "bench"
+    path = RESULTS / f"{kind}-{stamp}.json"
+    path.write_text(json.dumps(results, indent=1, default=str))  # before the tables: kept
     for target in targets:
         tables.print_table(target.label, reports[target.label], TOKEN_DELAY)
     tables.print_side_by_side(targets, reports)
+    stages.print_stages(reports)
     tables.print_targets(targets, reports)
     problems = []
     for target in targets:
@@ -380,6 +463,10 @@ def main(argv: list[str] | None = None) -> None:
             (target.label, line) for line in lines if "ERROR" in line or "Traceback" in line
         ]
     print(f"\nlogs: {len(problems)} error lines (bench/results/*-{stamp}.log)")
+    for target in targets:
+        log = RESULTS / f"{target.label}-{stamp}.log"
+        if target.is_gateway and log.exists():
+            print(f"  {target.label}: {log_lines(log, reports[target.label]['served'])}")
     for label, line in problems[:10]:
         print(f"  {label}: {line[:200]}")
     warnings = [
@@ -393,9 +480,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"logs: {len(warnings)} warning lines; the first:")
         for label, line in warnings[:5]:
             print(f"  {label}: {line[:200]}")
-    kind = "compare" if any(t.kind == "litellm" for t in targets) else "bench"
-    path = RESULTS / f"{kind}-{stamp}.json"
-    path.write_text(json.dumps(results, indent=1, default=str))
     print(f"results: {path.relative_to(ROOT)}; {time.monotonic() - started:.0f} s in all")
 
 

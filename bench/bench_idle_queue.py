@@ -61,6 +61,7 @@ hosts = ["fake"]
 """
 QUEUE_MAX = 200
 QUEUE_WAIT = 60.0  # seconds the queue may take to fill (a busy machine; crossbar admits fast)
+QUIET = {"CROSSBAR_LOG_LEVEL": "WARNING"}  # as this bench's figures were measured
 
 
 def request_bytes(port: int, number: int) -> bytes:
@@ -162,7 +163,7 @@ def run_one(rev: str | None, queued: int, seconds: float, baseline: float) -> di
         fleet = FLEET_TOML.format(model=MODEL, queue_max=QUEUE_MAX)
         with (
             fake_upstream(work, token_delay=HOLD_SECONDS) as upstream,
-            crossbar(work, upstream, source, "crossbar_serve", fleet) as gateway,
+            crossbar(work, upstream, source, "crossbar_serve", fleet, env=QUIET) as gateway,
         ):
             print(", measuring", end="", flush=True)
             result = asyncio.run(measure(gateway.url, gateway.pid, queued, seconds, baseline))

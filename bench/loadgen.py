@@ -51,6 +51,11 @@ class Sample:
     total_ms: float
     events: int
     error: str = ""
+    # Where and when it was sent (the client's port, `time.perf_counter()` seconds: the
+    # system's monotonic clock, which the gateway's `+stages` lever reads too), so that a
+    # request can be found among the gateway's own timestamps (bench/stages.py).
+    port: int = 0
+    sent_at: float = 0.0
 
 
 class ResponseReader(asyncio.Protocol):
@@ -188,10 +193,16 @@ class ResponseReader(asyncio.Protocol):
                 total_ms=(now - self._t0) * 1000,
                 events=self._events - self._done_seen,
                 error=error,
+                port=self._port(),
+                sent_at=self._t0,
             )
         )
         if not self._keep_alive and self.transport is not None:
             self.transport.close()
+
+    def _port(self) -> int:
+        sockname = self.transport.get_extra_info("sockname") if self.transport else None
+        return sockname[1] if sockname else 0
 
     def _fail(self, error: str) -> None:
         now = (time.perf_counter() - self._t0) * 1000

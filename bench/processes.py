@@ -35,24 +35,37 @@ APP_DIRS = ("crossbar_site", "routing", "hosts", "accounting")
 APP = "crossbar_site.asgi:application"
 # The ASGI servers `--server` can put an application behind: how each is started on
 # 127.0.0.1:PORT (APP: the application), and the package whose version the results record.
-# None writes an access log (`make run` has none); crossbar's own line per request is off at
-# log level WARNING.
+# crossbar_serve's two servers write no access log of their own (the proxy logs one line per
+# request at INFO, as `make run` does); the others' access logs are off.
 SERVERS: dict[str, tuple[list[str], str]] = {
-    # What `make run` serves: daphne with backpressure, capped bodies, a graceful stop.
-    # Floors get the same server from bench/floor_serve.py.
+    # What `make run` serves: crossbar_serve on daphne (crossbar_site/daphne_server.py:
+    # backpressure, capped bodies). Floors get the same server from bench/floor_serve.py.
     "crossbar_serve": ([PYTHON, "manage.py", "crossbar_serve", "--port", "PORT"], "daphne"),
+    # What `CROSSBAR_SERVER=uvicorn make run` serves: crossbar_serve on uvicorn
+    # (crossbar_site/uvicorn_server.py); floors again from bench/floor_serve.py.
+    "uvicorn": ([PYTHON, "manage.py", "crossbar_serve", "--server", "uvicorn", "--port", "PORT"],
+                "uvicorn"),
+    # The servers' own command lines, without crossbar_serve's guards or graceful stop.
     "daphne": (["daphne", "-v", "0", "-b", "127.0.0.1", "-p", "PORT", APP], "daphne"),
     # daphne's loop made by uvloop: the policy set before daphne builds its loop at import.
     "daphne-uvloop": ([PYTHON, str(BENCH / "daphne_uvloop.py"), "-v", "0",
                        "-b", "127.0.0.1", "-p", "PORT", APP], "daphne"),
     # uvicorn[standard] picks uvloop and httptools by itself; no lifespan: no rows at exit here.
-    "uvicorn": (["uvicorn", APP, "--host", "127.0.0.1", "--port", "PORT", "--no-access-log",
-                 "--lifespan", "off"], "uvicorn"),
+    "uvicorn-cli": (["uvicorn", APP, "--host", "127.0.0.1", "--port", "PORT", "--no-access-log",
+                     "--lifespan", "off"], "uvicorn"),
     # One worker process (a child of granian's main process); it picks uvloop by itself.
     "granian": (["granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", "PORT",
                  "--workers", "1", "--no-access-log", APP], "granian"),
 }  # fmt: skip
-FLOOR_SERVE = [PYTHON, str(BENCH / "floor_serve.py"), "--port", "PORT", APP]
+# crossbar_serve's servers, for floors: bench/floor_serve.py serves the floor with the same one.
+FLOOR_SERVE = {
+    "crossbar_serve": [PYTHON, str(BENCH / "floor_serve.py"), "--port", "PORT", APP],
+    "uvicorn": [PYTHON, str(BENCH / "floor_serve.py"), "--server", "uvicorn", "--port", "PORT",
+                APP],
+}  # fmt: skip
+# The log level `make run` serves at (crossbar_site/settings.py's default): one line per
+# proxied request.
+LOG_LEVEL = "INFO"
 
 FLEET_TOML = """\
 [[hosts]]
@@ -112,6 +125,7 @@ class Server:
     tree: bool = False  # its CPU is that of pid and all its descendants (a supervisor, workers)
     redis_url: str = ""  # the target's own Redis, if it has one
     redis_log: Path | None = None
+    stages: Path | None = None  # where its `+stages` lever writes its timestamps at exit
 
 
 @contextlib.contextmanager
@@ -250,13 +264,19 @@ def _server_command(template: list[str], port: int, app: str) -> list[str]:
 
 
 def _site_env(work: Path) -> dict[str, str]:
-    """crossbar's settings as the benchmark runs it: its own database, DEBUG off, few logs."""
+    """crossbar's settings as the benchmark runs it: its own database, DEBUG off, the log level
+    of `make run`; the server and the workers only as the target says (not inherited)."""
+    inherited = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("CROSSBAR_SERVER", "CROSSBAR_WORKERS")
+    }
     return {
-        **os.environ,
+        **inherited,
         "DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}",
         "CROSSBAR_VAR_DIR": str(work),
         "DEBUG": "false",
-        "CROSSBAR_LOG_LEVEL": "WARNING",
+        "CROSSBAR_LOG_LEVEL": LOG_LEVEL,
         "PYTHONUNBUFFERED": "1",
     }
 
@@ -316,19 +336,24 @@ def floor(
     django: bool = False,
     transport: str = "aiohttp",
     name: str = "floor",
+    env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """bench/floor_app.py behind `server`: the bare pass-through, or with `django` its Django
-    rung (crossbar's proxy handler from `source`). crossbar_serve's server comes from `source`
-    too (bench/floor_serve.py), so that a floor and crossbar differ by the application alone."""
+    rung (crossbar's proxy handler from `source`). crossbar_serve's servers come from `source`
+    too (bench/floor_serve.py), so that a floor and crossbar differ by the application alone.
+    `env` is added to its environment; a PYTHONPATH there goes before the floor's own."""
+    extra = dict(env or {})
+    paths = [extra.pop("PYTHONPATH")] if "PYTHONPATH" in extra else []
     env = {
         **_site_env(work),
-        "PYTHONPATH": os.pathsep.join([str(BENCH), str(source)]),
+        "PYTHONPATH": os.pathsep.join([*paths, str(BENCH), str(source)]),
         "FLOOR_UPSTREAM": upstream.url,
         "FLOOR_TRANSPORT": transport,
+        **extra,
     }
     app = "floor_app:django_application" if django else "floor_app:application"
     port = free_port()
-    template = FLOOR_SERVE if server == "crossbar_serve" else SERVERS[server][0]
+    template = FLOOR_SERVE.get(server) or SERVERS[server][0]
     command = _server_command(template, port, app)
     with serving(command, port, "/health", work / f"{name}.log", env=env, cwd=source) as main:
         yield Server(main.url, worker_pid(main.pid), main.log) if server == "granian" else main

@@ -44,21 +44,24 @@ STEPS = (
     ("  the proxy view up to the response head", (("proxy", "routing/"),)),
     ("    placement: lease, slot (Placer)", (("Placer.", "routing/"),)),
     ("    upstream request to response head (httpx)", (("_send", "routing/"),)),
-    ("  streaming the body (send_response)", (("ASGIHandler.send_response", "django/"),)),
+    ("  streaming the body (send_response; crossbar's _send_streamed)",
+     (("ASGIHandler.send_response", "django/"), ("_send_streamed", "crossbar_site/"))),
     ("    upstream reads: Relay.__anext__", (("Relay.__anext__", "routing/"),)),
     ("      httpx/httpcore/h11/anyio under it", (("Response.aiter_raw", "httpx/"),)),
     ("      asyncio.timeout per chunk", (("timeout", "asyncio/timeouts.py"),
                                         ("Timeout.", "asyncio/timeouts.py"))),
     ("      the tee", (("Tee.", "routing/"),)),
-    ("      Exchange.finish (row, metrics, log line)", (("Exchange.finish", "routing/"),)),
-    ("    daphne writing each chunk (handle_reply)", (("Server.handle_reply", "daphne/"),
-                                                     ("GatewayServer.handle_reply",
-                                                      "crossbar_site/"))),
+    ("      finish (row, metrics, log line)", (("Exchange.finish", "routing/"),
+                                                   ("finish", "routing/proxy/record"))),
+    ("    the server writing each chunk (daphne's handle_reply; uvicorn's send)",
+     (("Server.handle_reply", "daphne/"), ("GatewayServer.handle_reply", "crossbar_site/"),
+      ("RequestResponseCycle.send", "uvicorn/"))),
     ("      daphne's access log", (("AccessLogGenerator.", "daphne/"),)),
     ("Twisted socket callbacks (reads, writes)",
      (("AsyncioSelectorReactor._readOrWrite", "twisted/"),)),
     ("logging, anywhere", (("", "logging/"),)),
     ("the recorder thread (bulk_create)", (("Recorder._run", "accounting/"),)),
+    ("the health poller", (("", "hosts/poller"),)),
 )  # fmt: skip
 # Owners (see `owner`) grouped into the layers a request crosses, so that crossbar's profile and
 # its floor's compare layer by layer.
@@ -113,7 +116,12 @@ def owner(frames: list[Frame]) -> str:
     return "standard library only (event loop, threads)"
 
 
-SERVER_MODULES = ("crossbar_site/serve.py",)  # crossbar_serve's server: daphne's, extended
+# crossbar_serve's servers: daphne's and uvicorn's, extended (serve.py in older sources).
+SERVER_MODULES = (
+    "crossbar_site/serve.py",
+    "crossbar_site/daphne_server.py",
+    "crossbar_site/uvicorn_server.py",
+)
 
 
 def layer(frames: list[Frame]) -> str:
@@ -176,7 +184,7 @@ def report(text: str, cpu_ms_per_request: float | None = None) -> str:
     lines.append("\nby thread")
     lines += [f"  {share(n)}  {name}" for name, n in threads.most_common()]
     lines.append(
-        "\nby layer: the owners below, grouped (crossbar_site/serve.py counts as the server)"
+        "\nby layer: the owners below, grouped (crossbar_site's server modules count as the server)"
         + (", and as ms of CPU per request" if cpu_ms_per_request else "")
     )
     for name, n in layers.items():

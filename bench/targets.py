@@ -12,19 +12,23 @@ Kinds:
 - `httpcore` (any but litellm): httpx's own transport instead of httpx-aiohttp's, crossbar's
   default (`CROSSBAR_UPSTREAM_TRANSPORT`); `aiohttp` names the default explicitly.
 - `notee`, `noaccounting` (crossbar only): bench/levers' other patches.
-- `log-info` (crossbar only): `CROSSBAR_LOG_LEVEL=INFO`, the default of `make run` (one line per
-  request), instead of the benchmark's WARNING.
+- `stages` (crossbar and the floors): bench/levers' timestamps of each request's way to its
+  first token, read after the run (bench/stages.py); it costs a little CPU per chunk.
+- `log-warning` (crossbar only): `CROSSBAR_LOG_LEVEL=WARNING` (no line per request) instead of
+  INFO, the default of `make run`, at which every target runs.
 - `redis` (crossbar only): `CROSSBAR_REDIS_URL` at a redis-server the bench starts for this
   target alone (processes.redis_server: a free port, `--save "" --appendonly no`, in the run's
   temporary directory, stopped after the target): slots, queues, leases and client counts in
   Redis (routing/shared/). The results add what Redis did per request and what it holds at the
   end.
-- `workers2` (crossbar on crossbar_serve only): `CROSSBAR_WORKERS=2`, a supervisor and two
-  worker processes on one port; implies `redis` (workers need it). Its CPU, RSS and threads are
-  those of the whole process tree.
+- `workers2` (crossbar on crossbar_serve's daphne or uvicorn): `CROSSBAR_WORKERS=2`, a
+  supervisor and two worker processes, each with its own socket on the port (SO_REUSEPORT);
+  implies `redis` (workers need it). Its CPU, RSS and threads are those of the whole process
+  tree.
 
 Examples: `crossbar`, `floor@uvicorn`, `floor+httpcore`, `crossbar@uvicorn+httpcore+notee`,
-`crossbar#HEAD~1`, `crossbar+redis`, `crossbar+workers2`.
+`crossbar#HEAD~1`, `crossbar+redis`, `crossbar+workers2`, `crossbar@uvicorn+workers2`,
+`crossbar+stages floor+stages`.
 """
 
 from __future__ import annotations
@@ -51,12 +55,15 @@ from processes import (
 
 KINDS = ("crossbar", "floor", "floor-django", "litellm")
 LEVERS = {
-    "crossbar": ("aiohttp", "httpcore", "notee", "noaccounting", "log-info", "redis", "workers2"),
-    "floor": ("aiohttp", "httpcore"),
-    "floor-django": ("aiohttp", "httpcore"),
+    "crossbar": ("aiohttp", "httpcore", "notee", "noaccounting", "stages", "log-warning", "redis",
+                 "workers2"),
+    "floor": ("aiohttp", "httpcore", "stages"),
+    "floor-django": ("aiohttp", "httpcore", "stages"),
     "litellm": (),
-}
-PATCHES = ("notee", "noaccounting")  # crossbar's levers made by bench/levers
+}  # fmt: skip
+PATCHES = ("notee", "noaccounting", "stages")  # the levers made by bench/levers
+# The servers that crossbar_serve runs itself, whose CROSSBAR_WORKERS it supervises.
+WORKER_SERVERS = ("crossbar_serve", "uvicorn")
 WORKERS = {"workers2": 2}  # lever -> CROSSBAR_WORKERS
 READY_TIMEOUT = 60.0  # seconds for every worker's runtime to appear in Redis
 
@@ -108,10 +115,13 @@ def parse(spec: str, default_server: str) -> Target:
     if len(set(levers)) != len(levers):
         raise ValueError(f"target {spec!r}: a lever named twice")
     server = server or default_server
-    if any(lever in WORKERS for lever in levers) and server != "crossbar_serve":
+    workers = [lever for lever in levers if lever in WORKERS]
+    if workers and server not in WORKER_SERVERS:
         raise ValueError(f"target {spec!r}: CROSSBAR_WORKERS is crossbar_serve's (not {server})")
-    if len([lever for lever in levers if lever in WORKERS]) > 1:
+    if len(workers) > 1:
         raise ValueError(f"target {spec!r}: one workers lever at most")
+    if workers and "stages" in levers:
+        raise ValueError(f"target {spec!r}: stages follow one process, not workers")
     label = kind + (f"#{rev}" if rev else "") + (f"@{server}" if server != default_server else "")
     label += "".join(f"+{lever}" for lever in levers)
     return Target(kind, server, tuple(levers), label, rev or None)
@@ -132,22 +142,35 @@ def start(
     name = f"{target.kind}-{index}"
     if target.kind == "litellm":
         return litellm(work, upstream)
+    env: dict[str, str] = {}
+    patches = [lever for lever in target.levers if lever in PATCHES]
+    if patches:
+        env["PYTHONPATH"] = os.pathsep.join([str(BENCH / "levers"), str(BENCH)])
+        env["CROSSBAR_BENCH_LEVERS"] = ",".join(patches)
+    stages = work / f"{name}-stages.jsonl" if "stages" in target.levers else None
+    if stages is not None:
+        env["CROSSBAR_BENCH_STAGES"] = str(stages)
     if target.kind == "crossbar":
-        env: dict[str, str] = {}
-        patches = [lever for lever in target.levers if lever in PATCHES]
-        if patches:
-            env["PYTHONPATH"] = os.pathsep.join([str(BENCH / "levers"), str(BENCH)])
-            env["CROSSBAR_BENCH_LEVERS"] = ",".join(patches)
         env["CROSSBAR_UPSTREAM_TRANSPORT"] = transport_of(target)
-        if "log-info" in target.levers:
-            env["CROSSBAR_LOG_LEVEL"] = "INFO"
+        if "log-warning" in target.levers:
+            env["CROSSBAR_LOG_LEVEL"] = "WARNING"
         if target.has_redis:
             return _with_redis(target, work, upstream, source, name, env)
-        return crossbar(work, upstream, source, target.server, name=name, env=env)
-    django = target.kind == "floor-django"
-    transport = transport_of(target)
-    return floor(work, upstream, source, target.server, django=django, transport=transport,
-                 name=name)  # fmt: skip
+        started = crossbar(work, upstream, source, target.server, name=name, env=env)
+    else:
+        django = target.kind == "floor-django"
+        started = floor(work, upstream, source, target.server, django=django,
+                        transport=transport_of(target), name=name, env=env)  # fmt: skip
+    return _noting_stages(started, stages)
+
+
+@contextlib.contextmanager
+def _noting_stages(
+    started: contextlib.AbstractContextManager[Server], stages: Path | None
+) -> Iterator[Server]:
+    """The started target, saying where its `+stages` lever writes (once it has stopped)."""
+    with started as server:
+        yield dataclasses.replace(server, stages=stages)
 
 
 @contextlib.contextmanager

@@ -114,45 +114,53 @@ class GatewayHandler(ASGIHandler):
             await self.send_response(error_response, send)
             return
 
-        async def head_first(message: Mapping[str, Any]) -> None:
-            await send(message)
-            if message["type"] == "http.response.start":
-                # daphne writes a head only with the first body bytes; an empty body message
-                # sends it now, so a client sees the host's head as soon as the host sent it
-                # (a long prefill, a quiet stream), not with the first token.
-                await send({"type": "http.response.body", "body": b"", "more_body": True})
+        # The view runs in this task, not in one of its own as in Django's handler: a new task
+        # starts only at the loop's next turn, and the first token would wait for that turn
+        # behind every other stream's chunks (bench/README.md, "Where the first token waits").
+        # The watch cancels this task when the client leaves, as Django cancels its view's.
+        serving = asyncio.current_task()
+        assert serving is not None, "an ASGI application runs in a task"
+        ended = False
 
-        async def process_request() -> None:
-            response = await self.get_response_async(request)
-            if isinstance(response, HttpResponse) and not response.has_header("Content-Length"):
-                # Said, so that a client can read the whole answer before the request's end.
-                response["Content-Length"] = str(len(response.content))
-            sending = head_first if response.streaming else send
-            if rest_read is not None:
-                sending = _answer_before_the_rest(sending, rest_read)
-            try:
-                await self.send_response(response, sending)
-            except asyncio.CancelledError:
-                pass  # the client left while the response was being sent
-            finally:
-                if isinstance(response, StreamedResponse):
-                    # Ends the request if its body did not run to its end (no finalizer).
-                    response.close()
+        def end() -> None:
+            if not ended:
+                serving.cancel()
 
         watch = asyncio.create_task(self.listen_for_disconnect(receive, rest_read))
-        serve = asyncio.create_task(process_request())
-        REQUESTS.cuttable(serve)  # the graceful stop ends it as a client that left
+        watch.add_done_callback(_unless_cancelled(end))
+        forget = REQUESTS.cuttable(end)  # the graceful stop ends it as a client that left
         try:
-            await asyncio.wait((watch, serve), return_when=asyncio.FIRST_COMPLETED)
+            await self._serve(request, send, rest_read)
+        except asyncio.CancelledError:
+            # The client left, the stop cut the request, or the proxy cut a client too slow
+            # (routing/proxy/relay.py): the request has ended as a client that left (its row
+            # says so), and so does this handler, as Django's does.
+            while serving.uncancel():
+                pass
         finally:
-            for task in (watch, serve):
-                if not task.done():
-                    task.cancel()
-                try:
-                    await task
-                except (asyncio.CancelledError, RequestAborted):
-                    pass
+            ended = True
+            forget()
+            watch.cancel()
             body_file.close()
+
+    async def _serve(
+        self, request: HttpRequest, send: Send, rest_read: asyncio.Event | None
+    ) -> None:
+        """The view's answer to `request`, sent (the rest of an unread body read first)."""
+        response = await self.get_response_async(request)
+        if isinstance(response, HttpResponse) and not response.has_header("Content-Length"):
+            # Said, so that a client can read the whole answer before the request's end.
+            response["Content-Length"] = str(len(response.content))
+        sending = send if rest_read is None else _answer_before_the_rest(send, rest_read)
+        try:
+            if isinstance(response, StreamedResponse):
+                await _send_streamed(response, sending)
+            else:
+                await self.send_response(response, sending)
+        finally:
+            if isinstance(response, StreamedResponse):
+                # Ends the request if its body did not run to its end (no finalizer).
+                response.close()
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         # Django's version also logs every 4xx/5xx answer through a worker thread; the proxy
@@ -160,6 +168,35 @@ class GatewayHandler(ASGIHandler):
         set_urlconf(settings.ROOT_URLCONF)
         # ASGIHandler loads its middleware with is_async=True, so the chain returns awaitables.
         return await cast(Awaitable[HttpResponseBase], self._middleware_chain(request))
+
+
+def _unless_cancelled(end: Callable[[], None]) -> Callable[[asyncio.Task[None]], None]:
+    """A done callback for the disconnect watch: `end()` once it has heard the client leave
+    (RequestAborted), not when the handler cancelled it."""
+
+    def done(watch: asyncio.Task[None]) -> None:
+        if not watch.cancelled():
+            watch.exception()  # retrieved: RequestAborted, or the server's receive failing
+            end()
+
+    return done
+
+
+async def _send_streamed(response: StreamedResponse, send: Send) -> None:
+    """Send a proxied stream: its head at once, then each chunk of its body as it comes.
+
+    What Django's `send_response` sends for a streaming response, less its per-chunk layers
+    (two async generators and a generator around every chunk: `bench/README.md`, "Where the
+    first token waits"). The head goes out before the first chunk (an empty body message: daphne
+    writes a head only with body bytes), so a client sees the host's head as soon as the host
+    sent it (a long prefill, a quiet stream), not with the first token.
+    """
+    headers = [(name.encode("ascii"), value.encode("latin-1")) for name, value in response.items()]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": b"", "more_body": True})
+    async for chunk in response.source:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _answer_before_the_rest(send: Send, rest_read: asyncio.Event) -> Send:

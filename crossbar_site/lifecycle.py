@@ -35,15 +35,15 @@ CUT_WAIT = 5.0  # seconds requests cut at the end of the grace may take to write
 class InFlight:
     """The HTTP requests this process is serving, and the proxied ones that can be cut.
 
-    A request is counted from `enter` to `leave`; `cuttable` registers the task serving a
-    proxied request (crossbar_site/handler.py), whose cancellation is a client that left.
+    A request is counted from `enter` to `leave`; `cuttable` registers how to end a proxied
+    request as if its client had left (crossbar_site/handler.py: cancel the task serving it).
     """
 
     def __init__(self) -> None:
         self.count = 0
         self._idle = asyncio.Event()  # bound to a loop at its first wait, not here
         self._idle.set()
-        self._cuttable: set[asyncio.Task[None]] = set()
+        self._cuttable: set[Callable[[], None]] = set()
 
     def enter(self) -> None:
         self.count += 1
@@ -54,15 +54,15 @@ class InFlight:
         if not self.count:
             self._idle.set()
 
-    def cuttable(self, task: asyncio.Task[None]) -> None:
-        """Let `cut` cancel `task` until it is done."""
-        self._cuttable.add(task)
-        task.add_done_callback(self._cuttable.discard)
+    def cuttable(self, end: Callable[[], None]) -> Callable[[], None]:
+        """Let `cut` call `end` until the function returned is called."""
+        self._cuttable.add(end)
+        return lambda: self._cuttable.discard(end)
 
     def cut(self) -> None:
         """End every proxied request in flight as if its client had left."""
-        for task in list(self._cuttable):
-            task.cancel()
+        for end in list(self._cuttable):
+            end()
 
     async def idle_within(self, seconds: float, *, unless: asyncio.Event | None = None) -> bool:
         """Wait until no request is in flight: True if so, False when `seconds` pass first or

@@ -80,8 +80,9 @@ def serve(host: str, port: int, *, grace: float, server: str | None = None) -> N
 
 
 def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A non-blocking socket listening on host:port; with `reuse_port`, one of several
-    (SO_REUSEPORT: the kernel spreads new connections evenly over them).
+    """A non-blocking socket listening on host:port, whose connections send without delay
+    (TCP_NODELAY); with `reuse_port`, one of several (SO_REUSEPORT: the kernel spreads new
+    connections evenly over them).
 
     Raises CommandError when the address cannot be listened on."""
     try:
@@ -91,6 +92,10 @@ def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     except OSError as exc:
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     listening.setblocking(False)  # both servers take it as it is: it must not block
+    # Every connection accepted on it sends small writes at once (TCP_NODELAY is inherited):
+    # uvicorn sets it on each connection, Twisted never does, and there a stream's first token,
+    # a small write right after its head's, waited for the client's delayed ACK (Nagle).
+    listening.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return listening
 
 

@@ -10,15 +10,22 @@ Levers (crossbar's `aiohttp` lever is its own setting, CROSSBAR_UPSTREAM_TRANSPO
 - `notee`: the tee does not look at chunks (no token counts in the rows).
 - `noaccounting`: no row to the recorder and no Prometheus series per request (the log line
   stays, as the log level decides).
+- `stages`: timestamps of each request's way to its first token, written at exit as JSON
+  lines to `CROSSBAR_BENCH_STAGES` (bench/stages.py reads them). Also for floors: the
+  timestamps common to both are taken where both pass (the server's `run`, httpx, aiohttp).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextvars
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -36,10 +43,154 @@ def _noaccounting(module: Any) -> None:
     module.metrics = SimpleNamespace(observe=lambda record: None)
 
 
-# lever -> (the module it patches, the patch)
-LEVERS: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
-    "notee": ("routing.core.tee", _notee),
-    "noaccounting": ("routing.proxy.record", _noaccounting),
+# -- stages: where a request's first token waits ------------------------------------------
+#
+# One dict per proxied request, of `time.perf_counter()` seconds (the system's monotonic clock,
+# as the load generator's) at each stage it passes, the first time it passes it:
+#   app            the server calls the ASGI application (the request's head has arrived)
+#   body           the application has the last of the body (`receive`)
+#   view           crossbar's proxy view starts (Django's request and URLconf done)
+#   placed         placement done (crossbar's `_place`: runtime, route, access, body, slot)
+#   upstream_send  httpx's `AsyncClient.send` is called (the upstream request built)
+#   connected      aiohttp has a new connection to the host (a trace)
+#   request_sent   aiohttp has written the request's head (a trace)
+#   upstream_head  `send` returns with the host's response head
+#   client_head    the application sends `http.response.start`
+#   upstream_first the host's first body chunk comes out of `aiter_raw`
+#   client_first   the application sends the first body bytes to the server...
+#   client_first_out  ...and the server's `send` returns
+#   end            the application returns
+# and the client's port, to find the load generator's sample of the same request.
+STAGES = contextvars.ContextVar[dict[str, float]]("crossbar_bench_stages")
+_RECORDS: list[dict[str, float]] = []
+
+
+def _mark(name: str) -> None:
+    record = STAGES.get(None)
+    if record is not None and name not in record:
+        record[name] = time.perf_counter()
+
+
+def _timed_application(application: Any) -> Any:
+    """The ASGI application, timing every HTTP request but `/health`."""
+
+    async def timed(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health":
+            return await application(scope, receive, send)
+        record = {"app": time.perf_counter(), "port": (scope.get("client") or ("", 0))[1]}
+        token = STAGES.set(record)  # the tasks the application starts inherit it
+
+        async def receiving() -> Any:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                record.setdefault("body", time.perf_counter())
+            return message
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                record.setdefault("client_head", time.perf_counter())
+            elif message.get("body") and "client_first" not in record:
+                record["client_first"] = time.perf_counter()
+                await send(message)
+                record["client_first_out"] = time.perf_counter()
+                return
+            await send(message)
+
+        try:
+            await application(scope, receiving, sending)
+        finally:
+            record["end"] = time.perf_counter()
+            _RECORDS.append(record)
+            STAGES.reset(token)
+
+    return timed
+
+
+def _server(module: Any) -> None:
+    run = module.run
+
+    def timed_run(application: Any, *args: Any, **kwargs: Any) -> None:
+        run(_timed_application(application), *args, **kwargs)
+
+    module.run = timed_run
+
+
+def _httpx(module: Any) -> None:
+    send = module.AsyncClient.send
+    aiter_raw = module.Response.aiter_raw
+
+    async def timed_send(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _mark("upstream_send")
+        response = await send(self, *args, **kwargs)
+        _mark("upstream_head")
+        return response
+
+    def timed_aiter_raw(self: Any, *args: Any, **kwargs: Any) -> AsyncIterator[bytes]:
+        chunks = aiter_raw(self, *args, **kwargs)
+        return chunks if STAGES.get(None) is None else _first_marked(chunks)
+
+    module.AsyncClient.send = timed_send
+    module.Response.aiter_raw = timed_aiter_raw
+
+
+async def _first_marked(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        _mark("upstream_first")
+        yield chunk
+
+
+def _aiohttp(module: Any) -> None:
+    init = module.ClientSession.__init__
+
+    async def connected(*_: Any) -> None:
+        _mark("connected")
+
+    async def request_sent(*_: Any) -> None:
+        _mark("request_sent")
+
+    def traced_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        trace = module.TraceConfig()
+        trace.on_connection_create_end.append(connected)
+        trace.on_request_headers_sent.append(request_sent)
+        kwargs["trace_configs"] = [*(kwargs.get("trace_configs") or ()), trace]
+        init(self, *args, **kwargs)
+
+    module.ClientSession.__init__ = traced_init
+
+
+def _view(module: Any) -> None:
+    proxy, place = module.proxy, module._place
+
+    async def timed_proxy(request: Any) -> Any:
+        _mark("view")
+        return await proxy(request)
+
+    async def timed_place(*args: Any, **kwargs: Any) -> Any:
+        passage = await place(*args, **kwargs)
+        _mark("placed")
+        return passage
+
+    timed_proxy.csrf_exempt = True  # type: ignore[attr-defined]  # as the view it wraps
+    module.proxy, module._place = timed_proxy, timed_place
+
+
+def _write_stages() -> None:
+    with open(os.environ["CROSSBAR_BENCH_STAGES"], "w") as out:
+        for record in _RECORDS:
+            out.write(json.dumps(record) + "\n")
+
+
+# lever -> the modules it patches, and how
+LEVERS: dict[str, tuple[tuple[str, Callable[[ModuleType], None]], ...]] = {
+    "notee": (("routing.core.tee", _notee),),
+    "noaccounting": (("routing.proxy.record", _noaccounting),),
+    "stages": (
+        ("crossbar_site.daphne_server", _server),
+        ("crossbar_site.uvicorn_server", _server),
+        ("httpx", _httpx),
+        ("aiohttp", _aiohttp),
+        ("routing.proxy.view", _view),
+    ),
 }
 
 
@@ -75,8 +226,10 @@ def _install() -> None:
         raise SystemExit(f"unknown bench levers {unknown}: known are {', '.join(LEVERS)}")
     patches: dict[str, list[Callable[[ModuleType], None]]] = {}
     for name in wanted:
-        module, patch = LEVERS[name]
-        patches.setdefault(module, []).append(patch)
+        for module, patch in LEVERS[name]:
+            patches.setdefault(module, []).append(patch)
+    if "stages" in wanted:
+        atexit.register(_write_stages)
     if patches:
         sys.meta_path.insert(0, _PatchAfterImport(patches))
         print(f"bench levers: {', '.join(wanted)}", file=sys.stderr, flush=True)

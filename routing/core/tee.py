@@ -98,11 +98,14 @@ class Tee:
         return None
 
     def _feed_sse(self, chunk: bytes) -> None:
+        if not self._pending and not self._skipping and chunk.endswith(b"\n"):
+            # Whole lines, as a host writes its events: nothing to copy or keep.
+            self._read_lines(chunk)
+            return
         end = chunk.rfind(b"\n")
         if end < 0:
             self._keep_incomplete(chunk)
             return
-        self._result = None
         complete = chunk[:end]
         if self._skipping:
             self._skipping = False
@@ -113,11 +116,17 @@ class Tee:
             complete = b"".join(self._pending)
             self._pending.clear()
             self._pending_len = 0
+        self._read_lines(complete)
+        self._keep_incomplete(chunk[end + 1 :])
+
+    def _read_lines(self, complete: bytes) -> None:
+        """Read the lines of `complete` (whole SSE lines) that carry counts: most carry none
+        (llama-server's last event alone does), and those are only scanned."""
         if _USAGE_KEY in complete or _TIMINGS_KEY in complete:
+            self._result = None
             for line in complete.split(b"\n"):
                 if _USAGE_KEY in line or _TIMINGS_KEY in line:
                     self._read_sse_line(line)
-        self._keep_incomplete(chunk[end + 1 :])
 
     def _keep_incomplete(self, tail: bytes) -> None:
         if not tail or self._skipping:

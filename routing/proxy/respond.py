@@ -38,14 +38,17 @@ class StreamedResponse(StreamingHttpResponse):
     """A streamed proxy response. `close()` ends the body's request if the body did not run to
     its end (the client left, or the response was never sent); the gateway's handler calls it
     after every response, so no finalizer is needed. Unlike Django's, it sends no
-    `request_finished` signal: the proxy path has no per-request database connection."""
+    `request_finished` signal: the proxy path has no per-request database connection.
+
+    `source` is the body itself, whose chunks are bytes: the gateway's handler sends them as
+    they are (crossbar_site/handler.py), not through Django's `streaming_content` wrappers."""
 
     def __init__(self, body: Body, status: int = 200) -> None:
         super().__init__(body, status=status)
-        self._body = body
+        self.source = body
 
     def close(self) -> None:
-        self._body.close()
+        self.source.close()
         self.closed = True
 
 
