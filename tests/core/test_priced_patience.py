@@ -14,7 +14,7 @@ import asyncio
 import pytest
 
 from routing.core.leases import LeaseKey, LeaseOutcome
-from routing.core.limiter import Waiter
+from routing.core.limiter import Slot, Waiter
 from routing.core.patience import Choice, Figures, Pricing
 from routing.core.placement import Placement, Placer, Reason, Waiting
 from routing.core.prefixes import NO_PREFIX, PrefixIndex, prefix_blocks
@@ -72,6 +72,14 @@ def at_home(fleet: MemoryFleet, route: Route = AUTO) -> None:
     fleet.leases.keep(LeaseKey(route.name, "conversation", MODEL), "gpu1", route.lease_ttl)
 
 
+def home_busy() -> tuple[MemoryFleet, Slot]:
+    """gpu1 and gpu2, a slot and a line of 2 each; the conversation leased to gpu1, whose slot
+    another request holds (returned, to release)."""
+    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    at_home(fleet)
+    return fleet, fleet.occupy("gpu1")
+
+
 async def waiting_at_home(
     prices: Prices, route: Route = AUTO, default: float = LONG
 ) -> tuple[Placer, Waiting]:
@@ -83,11 +91,9 @@ async def waiting_at_home(
 
 
 async def test_home_wait_longer_than_cold_start_spills_at_once() -> None:
-    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    fleet, running = home_busy()
     prices = Prices(fleet, home_service=10.0)
     prices.cold_start("gpu2", 1.0)
-    at_home(fleet)
-    running = fleet.occupy("gpu1")
     request, waiting = await waiting_at_home(prices)  # no default patience to run out
 
     got = await asyncio.wait_for(request.wait(waiting), WAIT)
@@ -106,11 +112,9 @@ async def test_home_wait_longer_than_cold_start_spills_at_once() -> None:
 
 
 async def test_cold_start_longer_than_home_wait_stays_in_line() -> None:
-    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    fleet, running = home_busy()
     prices = Prices(fleet, home_service=1.0)
     prices.cold_start("gpu2", 5.0)
-    at_home(fleet)
-    running = fleet.occupy("gpu1")
     request, waiting = await waiting_at_home(prices)
     task = asyncio.create_task(request.wait(waiting))
     await settle()
@@ -130,11 +134,9 @@ async def test_cold_start_longer_than_home_wait_stays_in_line() -> None:
 
 
 async def test_line_moves_re_decided() -> None:
-    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    fleet, running = home_busy()
     prices = Prices(fleet, home_service=1.0)
     prices.cold_start("gpu2", 3.0)
-    at_home(fleet)
-    running = fleet.occupy("gpu1")
     ahead = fleet.limiter.place([("gpu1", MODEL)])  # another request, first in home's line
     assert isinstance(ahead, Waiter)
     request, waiting = await waiting_at_home(prices)
@@ -161,11 +163,9 @@ async def test_line_moves_re_decided() -> None:
 
 
 async def test_a_slot_freed_elsewhere_is_priced_as_it_frees() -> None:
-    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    fleet, running = home_busy()
     prices = Prices(fleet, home_service=10.0)
     prices.cold_start("gpu2", 1.0)
-    at_home(fleet)
-    running = fleet.occupy("gpu1")
     other = fleet.occupy("gpu2")
     request, waiting = await waiting_at_home(prices)
     task = asyncio.create_task(request.wait(waiting))
@@ -202,11 +202,9 @@ async def test_a_spill_takes_the_free_host_with_the_soonest_cold_start() -> None
 
 
 async def test_no_measurements_fixed_default() -> None:
-    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    fleet, running = home_busy()
     prices = Prices(fleet)
     prices.figures = Figures()  # nothing measured yet
-    at_home(fleet)
-    running = fleet.occupy("gpu1")
     other = fleet.occupy("gpu2")
     request, waiting = await waiting_at_home(prices, default=SHORT)
     task = asyncio.create_task(request.wait(waiting))
@@ -230,11 +228,9 @@ async def test_no_measurements_fixed_default() -> None:
 
 
 async def test_no_measurements_a_free_host_waits_for_the_default_first() -> None:
-    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    fleet, running = home_busy()
     prices = Prices(fleet)
     prices.figures = Figures()
-    at_home(fleet)
-    running = fleet.occupy("gpu1")
     request, waiting = await waiting_at_home(prices, default=SHORT)
     task = asyncio.create_task(request.wait(waiting))
     await settle()
@@ -250,9 +246,7 @@ async def test_no_measurements_a_free_host_waits_for_the_default_first() -> None
 
 
 async def test_a_request_of_an_auto_route_without_prices_waits_the_fixed_default() -> None:
-    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
-    at_home(fleet)
-    running = fleet.occupy("gpu1")
+    fleet, running = home_busy()
     request = Placer(fleet, AUTO, MODEL, "conversation", asyncio.get_running_loop().time())
     waiting = await request.now()
     assert isinstance(waiting, Waiting) and waiting.host == "gpu1"  # auto is patient
@@ -267,11 +261,9 @@ async def test_a_request_of_an_auto_route_without_prices_waits_the_fixed_default
 
 
 async def test_a_cancelled_priced_wait_leaves_its_line_and_every_watch() -> None:
-    fleet = MemoryFleet({"gpu1": host(queue_max=2), "gpu2": host(queue_max=2)}, AUTO)
+    fleet, running = home_busy()
     prices = Prices(fleet, home_service=1.0)
     prices.cold_start("gpu2", 5.0)
-    at_home(fleet)
-    running = fleet.occupy("gpu1")
     request, waiting = await waiting_at_home(prices)
     task = asyncio.create_task(request.wait(waiting))
     await settle()
