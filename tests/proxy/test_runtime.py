@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 
 from hosts.models import Host, HostModel
 from routing.core.limiter import Slot, Waiter
-from routing.core.placement import Placement, Placer
+from routing.core.placement import Placement, Placer, Waiting
 from routing.core.state import LocalState
 from routing.runtime import Runtime, close_runtime, get_runtime
 from tests.fleet import MODEL, add_host, add_route
@@ -103,6 +103,30 @@ async def test_draining_a_host_stops_new_leases_at_once(runtime):
     hosts = {(await place(runtime, f"{i:064x}"))[0] for i in range(5)}
 
     assert hosts == {"gpu2"}
+
+
+async def test_a_request_waiting_for_a_drained_host_takes_it_once_an_edit_undrains_it(
+    runtime, fake
+):
+    # The route waits (a fallback, far off) while its one host is drained; the undrain comes
+    # as an edit, and the reload that applies it must offer the host's slot to the waiter.
+    gpu1 = await sync_to_async(add_host)("gpu1", fake.url, draining=True)
+    spare = await sync_to_async(add_host)("spare", fake.url)
+    fallback = await sync_to_async(add_route)("spare", [spare])
+    await sync_to_async(add_route)("chat", [gpu1], fallback=fallback, fallback_after=300.0,
+                                   queue_timeout=300.0)  # fmt: skip
+    await runtime.refresh()
+    placer = Placer(runtime.live, runtime.fleet.routes["chat"], MODEL, "", runtime.loop.time())
+    waiting = await placer.now()
+    assert isinstance(waiting, Waiting) and waiting.host == ""  # in no line: it watches
+
+    gpu1.draining = False
+    await sync_to_async(gpu1.save)()  # as the admin's undrain saves it
+    await runtime.refresh()
+    placement = await asyncio.wait_for(placer.wait(waiting), 10)
+
+    assert (placement.host, placement.route) == ("gpu1", "chat")
+    placement.slot.release()
 
 
 async def test_each_event_loop_gets_its_own_runtime(runtime):
