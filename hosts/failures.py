@@ -1,11 +1,12 @@
 """A failed exchange with a host, in crossbar's words rather than its HTTP library's.
 
-The proxy's transports (httpx's httpcore, aiohttp) and the health poller (aiohttp) word the same
-failure differently, and sometimes misleadingly: aiohttp reports a refused plain-HTTP connect
-as `Cannot connect to host 10.0.0.5:8080 ssl:default [Connect call failed ...]`, which reads
-like a TLS problem; httpcore says `All connection attempts failed`. Both keep the operating
-system's error in the exception's chain (`raise ... from`), so `failure` reads that instead:
-the errno, the resolver's or TLS's own error, a timeout. Pure: standard library only.
+The proxy's transports (httpx's httpcore, aiohttp) and the health poller (its own `/health`
+client, aiohttp for the rest) word the same failure differently, and sometimes misleadingly:
+aiohttp reports a refused plain-HTTP connect as `Cannot connect to host 10.0.0.5:8080
+ssl:default [Connect call failed ...]`, which reads like a TLS problem; httpcore says `All
+connection attempts failed`. They keep the operating system's error in the exception's chain
+(`raise ... from`), or raise it as it is, so `failure` reads that instead: the errno, the
+resolver's or TLS's own error, a timeout. Pure: standard library only.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ _ERRNO = {
     errno.EHOSTDOWN: "host is down",
 }
 _ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\]")  # asyncio's "Multiple exceptions: [Errno 111] ..."
-# aiohttp's exceptions for a body cut short, and for a host that hung up before its head, by
-# name (this module imports no HTTP library); httpcore says so in words of its own.
-_CUT_SHORT = frozenset({"ClientPayloadError", "TransferEncodingError", "ContentLengthError"})
-_HUNG_UP = frozenset({"ServerDisconnectedError"})
+# aiohttp's and hosts.health_client's exceptions for a body cut short, and for a host that
+# hung up before its head, by name (this module imports no HTTP client); httpcore says so in
+# words of its own.
+_CUT_SHORT = frozenset(
+    {"ClientPayloadError", "TransferEncodingError", "ContentLengthError", "CutShort"}
+)
+_HUNG_UP = frozenset({"ServerDisconnectedError", "HungUp"})
 _TLS_PLAIN = ("WRONG_VERSION_NUMBER", "record layer failure", "http request")
 
 

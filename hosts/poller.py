@@ -16,10 +16,12 @@ process or the last read is old:
 
 Why so: the poller of one `/health`, `/props` and `/v1/models` per host per round, on a new
 connection each (the proxy's client runs without keep-alive), cost about 3 ms of CPU per host
-per round. Now a round is one `/health` on an aiohttp session of the poller's own, which keeps
-one connection per host (`limit_per_host=1`) and retries a GET once on a fresh connection when
-a kept one turns out closed (llama-server closes a connection idle for 5 s). bench/README.md
-has the figures (`bench/bench_poller.py`).
+per round. Now a round is one `/health` on a connection kept per host by a client that reads
+the status and nothing else (hosts/health_client.py: it retries once on a fresh connection
+when a kept one turns out closed, as llama-server closes a connection idle for 5 s). `/props`
+and `/v1/models` go through an aiohttp session of the poller's own (one connection per host,
+`limit_per_host=1`). bench/README.md has the figures (`bench/bench_poller.py`,
+`bench/bench_scale.py`).
 
 Jitter: a host's first poll comes at a random point of the first interval, and each gap
 between its polls is a random 90-100% of the interval, so polls of a fleet do not arrive
@@ -46,6 +48,7 @@ import aiohttp
 from hosts.describe import describe, with_models
 from hosts.failures import failure
 from hosts.health import HealthTable, HostState
+from hosts.health_client import HealthClient
 
 REFRESH = 60.0  # seconds between reads of /props and /v1/models of a host that stays up
 JITTER = 0.1  # a gap between two polls of a host is (1 - JITTER .. 1) x the interval
@@ -65,8 +68,8 @@ class Poller:
     """Polls hosts into `table`: `run()` every enabled host until cancelled, `poll()` one now.
 
     `interval` and `poll_timeout` in seconds; `refresh` as above, on `clock`; `rng` decides
-    the jitter (a seeded one makes it repeatable). The HTTP session opens on first use, on
-    the running loop; `aclose()` closes it.
+    the jitter (a seeded one makes it repeatable). The connections open on first use, on the
+    running loop; `aclose()` closes them.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class Poller:
         self.interval = interval
         self.refresh = refresh
         self._timeout = aiohttp.ClientTimeout(total=poll_timeout)
+        self._health = HealthClient(poll_timeout)
         self._rng = rng or random.Random()
         self._clock = clock
         self._session: aiohttp.ClientSession | None = None
@@ -97,6 +101,7 @@ class Poller:
                 targets = dict.fromkeys(probes())
                 for probe in [probe for probe in watching if probe not in targets]:
                     watching.pop(probe).cancel()
+                    self._health.drop(f"{probe.url}/health")
                 for probe in targets:
                     if probe not in watching:
                         first = self._rng.uniform(0, self.interval)
@@ -122,8 +127,8 @@ class Poller:
         table, name, url = self.table, probe.name, probe.url
         headers = _auth(probe.api_key)
         try:
-            status, _ = await self._get(f"{url}/health", headers)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            status = await self._health.status(f"{url}/health", headers)
+        except (OSError, ValueError) as exc:  # ValueError: a URL or key HTTP cannot carry
             table.set(name, HostState.DOWN, f"/health: {failure(exc)}", url=url)
             return
         if status == 503:
@@ -160,9 +165,8 @@ class Poller:
 
     async def _get(self, url: str, headers: dict[str, str]) -> tuple[int, bytes]:
         if self._session is None:
-            # One kept connection per host; aiohttp closes it after `keepalive_timeout` idle,
-            # long enough to reach the next poll (hosts may close it sooner: that costs a
-            # connect, not a failed poll). No environment proxy: as for the proxy's client.
+            # One connection per host: /props and /v1/models one after the other on it, and a
+            # router's /v1/models each round. No environment proxy: as for the proxy's client.
             connector = aiohttp.TCPConnector(
                 limit=0, limit_per_host=1, keepalive_timeout=self.interval * 2
             )
@@ -179,6 +183,7 @@ class Poller:
             return None
 
     async def aclose(self) -> None:
+        await self._health.aclose()
         if self._session is not None:
             await self._session.close()
             self._session = None

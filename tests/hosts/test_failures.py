@@ -1,5 +1,6 @@
 """A failed connection to a host reads the same plain words through every client crossbar uses:
-httpx on httpcore, httpx on aiohttp (the proxy's two transports) and aiohttp (the poller)."""
+httpx on httpcore, httpx on aiohttp (the proxy's two transports), the poller's `/health` client
+and aiohttp (the poller's other reads)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from hosts.failures import failure
+from hosts.health_client import HealthClient
 from routing.upstream_aiohttp import aiohttp_transport
 from tests.conftest import free_port
 
@@ -34,7 +36,20 @@ async def _aiohttp(url: str) -> object:
             return response.status
 
 
-CLIENTS = {"httpcore": _httpcore, "httpx-aiohttp": _httpx_aiohttp, "aiohttp": _aiohttp}
+async def _health(url: str) -> object:
+    client = HealthClient(timeout=5)
+    try:
+        return await client.status(url, {})
+    finally:
+        await client.aclose()
+
+
+CLIENTS = {
+    "httpcore": _httpcore,
+    "httpx-aiohttp": _httpx_aiohttp,
+    "health": _health,
+    "aiohttp": _aiohttp,
+}
 
 
 async def failing(get: Get, url: str) -> str:

@@ -211,9 +211,10 @@ async def test_each_host_is_polled_on_one_connection_kept_across_rounds(
                 await poller.poll(Probe(f"gpu{i}", url))
         assert poller.table.get("gpu0").state is HostState.UP
 
-    # Per host: 5 /health, 1 /props, 1 /v1/models, all on the one connection.
+    # Per host: 5 /health on the one kept connection; 1 /props and 1 /v1/models, one after
+    # the other, on the describing session's.
     assert hosts.requests == [7, 7]
-    assert hosts.connections == [1, 1]
+    assert hosts.connections == [2, 2]
 
 
 class CountingHosts:
