@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections, connection
 
 from routing.config.shape import Fleet, HostConfig, RouteConfig
 from routing.core.clients import ClientSpec
@@ -89,7 +89,16 @@ def _load_clients() -> dict[str, ClientSpec]:
 
 
 def current_revision() -> int:
+    """The `ConfigRevision` stamp, read on the connection this thread keeps. The runtime's
+    watcher asks every CROSSBAR_CONFIG_POLL seconds, and a new connection each time (what
+    `close_old_connections` does at Django's default CONN_MAX_AGE of 0) cost more than the
+    query: SQLite's file opened, its pragmas, Django's functions registered on it. Sync."""
     from routing.models import ConfigRevision
 
-    close_old_connections()
-    return ConfigRevision.current()
+    try:
+        return ConfigRevision.current()
+    except DatabaseError:
+        # The database may have closed a kept connection (a restart, an idle timeout): once
+        # more on a new one; a second failure is the caller's.
+        connection.close()
+        return ConfigRevision.current()
