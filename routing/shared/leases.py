@@ -13,6 +13,9 @@ have a fixed size whatever clients send):
 - `P leases`             sorted set of ids by expiry: the size cap and the count
 - `P lease-host:<host>`  sorted set of that host's ids by expiry: `held_by_host`, `drop_host`
 - `P lease-hosts`        set of hosts with leases
+- `P version:leases`     a counter every write and drop moves on, expiring with the last
+                         lease (`held_by_host` walks the hosts only when it moved, or a lease
+                         counted last time expired)
   (each index expires with its longest-lived lease, so an idle gateway leaves no key behind)
 
 How the cap holds: every write first drops ids whose expiry passed from `P leases`, then,
@@ -26,13 +29,13 @@ from __future__ import annotations
 import hashlib
 
 from routing.core.leases import LeaseKey
-from routing.shared.state import Shared
+from routing.shared.state import VERSION, Shared
 
 __all__ = ["LEASE_FUNCTIONS", "RedisLeases", "lease_id", "lease_ms"]
 
 # The lease operations as Lua functions, for these scripts and for the slots' OPEN script
 # (routing/shared/slots_lua.py), which reads and writes a lease in the same call as a place.
-# Needs `P` (the key prefix) defined before it.
+# Needs `P` (the key prefix) and `VERSION` (routing/shared/state.py) before it.
 LEASE_FUNCTIONS = r"""
 local lease_t = redis.call('TIME')
 local now = tonumber(lease_t[1]) * 1000 + math.floor(tonumber(lease_t[2]) / 1000)
@@ -64,6 +67,8 @@ local function lease_write(id, host, ms, cap, expected)
   if current ~= expected and current ~= '' and expected ~= '*' then return current end
   if current ~= '' then redis.call('ZREM', P .. 'lease-host:' .. current, id) end
   local expires = now + ms
+  bump('leases')
+  outlive(version_key('leases'), expires)
   redis.call('SET', key, host, 'PXAT', expires)
   index(P .. 'leases', expires, id)
   index(P .. 'lease-host:' .. host, expires, id)
@@ -85,7 +90,7 @@ local function lease_write(id, host, ms, cap, expected)
 end
 """
 
-_PRELUDE = "local P = ARGV[1]\n" + LEASE_FUNCTIONS
+_PRELUDE = "local P = ARGV[1]\n" + VERSION + LEASE_FUNCTIONS
 
 # ARGV: P, id, ttl ms. Reply: the host, or nil. Slides the TTL of a live lease.
 _READ = _PRELUDE + "return lease_read(ARGV[2], tonumber(ARGV[3]))"
@@ -112,16 +117,24 @@ for _, id in ipairs(redis.call('ZRANGE', hk, 0, -1)) do
 end
 redis.call('DEL', hk)
 redis.call('SREM', P .. 'lease-hosts', ARGV[2])
+-- No counter: no lease was written since they all expired, and the reader walks anyway.
+if redis.call('EXISTS', version_key('leases')) == 1 then bump('leases') end
 return gone
 """
 )
 
-# ARGV: P, the digest of the caller's last reply ('' for none). Reply: this one's digest,
-# then a flat list of host, live leases; the digest alone when it is the caller's.
+# ARGV: P, the stamp of the caller's last reply ('' for none). Reply: this one's stamp, then a
+# flat list of host, live leases; an empty list when the stamp is the caller's. The stamp is
+# the leases' version (moved by every write and drop; it expires with the last lease) and the
+# first expiry among the leases it counted: the counts stay as they were until one of the two
+# comes, so an idle fleet's tick reads one counter, not every host.
 _HELD = (
     _PRELUDE
     + r"""
-local out = {}
+local current = redis.call('GET', version_key('leases'))
+local last_version, last_expiry = string.match(ARGV[2], '^(%d+) (%d+)$')
+if current and last_version == current and now < tonumber(last_expiry) then return {} end
+local out, first = {}, 2 ^ 52
 for _, host in ipairs(redis.call('SMEMBERS', P .. 'lease-hosts')) do
   local hk = P .. 'lease-host:' .. host
   redis.call('ZREMRANGEBYSCORE', hk, '-inf', now)
@@ -131,11 +144,10 @@ for _, host in ipairs(redis.call('SMEMBERS', P .. 'lease-hosts')) do
   else
     table.insert(out, host)
     table.insert(out, count)
+    first = math.min(first, tonumber(redis.call('ZRANGE', hk, 0, 0, 'WITHSCORES')[2]))
   end
 end
-local digest = redis.sha1hex(table.concat(out, ' '))
-if digest == ARGV[2] then return {digest} end
-table.insert(out, 1, digest)
+table.insert(out, 1, current and current .. ' ' .. string.format('%d', first) or '')
 return out
 """
 )
@@ -188,10 +200,10 @@ class RedisLeases:
     async def held_by_host(self) -> dict[str, int]:
         """Live leases per host (ranking, dashboard). When no count changed since the last
         call, the dict that call returned (do not change it)."""
-        digest, last = self._last_held
-        flat = await self._held(digest)
-        if flat[0] == digest:
-            return last
+        stamp, last = self._last_held
+        flat = await self._held(stamp)
+        if not flat:
+            return last  # nothing changed since that reply
         held = {flat[i]: int(flat[i + 1]) for i in range(1, len(flat), 2)}
         self._last_held = (flat[0], held)
         return held

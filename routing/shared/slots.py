@@ -151,7 +151,7 @@ class RedisSlots:
         self._epoch = ""  # Redis's epoch when this process last put its slots back
         self._restoring = asyncio.Lock()
         self._waits: dict[str, _Wait] = {}
-        self._snapshots: dict[str, tuple[str, list[PairSnapshot]]] = {}  # by skip: digest, list
+        self._snapshots: dict[str, tuple[str, list[PairSnapshot]]] = {}  # by skip: version, list
         # Set when a call's outcome in Redis is unknown (Redis away, the call cancelled): the
         # next tick drops whatever Redis holds for this process that it no longer knows of.
         self._reconcile_needed = False
@@ -448,9 +448,9 @@ class RedisSlots:
         over every other process), sorted. When nothing changed since the last call, the
         list that call returned (do not change it)."""
         skip = self._shared.proc if others_only else ""
-        digest, last = self._snapshots.get(skip, ("", []))
-        flat = await self._snapshot(skip, digest)
-        if flat[0] == digest:
+        version, last = self._snapshots.get(skip, ("", []))
+        flat = await self._snapshot(skip, version)
+        if not flat:
             return last  # the same list as the last time: nothing changed
         states = []
         for i in range(1, len(flat), 5):

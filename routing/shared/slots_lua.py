@@ -15,6 +15,9 @@ Keys, under the prefix P (a pair is "host/model"; ids are "<process>.<n>"):
 - `P epoch`          a token that changes when Redis restarts empty (no expiry), so that a
                      process putting its slots back knows whether they may be gone for good
 - `P wake:<id>`      the pub/sub channel a process hears its grants on ("<waiter>\\n<pair>")
+- `P version:slots`  a counter every script that changes a conf, a held slot or a queue moves
+                     on (`bump`, routing/shared/state.py): SNAPSHOT walks the pairs only when
+                     it moved since the caller's last reply
 
 Invariant after every script, for each pair it touched: fewer slots held than `parallel`
 implies no live waiter in its queue or among its watchers (a freed slot goes to the head
@@ -26,10 +29,11 @@ Every script is idempotent for its ids (a retry after a lost reply changes nothi
 from __future__ import annotations
 
 from routing.shared.leases import LEASE_FUNCTIONS
-from routing.shared.state import ALIVE
+from routing.shared.state import ALIVE, VERSION
 
 PRELUDE = (
     ALIVE
+    + VERSION
     + r"""
 local function proc_of(id) return string.match(id, '^([^.]+)%.') end
 local function held_key(pair) return P .. 'held:' .. pair end
@@ -47,6 +51,7 @@ end
 
 -- Take a waiter out of its queue and every watch set, and drop its record.
 local function forget_waiter(w)
+  bump('slots')
   local rec = redis.call('HMGET', waiter_key(w), 'pair', 'watches')
   if rec[1] then redis.call('LREM', queue_key(rec[1]), 0, w) end
   if rec[2] then
@@ -57,7 +62,7 @@ end
 
 -- The slot is counted as the waiter's here, so nobody can take it before the waiter hears.
 local function grant_to(w, pair)
-  forget_waiter(w)
+  forget_waiter(w)  -- bumps
   redis.call('HSET', held_key(pair), w, proc_of(w))
   redis.call('PUBLISH', P .. 'wake:' .. proc_of(w), w .. '\n' .. pair)
 end
@@ -100,6 +105,7 @@ local function reclaim(pair)
   for i = 1, #all, 2 do
     if not alive(all[i + 1]) then
       redis.call('HDEL', h, all[i])
+      bump('slots')
       freed = freed + 1
     end
   end
@@ -144,6 +150,7 @@ local function tidy(pair)
   end
   redis.call('DEL', c, watch_key(pair))
   redis.call('SREM', P .. 'pairs', pair)
+  bump('slots')
 end
 
 local function held_by(w, first, last)
@@ -163,6 +170,7 @@ local pair = ARGV[2]
 redis.call('HSET', P .. 'conf:' .. pair, 'parallel', ARGV[3], 'queue_max', ARGV[4])
 redis.call('HDEL', P .. 'conf:' .. pair, 'removed')
 redis.call('SADD', P .. 'pairs', pair)
+bump('slots')
 hand_over(pair)
 return 1
 """
@@ -176,6 +184,7 @@ REMOVE = (
 local pair = ARGV[2]
 if redis.call('EXISTS', P .. 'conf:' .. pair) == 0 then return 0 end
 redis.call('HSET', P .. 'conf:' .. pair, 'parallel', 1, 'queue_max', 0, 'removed', 1)
+bump('slots')
 tidy(pair)
 return 1
 """
@@ -211,6 +220,7 @@ local function walk(w, ttl, mode, list)
     queue_max[i] = most
     if has_free(pair, parallel) then
       redis.call('HSET', held_key(pair), w, proc_of(w))
+      bump('slots')
       return {'grant', pair}
     end
   end
@@ -222,6 +232,7 @@ local function walk(w, ttl, mode, list)
     if redis.call('LLEN', q) < most then
       local seq = redis.call('INCR', P .. 'seq')
       local position = redis.call('RPUSH', q, w)
+      bump('slots')
       redis.call('HSET', waiter_key(w), 'pair', pair, 'seq', seq, 'watches', '[]')
       redis.call('PEXPIRE', waiter_key(w), ttl)
       return {'queued', pair, position}
@@ -379,6 +390,7 @@ RELEASE = (
     + r"""
 local pair = ARGV[3]
 if redis.call('HDEL', held_key(pair), ARGV[2]) == 1 then
+  bump('slots')
   hand_over(pair)
   tidy(pair)
 end
@@ -432,6 +444,7 @@ for _ = 1, n do
   if redis.call('EXISTS', c) == 0 then
     redis.call('HSET', c, 'parallel', ARGV[i + 1], 'queue_max', ARGV[i + 2])
     redis.call('SADD', P .. 'pairs', ARGV[i])
+    bump('slots')
   end
   i = i + 3
 end
@@ -442,6 +455,7 @@ while i < #ARGV do
     local parallel = conf(pair)
     if restarted and parallel and has_free(pair, parallel) then
       redis.call('HSET', held_key(pair), id, proc)
+      bump('slots')
     else
       table.insert(out, id)
     end
@@ -468,13 +482,15 @@ return 1
 """
 )
 
-# ARGV: P, a process whose slots not to count ('' for none), the digest of the caller's last
-# reply ('' for none). Reply: the digest of this one, then a flat list of pair, parallel,
-# queue_max, in flight, queued; the digest alone when it is the caller's (nothing changed:
-# an idle fleet's tick reads one short string, not every pair).
+# ARGV: P, a process whose slots not to count ('' for none), the version of the caller's last
+# reply ('' for none). Reply: the slots' version now ('' without one), then a flat list of pair,
+# parallel, queue_max, in flight, queued; an empty list when the version is the caller's
+# (nothing changed: an idle fleet's tick reads one counter, not every pair).
 SNAPSHOT = (
     PRELUDE
     + r"""
+local current = redis.call('GET', version_key('slots'))
+if current and current == ARGV[3] then return {} end
 local out, skip = {}, ARGV[2]
 for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
   local parallel, queue_max = conf(pair)
@@ -494,9 +510,7 @@ for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
     table.insert(out, redis.call('LLEN', queue_key(pair)))
   end
 end
-local digest = redis.sha1hex(table.concat(out, ' '))
-if digest == ARGV[3] then return {digest} end
-table.insert(out, 1, digest)
+table.insert(out, 1, current or '')
 return out
 """
 )
@@ -520,7 +534,10 @@ for _, pair in ipairs(redis.call('SMEMBERS', P .. 'pairs')) do
   local h = held_key(pair)
   local all = redis.call('HGETALL', h)
   for i = 1, #all, 2 do
-    if stray(all[i]) then redis.call('HDEL', h, all[i]) end
+    if stray(all[i]) then
+      redis.call('HDEL', h, all[i])
+      bump('slots')
+    end
   end
   local q = queue_key(pair)
   for _, w in ipairs(redis.call('LRANGE', q, 0, -1)) do

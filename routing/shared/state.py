@@ -69,6 +69,28 @@ end
 """
 
 
+# `bump(name)`: what the counts named `name` are made of changed in this script (once per
+# script, however often called). A tick reads `P version:<name>` first and walks the keys only
+# when it moved, so an idle fleet's tick costs one GET, not every pair. A missing counter (Redis
+# restarted empty, or it expired) starts from Redis's clock in microseconds, past any value
+# handed out before: a number a process remembers is never current again for other counts.
+# A reader finding no counter walks the keys. Needs `P`.
+VERSION = r"""
+local bumped = {}
+local function version_key(name) return P .. 'version:' .. name end
+local function bump(name)
+  if bumped[name] then return end
+  bumped[name] = true
+  local key = version_key(name)
+  if redis.call('EXISTS', key) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', key, t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  redis.call('INCR', key)
+end
+"""
+
+
 class StateUnavailable(GatewayError):
     """The shared state (Redis) cannot be reached; the request can be retried shortly."""
 

@@ -97,6 +97,30 @@ async def test_leases_expire_and_leave_no_key_behind(redis_url):
     await client.aclose()
 
 
+async def test_a_lease_that_expires_leaves_the_counts_without_any_write(redis_url):
+    async with two(redis_url) as (a, b):
+        await lease(a, LeaseKey("chat", "short", "m"), host="h1", ttl=0.3)
+        await lease(a, LeaseKey("chat", "long", "m"), host="h2", ttl=60.0)
+        assert await b.held_by_host() == {"h1": 1, "h2": 1}
+
+        async def expired() -> bool:
+            return await b.held_by_host() == {"h2": 1}
+
+        await eventually(expired, "the short lease to leave the counts")
+
+
+async def test_counts_read_before_redis_lost_its_data_are_not_taken_for_current(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    async with two(redis_url) as (a, b):
+        await lease(a, LeaseKey("chat", "one", "m"), host="h1")
+        assert await b.held_by_host() == {"h1": 1}
+        await client.flushall()  # as a restart without persistence
+        await lease(a, LeaseKey("chat", "two", "m"), host="h2")
+
+        assert await b.held_by_host() == {"h2": 1}
+    await client.aclose()
+
+
 async def test_dropping_a_host_removes_only_its_leases(redis_url):
     async with two(redis_url) as (a, b):
         await lease(a, LeaseKey("chat", "one", "m"), host="h1")

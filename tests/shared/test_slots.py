@@ -485,3 +485,23 @@ async def test_an_unreachable_redis_is_a_clear_error_that_never_shows_the_passwo
         "shared state unavailable: Redis at 127.0.0.1:1 cannot be reached"
     )
     assert "s3cret" not in str(unreachable.value)
+
+
+async def test_each_process_sees_the_others_slots_and_places_as_they_change(redis_url):
+    async with two(redis_url) as (a, b):
+        await configure(1, 2, a, b)
+        idle = await b.snapshot(others_only=True)
+        held = await granted(a)
+        taken = await b.snapshot(others_only=True)
+        waiting = await queued_at(a)
+        in_line = await b.snapshot(others_only=True)
+        assert await a.cancel(waiting) is None
+        left = await b.snapshot(others_only=True)
+        await a.release(held)
+        released = await b.snapshot(others_only=True)
+
+        assert [(s.in_flight, s.queued) for s in idle] == [(0, 0)]
+        assert [(s.in_flight, s.queued) for s in taken] == [(1, 0)]
+        assert [(s.in_flight, s.queued) for s in in_line] == [(1, 1)]
+        assert [(s.in_flight, s.queued) for s in left] == [(1, 0)]
+        assert [(s.in_flight, s.queued) for s in released] == [(0, 0)]
