@@ -274,7 +274,9 @@ def signed_in(
     gateway: Gateway, username: str = "admin", password: str = "password"
 ) -> httpx.Client:
     """An httpx client signed in to the admin of the real server (the user must exist)."""
-    client = httpx.Client(base_url=gateway.url, headers={"Origin": gateway.url})
+    # The login hashes the password (PBKDF2, a million rounds): seconds on a busy machine,
+    # past httpx's default 5 s once (in the host-control matrix).
+    client = httpx.Client(base_url=gateway.url, headers={"Origin": gateway.url}, timeout=30)
     token = client.get("/admin/login/").cookies["csrftoken"]
     response = client.post(
         "/admin/login/",
