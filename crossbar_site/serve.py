@@ -18,7 +18,6 @@ binding its own socket on the same port with SO_REUSEPORT (crossbar_site/workers
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import socket
@@ -73,11 +72,6 @@ def serve(host: str, port: int, *, grace: float, server: str | None = None) -> N
     log.info("listening on http://%s:%s (%s)", address, bound, server)
     from crossbar_site.asgi import application
 
-    # What is loaded by now (Django, the apps, the URLconf: some 120,000 objects) lives as long
-    # as the process: frozen out of the cycle collector's way, its full collections, which the
-    # requests' short-lived objects set off, no longer walk all of it (55 ms each here).
-    gc.collect()
-    gc.freeze()
     if server == "uvicorn":
         from crossbar_site import uvicorn_server as chosen
     else:
