@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import httpx
 
@@ -137,7 +137,7 @@ class Passage:
         return None
 
     async def _ask(self, host: str) -> Answered:
-        trail = self.trail = replace(self.trail, host=host)
+        trail = self.trail = self.trail._replace(host=host)
         if trail.running is not None:
             trail.running.table.placed(trail.running, host, 0)
         upstream = await self.forward(self.runtime, self.ask, self.ask.model, host)
@@ -147,11 +147,11 @@ class Passage:
         """The request waits: a status view sees it, and a row for a wait that fails names
         where it waited."""
         self.waiting = waiting
-        self.trail = replace(
-            self.trail, host=waiting.host, lease=str(waiting.lease), placement=str(waiting.reason)
+        self.trail = self.trail._replace(
+            host=waiting.host, lease=str(waiting.lease), placement=str(waiting.reason)
         )
         if self.trail.running is not None:
             self.trail.running.table.waits(self.trail.running, waiting.waiter)
 
     def _answered(self, trail: Trail) -> Trail:
-        return replace(trail, ttfb_ms=int((time.perf_counter() - trail.arrival.t0) * 1000))
+        return trail._replace(ttfb_ms=int((time.perf_counter() - trail.arrival.t0) * 1000))

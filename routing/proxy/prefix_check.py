@@ -9,8 +9,6 @@ request without a prompt (`NO_PREFIX`) costs nothing here, and does not touch th
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from routing.core.tee import Usage
 from routing.proxy.record import Trail
 from routing.runtime import Runtime
@@ -22,7 +20,7 @@ def predicted(trail: Trail, runtime: Runtime) -> Trail:
     if not chain:
         return trail
     depth = runtime.prefixes.match(trail.host, trail.model, chain)
-    return replace(trail, predicted_blocks=depth)
+    return trail._replace(predicted_blocks=depth)
 
 
 def settled(trail: Trail, runtime: Runtime, usage: Usage, status: int) -> Trail:
@@ -41,4 +39,4 @@ def settled(trail: Trail, runtime: Runtime, usage: Usage, status: int) -> Trail:
         index.correct(trail.host, trail.model, chain, reported)
     if status < 400:
         index.learn(trail.host, trail.model, chain)
-    return replace(trail, reported_blocks=reported)
+    return trail._replace(reported_blocks=reported)

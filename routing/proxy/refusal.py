@@ -6,8 +6,6 @@ Called only on the way out of a refused request, so a served request pays nothin
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from routing.config.shape import RouteConfig
 from routing.core import refusals
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, UnknownRoute
@@ -46,5 +44,5 @@ def counted_where_it_happened(trail: Trail, exc: Exception) -> Trail:
     if isinstance(exc, QueueFull):
         return refused_by(trail, exc.hosts)
     if isinstance(exc, UnknownRoute):
-        return replace(trail, route=exc.name)
+        return trail._replace(route=exc.name)
     return trail

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -85,7 +84,7 @@ class Relay:
         self._chunks = upstream.aiter_raw()
         self._slot = slot
         self._tee = Tee(upstream.headers.get("content-type", ""))
-        self._trail = replace(trail, streamed=trail.streamed or self._tee.streamed)
+        self._trail = trail._replace(streamed=trail.streamed or self._tee.streamed)
         self._idle = runtime.stream_idle_timeout
         self._runtime = runtime  # its prefix index learns from the answer
         self._loop = asyncio.get_running_loop()

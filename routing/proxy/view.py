@@ -112,13 +112,13 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         origins = route.cors_origins
         if request.method == "OPTIONS":
             return preflight_response(request, origins)  # a browser asking first: no row, no host
-        trail = replace(trail, route=route.name)
+        trail = trail._replace(route=route.name)
         check_host(request)
         pinned = named_host(route, path)
         caller = await check_access(request, runtime.clients, route, endpoint, path)
         if caller.client is not None:
-            trail = replace(trail, client=caller.client.name)
-            trail = replace(trail, client_pass=await runtime.admit(caller.client, route.name))
+            trail = trail._replace(client=caller.client.name)
+            trail = trail._replace(client_pass=await runtime.admit(caller.client, route.name))
         if (request.method or "GET") not in METHODS:
             raise MethodNotAllowed(
                 f"method {(request.method or '')[:20]} not allowed: use {', '.join(METHODS)}"
@@ -134,8 +134,7 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         if pinned is not None:
             ask = replace(ask, host=pinned[0], path=pinned[1])
         running = runtime.running.add(route.name, ask.model or "", trail.client)
-        trail = replace(
-            trail,
+        trail = trail._replace(
             model=ask.model or "",
             fingerprint=ask.fingerprint,
             prefix=ask.prefix,
@@ -192,8 +191,7 @@ async def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -
 
 def _waiting_response(runtime: Runtime, passage: Passage, waiting: Waiting) -> StreamedResponse:
     """The head now (200, SSE), the wait's status comments, then the host's stream."""
-    passage.trail = replace(
-        passage.trail,
+    passage.trail = passage.trail._replace(
         host=waiting.host,
         lease=str(waiting.lease),
         placement=str(waiting.reason),

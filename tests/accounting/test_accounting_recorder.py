@@ -122,6 +122,21 @@ def test_recorded_rows_are_written_with_every_field(recorder: Recorder) -> None:
     assert recorder.backlog == 0
 
 
+def test_rows_are_found_by_the_time_they_started(recorder: Recorder) -> None:
+    # Reports and the admin select rows by a window of time: a row must be stored the way
+    # Django's own queries compare it.
+    started = datetime(2026, 11, 30, 12, 0, 30, 250_000, tzinfo=UTC)
+    recorder.record(make_record(1, started=started))
+    assert recorder.flush()
+
+    window = mine().filter(
+        started__gte=datetime(2026, 11, 30, 12, 0, tzinfo=UTC),
+        started__lt=datetime(2026, 11, 30, 12, 1, tzinfo=UTC),
+    )
+    assert [row.started for row in window] == [started]
+    assert not mine().filter(started__gt=started).exists()
+
+
 def test_full_batches_are_written_without_waiting_for_the_interval() -> None:
     recorder = Recorder(batch_size=10, flush_interval=60, max_backlog=1_000)
     try:
