@@ -93,6 +93,11 @@ class LiveFleet:
         """Whether any enabled host of the route lists the model."""
         return model in self._served.get(route.name, ())
 
+    def served(self, route: RouteConfig) -> frozenset[str]:
+        """The models the route's enabled hosts list, kept at each reload: a request asks, and
+        `Fleet.route_models` walks every host of the route (4.5% of a request's CPU on 200)."""
+        return self._served.get(route.name, frozenset())
+
     def usable(self, route: RouteConfig, model: str, name: str) -> bool:
         """Whether a host may take new work for this route and model right now."""
         host = self.config.hosts.get(name)

@@ -129,7 +129,7 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             finish(trail, 200)
             allow_origin(models_list, origins, request.headers.get("Origin"))
             return models_list
-        models = runtime.fleet.route_models(route)
+        models = runtime.live.served(route)
         ask = read_ask(request, route, path, endpoint, models, operator=caller.operator)
         if pinned is not None:
             ask = replace(ask, host=pinned[0], path=pinned[1])

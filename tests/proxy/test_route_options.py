@@ -63,6 +63,19 @@ def test_a_route_that_maps_unknown_models_serves_fixed_names_with_its_default(ga
     assert row.model == MODEL
 
 
+def test_a_route_that_maps_unknown_models_keeps_a_model_it_serves_by_its_own_name(gateway, fake):
+    host = add_host("gpu1", fake.url, models={MODEL: (4, 4), "coder": (4, 4)})
+    add_route("chat", [host], default_model=MODEL, map_unknown_models=True)
+    gateway.sync()
+
+    response = httpx.post(gateway.url + CHAT, json={**chat(), "model": "coder"})
+
+    assert response.status_code == 200
+    assert [seen.json["model"] for seen in fake.seen if seen.method == "POST"] == ["coder"]
+    row = wait_until(lambda: Request.objects.first(), what="the row")
+    assert row.model == "coder"
+
+
 def test_without_mapping_an_unknown_model_is_refused(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url)], default_model=MODEL)
     gateway.sync()
