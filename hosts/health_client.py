@@ -28,6 +28,7 @@ import functools
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 HEAD_MAX = 64 * 1024  # bytes of status line and headers before the answer counts as garbled
@@ -171,8 +172,9 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A cast, not an isinstance check: uvloop's TCP transport (uvicorn's loop) is no
+        # asyncio.Transport subclass, though it has every method of one.
+        self._transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -199,3 +199,27 @@ async def test_an_error_status_is_given_as_it_is_and_the_connection_kept(client)
     assert statuses == [500, 500]
     assert host.connections == 1
     assert host.requests[0].startswith(b"GET /v1/health HTTP/1.1\r\n")
+
+
+def test_on_uvloop_as_uvicorn_serves_a_kept_connection_is_asked_again_and_a_refusal_is_down() -> (
+    None
+):
+    # uvicorn runs the gateway, and so the poller, on uvloop, whose transports are not
+    # asyncio's classes.
+    import uvloop
+
+    async def rounds() -> tuple[list[int], int, tuple[HostState, str]]:
+        client = HealthClient(timeout=1.0)
+        try:
+            async with Host() as host:
+                statuses = [await client.status(f"{host.url}/health", {}) for _ in range(3)]
+        finally:
+            await client.aclose()
+        return statuses, host.connections, await poll_reason(f"http://127.0.0.1:{free_port()}")
+
+    statuses, connections, (state, reason) = uvloop.run(rounds())
+
+    assert statuses == [200, 200, 200]
+    assert connections == 1
+    assert state is HostState.DOWN
+    assert reason.startswith("/health: connection refused")
