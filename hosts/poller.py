@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import random
 import time
@@ -49,6 +50,8 @@ from hosts.describe import describe, with_models
 from hosts.failures import failure
 from hosts.health import HealthTable, HostState
 from hosts.health_client import HealthClient
+
+log = logging.getLogger("crossbar.health")
 
 REFRESH = 60.0  # seconds between reads of /props and /v1/models of a host that stays up
 JITTER = 0.1  # a gap between two polls of a host is (1 - JITTER .. 1) x the interval
@@ -110,8 +113,21 @@ class Poller:
 
     async def _watch(self, probe: Probe, first: float) -> None:
         await self._sleep(first)
+        faulted = False
         while True:
-            await self.poll(probe)
+            try:
+                await self.poll(probe)
+                faulted = False
+            except Exception as exc:
+                # `poll` words every way a host can fail; this is a fault of the gateway's own,
+                # and the hosts' tasks share one group: uncaught, it would end every host's
+                # polling and freeze the health table. The host is down until a poll succeeds;
+                # the traceback is logged once, not every round.
+                if not faulted:
+                    log.exception("health poll of %s failed in the gateway", probe.name)
+                faulted = True
+                reason = f"/health: the gateway's poll failed ({type(exc).__name__}; see its log)"
+                self.table.set(probe.name, HostState.DOWN, reason, url=probe.url)
             await self._sleep(self.interval * self._rng.uniform(1 - JITTER, 1))
 
     async def _sleep(self, delay: float) -> None:

@@ -260,3 +260,44 @@ class CountingHosts:
             pass
         finally:
             writer.close()
+
+
+async def test_a_poll_that_fails_in_the_gateway_marks_its_host_down_and_the_others_go_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fake: FakeLlamaServer
+) -> None:
+    from hosts.health_client import HealthClient
+
+    async with CountingHosts(1) as broken:
+        status = HealthClient.status
+
+        faults = 0
+
+        async def failing(client: HealthClient, url: str, headers: Any) -> int:
+            nonlocal faults
+            if url.startswith(broken.urls[0]):
+                faults += 1
+                raise RuntimeError("a fault of the gateway's own")
+            return await status(client, url, headers)
+
+        monkeypatch.setattr(HealthClient, "status", failing)
+        poller = Poller(HealthTable(), interval=0.5, poll_timeout=2.0)
+        probes = [Probe("gpu1", broken.urls[0]), Probe("gpu2", fake.url)]
+        poller.table.track({probe.name: probe.url for probe in probes})
+        running = asyncio.create_task(poller.run(lambda: probes))
+        try:
+            for _ in range(200):  # until the fault came twice (polling went on) and gpu2 is up
+                if faults >= 2 and poller.table.get("gpu2").state is HostState.UP:
+                    break
+                await asyncio.sleep(0.05)
+            assert faults >= 2
+            assert not running.done()
+            assert poller.table.get("gpu2").state is HostState.UP
+            down = poller.table.get("gpu1")
+            assert down.state is HostState.DOWN
+            assert down.reason == "/health: the gateway's poll failed (RuntimeError; see its log)"
+            logged = [r for r in caplog.records if r.getMessage().startswith("health poll of gpu1")]
+            assert len(logged) == 1 and logged[0].exc_info is not None  # once, with its traceback
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            await poller.aclose()
