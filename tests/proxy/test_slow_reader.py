@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import httpx
@@ -67,27 +68,50 @@ def the_row(ledger, **match):
     return row
 
 
+class Trickle(threading.Thread):
+    """A client reading 2 KiB every 20 ms in a thread of its own, so that it goes on taking
+    bytes while the test does other things (on a starved machine, a pause of the test's own
+    past the idle timeout would otherwise cut it); `drain()` makes it read the rest at once."""
+
+    def __init__(self, client: socket.socket) -> None:
+        super().__init__(daemon=True)
+        self.client = client
+        self.received = b""
+        self.hurry = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while chunk := self.client.recv(MiB if self.hurry.is_set() else 2 * KiB):
+                self.received += chunk
+                if not self.hurry.is_set():
+                    time.sleep(0.02)
+        except ConnectionResetError:
+            pass
+        self.client.close()
+
+    def drain(self) -> bytes:
+        self.hurry.set()
+        self.join(timeout=60)
+        assert not self.is_alive(), "the stream did not end"
+        return self.received
+
+
 def test_a_slow_reader_frees_the_hosts_slot_as_soon_as_the_host_is_done_and_gets_every_byte(
     gateway, fake, ledger
 ):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 0)})])
     gateway.sync()
     answered = requests_answered(gateway.url)
-    client = send_chat(gateway, ledger, chat(stream=True, max_tokens=TOKENS), **SLOW)
-    received = client.recv(4096)
+    reader = Trickle(send_chat(gateway, ledger, chat(stream=True, max_tokens=TOKENS), **SLOW))
+    reader.start()
 
-    deadline = time.monotonic() + 15
-    while not slot_free(gateway):  # a trickle: 2 KiB every 20-50 ms
-        assert time.monotonic() < deadline, f"the slot still held after {len(received)} bytes"
-        received += client.recv(2 * KiB)
-        time.sleep(0.02)
-
+    wait_until(lambda: slot_free(gateway), timeout=15, what="the slot freed under a slow reader")
     # The host's 820 KiB are out of the host and in the gateway; the client has read little.
-    assert len(received) < 200 * KiB
+    assert len(reader.received) < 200 * KiB
     assert requests_answered(gateway.url) == answered  # no row yet: the request goes on
     # parallel 1, queue 0: only a free slot lets the next request in.
     assert ledger.client.post("/chat/v1/chat/completions", json=chat("next")).status_code == 200
-    answer = parse_answer(received + read_to_the_end(client))
+    answer = parse_answer(reader.drain())
 
     assert answer.status == 200
     events = [line for line in answer.body.split(b"\n\n") if line]
