@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import httpx
 import pytest
@@ -81,13 +80,11 @@ class Trickle(threading.Thread):
 
     def run(self) -> None:
         try:
-            while chunk := self.client.recv(MiB if self.hurry.is_set() else 2 * KiB):
+            while not self.hurry.wait(0.02) and (chunk := self.client.recv(2 * KiB)):
                 self.received += chunk
-                if not self.hurry.is_set():
-                    time.sleep(0.02)
         except ConnectionResetError:
             pass
-        self.client.close()
+        self.received += read_to_the_end(self.client)
 
     def drain(self) -> bytes:
         self.hurry.set()
