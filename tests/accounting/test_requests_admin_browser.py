@@ -85,7 +85,7 @@ def test_every_column_of_the_request_list_fits_a_1366_pixel_screen(gateway, page
                           .map(th => th.innerText.trim()),
                 columns: heads.length,
                 codes: [...document.querySelectorAll('#result_list td.field-error_code')]
-                          .slice(0, 2).map(td => td.innerText.replace(/\\s+/g, '')),
+                          .map(td => td.innerText.replace(/\\s+/g, '')),
             };
         }"""
     )
@@ -94,4 +94,6 @@ def test_every_column_of_the_request_list_fits_a_1366_pixel_screen(gateway, page
     assert layout["pageOverflow"] <= 0
     assert layout["cut"] == []
     assert layout["columns"] == 13
-    assert layout["codes"] == ["upstream_unreachable", "rate_limit_exceeded"]
+    # Each code reads whole. A set, not the first two cells: the session's gateway may still be
+    # writing an earlier test's row (its recorder is asynchronous), which then lists among these.
+    assert {"upstream_unreachable", "rate_limit_exceeded"} <= set(layout["codes"])
