@@ -18,6 +18,7 @@ binding its own socket on the same port with SO_REUSEPORT (crossbar_site/workers
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -76,6 +77,10 @@ def serve(host: str, port: int, *, grace: float, server: str | None = None) -> N
         from crossbar_site import uvicorn_server as chosen
     else:
         from crossbar_site import daphne_server as chosen  # type: ignore[no-redef]  # one of two modules with the same `run`
+    # What is loaded by now (Django, the apps, the URLconf, the server: most of the process's
+    # objects) lives as long as the process. Frozen, the collector no longer walks it in every
+    # full collection, which the proxy's allocations set off now and then.
+    gc.freeze()
     chosen.run(application, listening, grace=grace, lifeline=lifeline)
 
 
