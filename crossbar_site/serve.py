@@ -79,7 +79,9 @@ def serve(host: str, port: int, *, grace: float, server: str | None = None) -> N
         from crossbar_site import daphne_server as chosen  # type: ignore[no-redef]  # one of two modules with the same `run`
     # What is loaded by now (Django, the apps, the URLconf, the server: most of the process's
     # objects) lives as long as the process. Frozen, the collector no longer walks it in every
-    # full collection, which the proxy's allocations set off now and then.
+    # full collection, which the proxy's allocations set off now and then (bench/README.md,
+    # "the collector's pauses"). Collected first, so that no garbage of the start is kept.
+    gc.collect()
     gc.freeze()
     chosen.run(application, listening, grace=grace, lifeline=lifeline)
 
