@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_cache.py                        # everything, about 11 minutes
     .venv/bin/python bench/bench_cache.py --patience 0 2 600 auto --seed 1
     .venv/bin/python bench/bench_cache.py --policies one-host crossbar --conversations 8
+    .venv/bin/python bench/bench_cache.py --hosts 3 --patience 600 auto --prefix-margins 0 1 2
 
 Runs two (`--hosts`) real llama-servers with `--parallel` slots each (the binary of `make
 llama-server`, the tiny random model of tests/e2e/llama/tiny_model.py) and sends each policy
@@ -17,7 +18,8 @@ conversations), streamed chat completions over httpx. The policies:
 - `least-loaded`: the bench picks the host with the fewest of its requests in flight, directly;
 - `crossbar@P`: crossbar as `make run` serves it, one route over the hosts with
   `lease_patience = P` for each `--patience` (a value crossbar's config does not accept yet,
-  such as `auto` before it exists, is skipped and the output says why).
+  such as `auto` before it exists, is skipped and the output says why); with
+  `--prefix-margins`, `crossbar@P/mM` for each patience at each `CROSSBAR_PREFIX_MARGIN` M.
 
 Each policy starts from cold hosts (every llama-server restarted), and halfway through its
 requests (`--restart-at`) the first host is killed and started again on its port: the
@@ -106,9 +108,11 @@ def run_policy(
         phase = Phase(policy, workload, hosts, None, restarted, restart_after)
         answers = asyncio.run(phase.run())
         return {**summarize(answers, names), "restart_s": phase.restart_seconds}, answers
-    toml = fleet_toml(hosts, policy.split("@", 1)[1])
-    name = f"{policy.replace('@', '-')}-{len(workload.conversations)}"
-    with crossbar(args.work, None, source, "crossbar_serve", toml, name=name) as gateway:
+    patience, _, margin = policy.split("@", 1)[1].partition("/m")
+    toml = fleet_toml(hosts, patience)
+    name = f"{policy.replace('@', '-').replace('/', '-')}-{len(workload.conversations)}"
+    env = {"CROSSBAR_PREFIX_MARGIN": margin} if margin else None
+    with crossbar(args.work, None, source, "crossbar_serve", toml, name=name, env=env) as gateway:
         wait_up(gateway.url, len(hosts))
         chat = f"{gateway.url}/bench/v1/chat/completions"
         phase = Phase(policy, workload, hosts, chat, restarted, restart_after)
@@ -252,6 +256,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=["0", "2", "600", "auto"],
         help="crossbar's lease_patience values, one policy each (a number, or `auto`)",
     )
+    add(
+        "--prefix-margins",
+        nargs="+",
+        type=int,
+        metavar="M",
+        help="crossbar's CROSSBAR_PREFIX_MARGIN: every patience at each (policies crossbar@P/mM); "
+        "without it, the environment's or the default",
+    )
     add("--policies", nargs="+", default=["one-host", "random", "least-loaded", "crossbar"],
         choices=("one-host", "random", "least-loaded", "crossbar"))  # fmt: skip
     return parser.parse_args(argv)
@@ -294,7 +306,9 @@ def main(argv: list[str] | None = None) -> None:
     ideal = Host("one", slots, 1, args.cache_ram * args.hosts, launch)
     policies = [p for p in args.policies if p != "crossbar"]
     if "crossbar" in args.policies:
-        policies += [f"crossbar@{patience}" for patience in args.patience]
+        margins = [f"/m{margin}" for margin in args.prefix_margins or ()]
+        policies += [f"crossbar@{patience}{margin}"
+                     for margin in margins or [""] for patience in args.patience]  # fmt: skip
     skipped: dict[str, str] = {}
     results: dict[str, dict[str, dict[str, object]]] = {"main": {}, "calm": {}}
     answers: dict[str, dict[str, list[dict[str, object]]]] = {"main": {}, "calm": {}}
@@ -303,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  cache check: {json.dumps(preflight)}", flush=True)
         for policy in policies:
             if policy.startswith("crossbar@"):
-                toml = fleet_toml(fleet, policy.split("@", 1)[1])
+                toml = fleet_toml(fleet, policy.split("@", 1)[1].partition("/m")[0])
                 problem = fleet_problems(args.work, source, toml, policy.replace("@", "-"))
                 if problem:
                     skipped[policy] = problem.splitlines()[-1].strip()

@@ -2,7 +2,8 @@
 issue's "done when" checks computed from them. Pure: plain records in, dicts and text out.
 
 A policy's key is `one-host`, `random`, `least-loaded`, or `crossbar@P` for a route with
-`lease_patience = P` (`crossbar@auto` for the priced patience).
+`lease_patience = P` (`crossbar@auto` for the priced patience), `crossbar@P/mM` when a run
+sweeps `CROSSBAR_PREFIX_MARGIN` (M).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["Answer", "Check", "done_when", "summarize", "tables"]
 
 IDEAL = "one-host"
 RANDOM = "random"
-AUTO = "crossbar@auto"
+AUTO = "auto"
 MISSING = "missing"  # a crossbar answer without X-Crossbar-Placement (no reason is named so)
 SPREAD_MARGIN = 0.10  # the issue: no host above 1/N + 10% of the requests
 HALF_OF_RANDOM = 0.5
@@ -86,6 +87,17 @@ class Check:
     passed: bool | None  # None: not measured (a policy it needs did not run)
 
 
+def _patience(key: str) -> str:
+    """`P` of `crossbar@P` or `crossbar@P/mM`."""
+    return key.split("@", 1)[1].split("/", 1)[0]
+
+
+def _margin(key: str) -> str:
+    """`M` of `crossbar@P/mM`; empty when the run swept no margin."""
+    _, _, margin = key.partition("/m")
+    return margin
+
+
 def done_when(
     main: Mapping[str, Mapping[str, object]],
     calm: Mapping[str, Mapping[str, object]],
@@ -93,24 +105,27 @@ def done_when(
 ) -> list[Check]:
     """The issue's checks, for every crossbar policy measured in `main` (the contended phase
     with the restart) and `calm` (fewer conversations than slots); `hosts`: the fleet's size.
-    The frontier check is `crossbar@auto`'s alone: its TTFB p95 at or below the fixed patience
-    with the best p95, with no more prompt tokens evaluated than that patience."""
+    The frontier check is for `crossbar@auto` alone (at each margin of a sweep): its TTFB p95
+    at or below the fixed patience with the best p95 (at the same margin), with no more prompt
+    tokens evaluated than that patience."""
     checks = []
     crossbars = [key for key in main if key.startswith("crossbar@")]
-    fixed = [key for key in crossbars if key != AUTO]
-    if AUTO in main and fixed:
+    for auto_key in [key for key in crossbars if _patience(key) == AUTO] or [f"crossbar@{AUTO}"]:
+        fixed = [key for key in crossbars
+                 if _patience(key) != AUTO and _margin(key) == _margin(auto_key)]  # fmt: skip
+        if auto_key not in main or not fixed:
+            checks.append(Check("on the fixed patiences' frontier", auto_key, "not measured", None))
+            continue
         best = min(fixed, key=lambda key: _number(main[key], "ttfb_p95_ms"))
-        auto, other = main[AUTO], main[best]
+        auto, other = main[auto_key], main[best]
         checks.append(Check(
             "on the fixed patiences' frontier (TTFB p95 <= the best fixed's, tokens <= its)",
-            AUTO,
+            auto_key,
             f"p95 {_ms(auto)} vs {best}'s {_ms(other)}; tokens {_tokens(auto)} vs {_tokens(other)}",
             _number(auto, "ttfb_p95_ms") <= _number(other, "ttfb_p95_ms")
             and _number(auto, "prompt_tokens_evaluated")
             <= _number(other, "prompt_tokens_evaluated"),
         ))  # fmt: skip
-    else:
-        checks.append(Check("on the fixed patiences' frontier", AUTO, "not measured", None))
     limit = 1 / hosts + SPREAD_MARGIN
     for key in crossbars:
         figures = main[key]
