@@ -90,6 +90,11 @@ def fleet_toml(hosts: Sequence[Host], patience: str) -> str:
     return "\n".join(parts)
 
 
+def file_name(policy: str) -> str:
+    """A policy's key as part of a file's name (`crossbar@auto/m1`: `crossbar-auto-m1`)."""
+    return policy.replace("@", "-").replace("/", "-")
+
+
 def run_policy(
     policy: str,
     workload: Workload,
@@ -110,7 +115,7 @@ def run_policy(
         return {**summarize(answers, names), "restart_s": phase.restart_seconds}, answers
     patience, _, margin = policy.split("@", 1)[1].partition("/m")
     toml = fleet_toml(hosts, patience)
-    name = f"{policy.replace('@', '-').replace('/', '-')}-{len(workload.conversations)}"
+    name = f"{file_name(policy)}-{len(workload.conversations)}"
     env = {"CROSSBAR_PREFIX_MARGIN": margin} if margin else None
     with crossbar(args.work, None, source, "crossbar_serve", toml, name=name, env=env) as gateway:
         wait_up(gateway.url, len(hosts))
@@ -318,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         for policy in policies:
             if policy.startswith("crossbar@"):
                 toml = fleet_toml(fleet, policy.split("@", 1)[1].partition("/m")[0])
-                problem = fleet_problems(args.work, source, toml, policy.replace("@", "-"))
+                problem = fleet_problems(args.work, source, toml, file_name(policy))
                 if problem:
                     skipped[policy] = problem.splitlines()[-1].strip()
                     print(f"  {policy}: skipped, crossbar refuses its config: {problem}")
