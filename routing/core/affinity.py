@@ -11,6 +11,15 @@ the host that first held it: once it is `margin` ahead, the next goes to the bes
 host, which then holds the prompt too, and the ranking spreads them again
 (docs/architecture.md, "Prefix affinity", says how the default was measured).
 
+Nor does a host go first when every slot it has is spoken for by a conversation leased there
+while the first ranked host has room (`room`: fewer conversations leased than slots). A
+llama-server keeps one prompt per slot and gives a request the idle slot sharing the most
+with it, which with a shared opening is any of them: one more conversation there overwrites a
+leased one, whose whole history is then read again at its next turn, to save reading an
+opening once. Measured (bench/README.md, "the prefix margin"): five conversations on three
+two-slot hosts evaluated the one host's tokens when no host held more than two, and 1.14-1.27x
+when prefix affinity put a third on one.
+
 Placement takes a free slot before a place in a line, so a host put first only takes the
 request when it has a slot free or when every host is full and its line is the choice.
 
@@ -43,10 +52,12 @@ def prefer(
     index: PrefixIndex,
     load: Callable[[str], int],
     margin: int,
+    room: Callable[[str], bool],
 ) -> Affinity | None:
     """The host of `order` (a ranking's hosts, best first) holding more of `chain` than
-    `order[0]` does, when its `load` is at most `margin` above `order[0]`'s; None when no
-    host holds more, or the one that does is too busy."""
+    `order[0]` does, when its `load` is at most `margin` above `order[0]`'s and it has `room`
+    for one more conversation's cache, or `order[0]` has none either; None when no host holds
+    more, or the one that does is too busy or too full."""
     if not chain or not order:
         return None
     first = order[0]
@@ -55,5 +66,7 @@ def prefer(
         return None
     host, blocks = found
     if load(host) > load(first) + margin:
+        return None
+    if not room(host) and room(first):
         return None
     return Affinity(host, blocks)

@@ -430,6 +430,10 @@ class Placer(Generic[RouteT]):
                 + state.leases_held(host, model)
             ),
             self.fleet.prefix_margin,
+            lambda host: (
+                state.leases_held(host, model)
+                < state.in_flight(host, model) + state.free_for(host, model)
+            ),
         )
 
     def _pairs_for(self, ranking: Ranking, affinity: Affinity | None) -> Sequence[Pair]:

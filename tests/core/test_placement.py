@@ -337,6 +337,31 @@ async def test_conversations_sharing_a_system_prompt_spread_over_the_hosts() -> 
     assert fleet.leases.held_by_host() == {"gpu1": 4, "gpu2": 4}
 
 
+@pytest.mark.parametrize(("leased_on_gpu2", "expected"), [(0, ("gpu2", Reason.NEW)),
+                                                        (3, ("gpu1", Reason.PREFIX))])  # fmt: skip
+async def test_a_host_whose_slots_all_hold_leased_conversations_takes_no_other_by_prefix(
+    leased_on_gpu2: int, expected: tuple[str, Reason]
+) -> None:
+    # gpu1 holds the prompt, and as many conversations leased as it has slots: one more would
+    # overwrite one of theirs. With room on gpu2 (ranked first: more free slots) the request
+    # goes there, however wide the margin; with gpu2 as full of conversations, the cache
+    # decides again.
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(parallel=2), "gpu2": host(parallel=3)}, route)
+    fleet.prefixes.learn("gpu1", MODEL, PROMPT)
+    fleet.prefix_margin = 5
+    leased = {"gpu1": 2, "gpu2": leased_on_gpu2}
+    for name, count in leased.items():
+        for number in range(count):
+            fleet.leases.keep(LeaseKey(route.name, f"{name} {number}", MODEL), name, LONG)
+
+    got = await placed(fleet, route, "a new conversation", PROMPT)
+
+    assert (got.host, got.reason) == expected
+    got.slot.release()
+    assert_nothing_held(fleet)
+
+
 async def test_a_full_host_holding_the_prompt_leaves_the_request_to_a_free_one() -> None:
     route = Route()
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
