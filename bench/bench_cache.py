@@ -16,6 +16,10 @@ conversations), streamed chat completions over httpx. The policies:
   directly: the cache ideal;
 - `random`: the bench picks a host at random for every request, directly (what LiteLLM does);
 - `least-loaded`: the bench picks the host with the fewest of its requests in flight, directly;
+- `sticky` and `pinned` (only when asked for): the bench keeps each conversation on one host (a
+  new one to the host with the fewest conversations), and `pinned` also names a slot for it
+  there (llama-server's `id_slot`, the slot with the fewest conversations): what naming slots
+  would give, measured before crossbar does it;
 - `crossbar@P`: crossbar as `make run` serves it, one route over the hosts with
   `lease_patience = P` for each `--patience` (a value crossbar's config does not accept yet,
   such as `auto` before it exists, is skipped and the output says why); with
@@ -270,7 +274,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "without it, the environment's or the default",
     )
     add("--policies", nargs="+", default=["one-host", "random", "least-loaded", "crossbar"],
-        choices=("one-host", "random", "least-loaded", "crossbar"))  # fmt: skip
+        choices=("one-host", "random", "least-loaded", "sticky", "pinned", "crossbar"))  # fmt: skip
     return parser.parse_args(argv)
 
 

@@ -82,6 +82,13 @@ async def stream(client: httpx.AsyncClient, url: str, body: Mapping[str, object]
         return Outcome(0, error=f"{type(exc).__name__}: {exc}"[:200])
 
 
+# Direct policies that keep a conversation on one host: `sticky` (what a lease does, with
+# llama-server choosing the slot) and `pinned` (the same, each conversation also given a slot
+# of its own there by `id_slot`): what crossbar would gain by naming slots, measured before
+# building it.
+STICKY = ("sticky", "pinned")
+
+
 def pick(policy: str, seed: int, key: str, up: Sequence[str], in_flight: Mapping[str, int]) -> str:
     """The host a direct policy sends a request to, among the hosts `up`: the draw is the
     request's own (`key`: conversation, turn, attempt), so it does not depend on timing."""
@@ -118,6 +125,9 @@ class Phase:
         self.restarted = False
         self.metrics_at_restart: dict[str, dict[str, float]] | None = None
         self.restart_seconds: float | None = None
+        # `sticky` and `pinned`: each conversation's host, and (pinned) its slot there.
+        self.homes: dict[int, str] = {}
+        self.slots: dict[tuple[int, str], int] = {}
 
     async def run(self) -> list[Answer]:
         async with httpx.AsyncClient(timeout=TIMEOUT, limits=LIMITS, trust_env=False) as client:
@@ -150,11 +160,17 @@ class Phase:
             if self.gateway is None:
                 up = [name for name in self.hosts if name not in self.down] or list(self.hosts)
                 key = f"{conversation}/{index}/{attempt}"
-                host = pick(self.policy, self.workload.seed, key, up, self.in_flight)
+                if self.policy in STICKY:
+                    host = self.home(conversation, up)
+                else:
+                    host = pick(self.policy, self.workload.seed, key, up, self.in_flight)
             url = self.gateway or f"{self.hosts[host].url}/v1/chat/completions"
+            sent = body
+            if self.policy == "pinned":
+                sent = {**body, "id_slot": self.slot(conversation, host)}
             self.in_flight[host] += 1
             try:
-                outcome = await stream(self.client, url, body)
+                outcome = await stream(self.client, url, sent)
             finally:
                 self.in_flight[host] -= 1
             if outcome.timings is not None and outcome.first_byte is not None:
@@ -164,6 +180,26 @@ class Phase:
                 return Answer(conversation, index, "", outcome.status, attempt, None, None, None,
                               None, error=outcome.error, after_restart=after_restart)  # fmt: skip
             await asyncio.sleep(outcome.retry_after)
+
+    def home(self, conversation: int, up: Sequence[str]) -> str:
+        """`sticky`/`pinned`: the conversation's host while it is up; a new one (or one whose
+        host is down) goes to the up host with the fewest conversations, then requests."""
+        home = self.homes.get(conversation)
+        if home is not None and home in up:
+            return home
+        held = Counter(self.homes.values())
+        home = min(up, key=lambda host: (held[host], self.in_flight[host], host))
+        self.homes[conversation] = home
+        return home
+
+    def slot(self, conversation: int, host: str) -> int:
+        """`pinned`: the slot the conversation is given on `host` (llama-server's `id_slot`),
+        the one with the fewest conversations so far; kept for its next turns."""
+        key = (conversation, host)
+        if key not in self.slots:
+            taken = Counter(slot for (_, on), slot in self.slots.items() if on == host)
+            self.slots[key] = min(range(self.hosts[host].slots), key=lambda n: (taken[n], n))
+        return self.slots[key]
 
     def answer(
         self,
