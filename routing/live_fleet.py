@@ -129,7 +129,7 @@ class LiveFleet:
         host = self.config.hosts.get(name)
         if host is None or not host.enabled:
             return None
-        evicts_busy = False
+        evicts_busy = crowded = False
         if model is None:
             can_serve = loaded = True
             free = self.state.free_slots(name)
@@ -145,6 +145,7 @@ class LiveFleet:
             free = self.state.free_for(name, model) if can_serve else 0
             queued = self.state.queued(name, model)
             evicts_busy = can_serve and not loaded and self._evicts_busy(host, health)
+            crowded = spec is not None and self.state.leases_held(name, model) >= spec.parallel
         return Candidate(
             host=name,
             healthy=self.health.eligible(name),
@@ -156,6 +157,7 @@ class LiveFleet:
             weight=host.weight,
             leases=self.state.leases_held(name),
             evicts_busy=evicts_busy,
+            crowded=crowded,
         )
 
     def _evicts_busy(self, host: HostConfig, health: HostHealth) -> bool:

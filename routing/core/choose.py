@@ -8,7 +8,7 @@ from dataclasses import dataclass
 __all__ = ["Candidate", "RankKey", "rank_key", "ranked"]
 
 # What orders a route's eligible hosts, smallest first (see `ranked`).
-RankKey = tuple[bool, bool, float, int, int, int]
+RankKey = tuple[bool, bool, bool, float, int, int, int]
 
 
 @dataclass(slots=True, frozen=True)
@@ -19,7 +19,9 @@ class Candidate:
     the model. ``free`` and ``queued`` are the limiter's counts for this (host, model);
     ``leases`` the conversations the host holds. ``evicts_busy``: the host loads models on
     demand (router mode), this one is not loaded, and loading it would unload a model with
-    requests in flight or conversations leased.
+    requests in flight or conversations leased. ``crowded``: the host has as many conversations
+    leased for the model as it has slots for it, so a new one there would overwrite one of
+    theirs in its KV cache (a llama-server keeps one prompt per slot).
     """
 
     host: str
@@ -32,6 +34,7 @@ class Candidate:
     weight: float
     leases: int = 0
     evicts_busy: bool = False
+    crowded: bool = False
 
     @property
     def eligible(self) -> bool:
@@ -43,10 +46,11 @@ def ranked(candidates: Sequence[Candidate]) -> list[str]:
 
     Eligible: healthy, not draining, and the model loaded or listed. Hosts with the model loaded
     come before hosts that merely list it, and among those, hosts with room to load it before
-    hosts where loading it would unload a busy model; then the highest ``free * weight``; ties
-    go to the
-    host holding fewer leases (so conversations arriving one at a time spread), then to the
-    shorter queue, then to route order. A full host (``free == 0``) is still ranked: its
+    hosts where loading it would unload a busy model; then hosts with room for one more
+    conversation's cache before crowded ones (placement still takes a free slot on a crowded
+    host before a place in a line elsewhere); then the highest ``free * weight``; ties go to
+    the host holding fewer leases (so conversations arriving one at a time spread), then to
+    the shorter queue, then to route order. A full host (``free == 0``) is still ranked: its
     request may queue there.
     """
     keyed = [(rank_key(c, index), c.host) for index, c in enumerate(candidates) if c.eligible]
@@ -60,6 +64,7 @@ def rank_key(candidate: Candidate, index: int) -> RankKey:
     return (
         not candidate.loaded,
         candidate.evicts_busy,
+        candidate.crowded,
         -candidate.free * candidate.weight,
         candidate.leases,
         candidate.queued,

@@ -77,6 +77,18 @@ def test_free_slots_count_before_leases() -> None:
     assert ranked(hosts) == ["roomy", "few-leases"]
 
 
+def test_a_host_with_room_for_another_conversation_comes_before_a_crowded_one() -> None:
+    # "crowded" holds as many conversations as it has slots: a new one there would overwrite
+    # one of theirs, so more free slots do not put it first; among crowded hosts they do.
+    hosts = [
+        candidate("crowded", free=2, leases=2, crowded=True),
+        candidate("room", free=1, leases=1),
+        candidate("crowded-busier", free=1, leases=2, crowded=True),
+    ]
+
+    assert ranked(hosts) == ["room", "crowded", "crowded-busier"]
+
+
 def test_equal_everything_keeps_route_order() -> None:
     hosts = [candidate("first"), candidate("second"), candidate("third")]
 

@@ -54,3 +54,26 @@ def test_a_new_conversation_goes_to_the_host_holding_its_system_prompt_and_says_
     assert row.predicted_cached_blocks is not None
     assert shared - 1 <= row.predicted_cached_blocks <= shared + 1
     assert row.reported_cached_blocks is not None and row.reported_cached_blocks >= shared - 1
+
+
+def test_a_new_conversation_skips_a_host_holding_as_many_conversations_as_it_has_slots(
+    gateway, fake, fake2
+):
+    # gpu1 has two slots, gpu2 one: the ranking puts gpu1 first for anything new while it has
+    # more free slots, until two conversations are leased there. A third would overwrite one
+    # of theirs in gpu1's KV cache, so it goes to gpu2, which has room, though gpu1 still has
+    # two free slots to gpu2's one.
+    gpu1 = add_host("gpu1", fake.url, models={MODEL: (2, 2)})
+    gpu2 = add_host("gpu2", fake2.url, models={MODEL: (1, 1)})
+    add_route("chat", [gpu1, gpu2])
+    gateway.sync()
+
+    went = []
+    for number in range(3):
+        answer = httpx.post(f"{gateway.url}/chat/v1/chat/completions",
+                            json=chat(f"conversation {number} {uuid.uuid4()}"),
+                            timeout=10)  # fmt: skip
+        assert answer.status_code == 200
+        went.append((answer.headers["X-Crossbar-Host"], answer.headers["X-Crossbar-Lease"]))
+
+    assert went == [("gpu1", "new"), ("gpu1", "new"), ("gpu2", "new")]
