@@ -23,7 +23,8 @@ conversations), streamed chat completions over httpx. The policies:
 - `crossbar@P`: crossbar as `make run` serves it, one route over the hosts with
   `lease_patience = P` for each `--patience` (a value crossbar's config does not accept yet,
   such as `auto` before it exists, is skipped and the output says why); with
-  `--prefix-margins`, `crossbar@P/mM` for each patience at each `CROSSBAR_PREFIX_MARGIN` M.
+  `--prefix-margins`, `crossbar@P/mM` for each patience at each `CROSSBAR_PREFIX_MARGIN` M;
+  with `--unnamed-slots`, `crossbar@P/u` too, with `CROSSBAR_NAME_SLOTS=false`.
 
 Each policy starts from cold hosts (every llama-server restarted), and halfway through its
 requests (`--restart-at`) the first host is killed and started again on its port: the
@@ -99,6 +100,14 @@ def file_name(policy: str) -> str:
     return policy.replace("@", "-").replace("/", "-")
 
 
+def crossbar_settings(policy: str) -> tuple[str, str, bool]:
+    """`crossbar@P[/mM][/u]`: its patience P, its prefix margin M ("": the default) and
+    whether it names slots (`/u`: CROSSBAR_NAME_SLOTS=false)."""
+    patience, *options = policy.split("@", 1)[1].split("/")
+    margin = next((option[1:] for option in options if option.startswith("m")), "")
+    return patience, margin, "u" not in options
+
+
 def run_policy(
     policy: str,
     workload: Workload,
@@ -117,10 +126,12 @@ def run_policy(
         phase = Phase(policy, workload, hosts, None, restarted, restart_after)
         answers = asyncio.run(phase.run())
         return {**summarize(answers, names), "restart_s": phase.restart_seconds}, answers
-    patience, _, margin = policy.split("@", 1)[1].partition("/m")
+    patience, margin, named = crossbar_settings(policy)
     toml = fleet_toml(hosts, patience)
     name = f"{file_name(policy)}-{len(workload.conversations)}"
-    env = {"CROSSBAR_PREFIX_MARGIN": margin} if margin else None
+    env = {"CROSSBAR_PREFIX_MARGIN": margin} if margin else {}
+    if not named:
+        env["CROSSBAR_NAME_SLOTS"] = "false"
     with crossbar(args.work, None, source, "crossbar_serve", toml, name=name, env=env) as gateway:
         wait_up(gateway.url, len(hosts))
         chat = f"{gateway.url}/bench/v1/chat/completions"
@@ -273,6 +284,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="crossbar's CROSSBAR_PREFIX_MARGIN: every patience at each (policies crossbar@P/mM); "
         "without it, the environment's or the default",
     )
+    add("--unnamed-slots", action="store_true",
+        help="each crossbar policy also with CROSSBAR_NAME_SLOTS=false (crossbar@P/u): "
+        "llama-server chooses every slot")  # fmt: skip
     add("--policies", nargs="+", default=["one-host", "random", "least-loaded", "crossbar"],
         choices=("one-host", "random", "least-loaded", "sticky", "pinned", "crossbar"))  # fmt: skip
     return parser.parse_args(argv)
@@ -316,8 +330,10 @@ def main(argv: list[str] | None = None) -> None:
     policies = [p for p in args.policies if p != "crossbar"]
     if "crossbar" in args.policies:
         margins = [f"/m{margin}" for margin in args.prefix_margins or ()]
-        policies += [f"crossbar@{patience}{margin}"
-                     for margin in margins or [""] for patience in args.patience]  # fmt: skip
+        namings = ["", "/u"] if args.unnamed_slots else [""]
+        policies += [f"crossbar@{patience}{margin}{naming}"
+                     for margin in margins or [""] for naming in namings
+                     for patience in args.patience]  # fmt: skip
     skipped: dict[str, str] = {}
     results: dict[str, dict[str, dict[str, object]]] = {"main": {}, "calm": {}}
     answers: dict[str, dict[str, list[dict[str, object]]]] = {"main": {}, "calm": {}}
@@ -326,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  cache check: {json.dumps(preflight)}", flush=True)
         for policy in policies:
             if policy.startswith("crossbar@"):
-                toml = fleet_toml(fleet, policy.split("@", 1)[1].partition("/m")[0])
+                toml = fleet_toml(fleet, crossbar_settings(policy)[0])
                 problem = fleet_problems(args.work, source, toml, file_name(policy))
                 if problem:
                     skipped[policy] = problem.splitlines()[-1].strip()

@@ -3,7 +3,7 @@ issue's "done when" checks computed from them. Pure: plain records in, dicts and
 
 A policy's key is `one-host`, `random`, `least-loaded`, or `crossbar@P` for a route with
 `lease_patience = P` (`crossbar@auto` for the priced patience), `crossbar@P/mM` when a run
-sweeps `CROSSBAR_PREFIX_MARGIN` (M).
+sweeps `CROSSBAR_PREFIX_MARGIN` (M), `crossbar@P/u` with `CROSSBAR_NAME_SLOTS=false`.
 """
 
 from __future__ import annotations
@@ -92,10 +92,9 @@ def _patience(key: str) -> str:
     return key.split("@", 1)[1].split("/", 1)[0]
 
 
-def _margin(key: str) -> str:
-    """`M` of `crossbar@P/mM`; empty when the run swept no margin."""
-    _, _, margin = key.partition("/m")
-    return margin
+def _variant(key: str) -> str:
+    """What follows `P` in `crossbar@P/mM/u` (a margin swept, slots unnamed); "" for none."""
+    return key.split("@", 1)[1].partition("/")[2]
 
 
 def done_when(
@@ -105,14 +104,14 @@ def done_when(
 ) -> list[Check]:
     """The issue's checks, for every crossbar policy measured in `main` (the contended phase
     with the restart) and `calm` (fewer conversations than slots); `hosts`: the fleet's size.
-    The frontier check is for `crossbar@auto` alone (at each margin of a sweep): its TTFB p95
-    at or below the fixed patience with the best p95 (at the same margin), with no more prompt
-    tokens evaluated than that patience."""
+    The frontier check is for `crossbar@auto` alone (at each margin of a sweep, named slots
+    or not): its TTFB p95 at or below the fixed patience with the best p95 (the same margin
+    and naming), with no more prompt tokens evaluated than that patience."""
     checks = []
     crossbars = [key for key in main if key.startswith("crossbar@")]
     for auto_key in [key for key in crossbars if _patience(key) == AUTO] or [f"crossbar@{AUTO}"]:
         fixed = [key for key in crossbars
-                 if _patience(key) != AUTO and _margin(key) == _margin(auto_key)]  # fmt: skip
+                 if _patience(key) != AUTO and _variant(key) == _variant(auto_key)]  # fmt: skip
         if auto_key not in main or not fixed:
             checks.append(Check("on the fixed patiences' frontier", auto_key, "not measured", None))
             continue

@@ -158,6 +158,9 @@ CROSSBAR = {
     # best-ranked host a host holding more of a prompt's opening may carry and still be tried
     # first (routing/core/affinity.py).
     "PREFIX_MARGIN": env.int("CROSSBAR_PREFIX_MARGIN", default=1),
+    # Whether a conversation's requests name the llama-server slot it keeps there (`id_slot`,
+    # docs/architecture.md "A slot of its own"); off: every host chooses its own slots.
+    "NAME_SLOTS": env.bool("CROSSBAR_NAME_SLOTS", default=True),
     # With CROSSBAR_REDIS_URL: how long a process's slots outlive it (routing/shared/state.py).
     "REDIS_HOLD_TTL": env.float("CROSSBAR_REDIS_HOLD_TTL", default=5.0),
     # Set: slots, queues, leases and client counts are shared by every process through Redis.

@@ -24,6 +24,7 @@ from hosts.describe import ModelState
 from hosts.health import HealthTable, HostHealth
 from routing.config.shape import Fleet, HostConfig, RouteConfig
 from routing.core.choose import Candidate
+from routing.core.leases import LeaseKey
 from routing.core.patience import Figures
 from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking, Rankings
@@ -43,6 +44,7 @@ class LiveFleet:
         prefixes: PrefixIndex,
         prefix_margin: int,
         figures: Figures,
+        name_slots: bool = True,
     ) -> None:
         self.rankings = Rankings(self._candidate)
         touch = self.rankings.touch
@@ -56,6 +58,7 @@ class LiveFleet:
         # The hosts' recent service times and prompt speeds, for priced patience
         # (routing/core/patience.py); with shared state too, each process keeps its own.
         self.figures = figures
+        self.name_slots = name_slots  # CROSSBAR_NAME_SLOTS: see `id_slot`
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
         self._served: dict[str, frozenset[str]] = {}  # the models each route serves
@@ -116,6 +119,30 @@ class LiveFleet:
         /props), for which every enabled host qualifies by its free slots over all models."""
         self.state.expire_leases()  # the lease counts as of now
         return self.rankings.of(route.name, route.hosts, model)
+
+    def id_slot(self, key: LeaseKey, host: str) -> int | None:
+        """The slot to name (llama-server's `id_slot`) for a request of the conversation `key`
+        placed on `host`, its lease's host: the number it keeps to itself there, while the
+        host has a slot for each conversation leased to it; else None, and llama-server
+        chooses, as it does for a request that names none.
+
+        Only a host whose `/props` gave its slots (a llama-server, not in router mode) is
+        told a slot. With more conversations than slots, naming them would cost more than it
+        saves: llama-server moves prompts between a slot and its `--cache-ram` only when it
+        chooses the slot itself, or the prompt shares more than a tenth of its tokens with
+        the slot's, so a conversation sent to its slot after an unrelated one used it would
+        read its whole history again."""
+        if not self.name_slots:
+            return None
+        config = self.config.hosts.get(host)
+        spec = config.models.get(key.model) if config is not None else None
+        described = self.health.get(host).described
+        if spec is None or described is None or described.router or not described.slots:
+            return None
+        slots = min(spec.parallel, described.slots)
+        if self.state.leases_held(host, key.model) > slots:
+            return None
+        return self.state.slot_number(key, host, slots)
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

@@ -65,7 +65,9 @@ class Runtime:
 
         # What placement reads: the fleet, its health, state and caches, each route's ranking.
         prefixes, figures = PrefixIndex(conf["PREFIX_INDEX_ENTRIES"]), Figures()
-        self.live = LiveFleet(fleet, make_state, prefixes, conf["PREFIX_MARGIN"], figures)
+        self.live = LiveFleet(
+            fleet, make_state, prefixes, conf["PREFIX_MARGIN"], figures, conf["NAME_SLOTS"]
+        )
         self.state = self.live.state
         self.health = self.live.health
         self.prefixes = prefixes

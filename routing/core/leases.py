@@ -1,4 +1,5 @@
-"""Conversation leases: keep a (route, fingerprint, model) on the host holding its KV cache."""
+"""Conversation leases: keep a (route, fingerprint, model) on the host holding its KV cache,
+and, while the host has a slot for each of its conversations, on one slot of its own there."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class LeaseKey:
 # conversation (with 100k leases: 210k tracked objects and 100 ms a full pass as LeaseKey and
 # _Lease objects, 10k and 51 ms as tuples; a loaded gateway makes a full pass every few seconds).
 _Key = tuple[str, str, str]  # route, fingerprint, model
-_Lease = tuple[str, float]  # host, expires
+_Lease = tuple[str, float, int]  # host, expires, the slot number kept there (-1: none)
 
 
 def _key(key: LeaseKey) -> _Key:
@@ -49,7 +50,9 @@ class LeaseTable:
     Loop safety: call every method from one event loop; nothing here suspends.
     """
 
-    __slots__ = ("_clock", "_leases", "_max_entries", "_held", "_held_models", "_changed")
+    __slots__ = (
+        "_clock", "_leases", "_max_entries", "_held", "_held_models", "_numbered", "_changed"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -64,6 +67,8 @@ class LeaseTable:
         self._leases: OrderedDict[_Key, _Lease] = OrderedDict()
         self._held: dict[str, int] = {}  # stored leases per host
         self._held_models: dict[tuple[str, str], int] = {}  # ... per (host, model)
+        # The slot numbers kept by leases, per (host, model): number -> the lease keeping it.
+        self._numbered: dict[tuple[str, str], dict[int, _Key]] = {}
 
     def find(self, key: LeaseKey) -> str | None:
         """The host holding an unexpired lease for ``key``, without refreshing it."""
@@ -83,15 +88,44 @@ class LeaseTable:
         now = self._clock()
         stored = _key(key)
         current = self._leases.get(stored)
+        number = -1
         if current is None:
             self._count(host, key.model, 1)
         else:
             if current[0] != host:
+                self._unnumber(stored, current)
                 self._count(current[0], key.model, -1)
                 self._count(host, key.model, 1)
+            else:
+                number = current[2]
             self._leases.move_to_end(stored)
-        self._leases[stored] = (host, now + ttl)
+        self._leases[stored] = (host, now + ttl, number)
         self._trim(now)
+
+    def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
+        """The slot number (0 to `slots` - 1) the conversation keeps to itself on `host`, its
+        lease's host: the one it kept before, else the lowest that no other lease of the
+        (host, model) keeps; None when every number is kept, or it holds no live lease there.
+
+        Each number goes to one conversation at most, so a conversation sent to its number
+        (llama-server's `id_slot`) finds its own history there, not another's."""
+        now = self._clock()
+        self._trim(now)  # numbers kept by expired leases go back first (as lazily as `held`)
+        stored = _key(key)
+        current = self._leases.get(stored)
+        if current is None or current[0] != host or current[1] <= now:
+            return None
+        if 0 <= current[2] < slots:
+            return current[2]
+        self._unnumber(stored, current)  # a number beyond `slots` (fewer since) is given up
+        pair = (host, key.model)
+        kept = self._numbered.get(pair, {})
+        number = next((n for n in range(slots) if n not in kept), None)
+        self._leases[stored] = (host, current[1], -1 if number is None else number)
+        if number is None:
+            return None
+        self._numbered.setdefault(pair, kept)[number] = stored
+        return number
 
     def drop_host(self, host: str) -> int:
         """Remove every lease held by ``host`` (a deleted host); return how many went."""
@@ -135,7 +169,19 @@ class LeaseTable:
 
     def _delete(self, key: _Key, lease: _Lease) -> None:
         del self._leases[key]
+        self._unnumber(key, lease)
         self._count(lease[0], key[2], -1)
+
+    def _unnumber(self, key: _Key, lease: _Lease) -> None:
+        """Free the slot number `lease` keeps, if any (the lease itself is left as it is)."""
+        if lease[2] < 0:
+            return
+        pair = (lease[0], key[2])
+        kept = self._numbered.get(pair)
+        if kept is not None and kept.get(lease[2]) == key:
+            del kept[lease[2]]
+            if not kept:
+                del self._numbered[pair]
 
     def _count(self, host: str, model: str, change: int) -> None:
         _add(self._held, host, change)

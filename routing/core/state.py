@@ -101,6 +101,12 @@ class FleetState(Protocol):
         this request (a shared lease read there needs no second write)."""
         ...
 
+    def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
+        """The slot number on `host`, the lease's host, that the conversation keeps to itself
+        (`LeaseTable.slot_number`); None when the host has none left for it, or the backing
+        numbers no slots (the shared state, for now)."""
+        ...
+
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None: ...
     def remove(self, host: str, model: str) -> None: ...
     def drop_host(self, host: str) -> None: ...
@@ -148,6 +154,9 @@ class LocalState:
 
     async def keep_lease(self, key: LeaseKey, host: str, ttl: float, found: str | None) -> None:
         self.leases.keep(key, host, ttl)  # `find_lease` slid nothing here
+
+    def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
+        return self.leases.slot_number(key, host, slots)
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:
         self.limiter.configure(host, model, parallel, queue_max)

@@ -42,6 +42,13 @@ _CACHED_PROMPTS = frozenset(
      "/completion", "/v1/responses", "/responses", "/v1/messages"}
 )  # fmt: skip
 
+# The paths whose body llama-server reads a slot's number from (`id_slot`): its completions,
+# and its chat completions, which pass on what they do not know.
+_NAMED_SLOTS = frozenset(
+    {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+     "/completion"}
+)  # fmt: skip
+
 
 @dataclass(slots=True, frozen=True)
 class Ask:
@@ -61,6 +68,11 @@ class Ask:
     @property
     def takes_slot(self) -> bool:
         return self.kind is Kind.GENERATE and self.model is not None
+
+    @property
+    def names_slot(self) -> bool:
+        """Whether the host can be told which of its slots serves this (`id_slot`)."""
+        return self.payload is not None and self.path in _NAMED_SLOTS
 
     @property
     def wants_stream(self) -> bool:

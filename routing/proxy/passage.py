@@ -17,6 +17,7 @@ import httpx
 
 from routing.config.shape import RouteConfig
 from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown
+from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.placement import Placement, Placer, Waiting
 from routing.proxy import upstream
 from routing.proxy.ask import Ask
@@ -24,9 +25,12 @@ from routing.proxy.prefix_check import predicted
 from routing.proxy.record import Trail
 from routing.runtime import Runtime
 
-Forward = Callable[[Runtime, Ask, "str | None", str], Awaitable[httpx.Response]]
+Forward = Callable[[Runtime, Ask, "str | None", str, "int | None"], Awaitable[httpx.Response]]
 """How a passage asks a host (`routing.proxy.upstream.forward`; a model of the request path
 in the tests stands in its own hosts)."""
+
+# The leases that keep the conversation on the host serving it (a spill serves it elsewhere).
+_AT_HOME = frozenset({LeaseOutcome.NEW, LeaseOutcome.REUSED, LeaseOutcome.MOVED})
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,7 +86,11 @@ class Passage:
             trail = self.trail = predicted(self.trail.placed(placement), self.runtime)
             try:
                 upstream = await self.forward(
-                    self.runtime, self.ask, placement.model, placement.host
+                    self.runtime,
+                    self.ask,
+                    placement.model,
+                    placement.host,
+                    self._id_slot(placement),
                 )
             except HostDown as down:
                 placement.slot.release()
@@ -94,6 +102,22 @@ class Passage:
                 placement.slot.release()
                 raise
             return Answered(upstream, placement, self._answered(trail))
+
+    def _id_slot(self, placement: Placement) -> int | None:
+        """The slot to name on the host: the conversation's own there, when it is served on its
+        lease's host and the host keeps one for it (`LiveFleet.id_slot`); the client's own
+        `id_slot`, when it names one, goes as sent."""
+        ask = self.ask
+        if (
+            not ask.fingerprint
+            or placement.lease not in _AT_HOME
+            or placement.fallback
+            or not ask.names_slot
+            or "id_slot" in (ask.payload or ())
+        ):
+            return None
+        key = LeaseKey(placement.route, ask.fingerprint, placement.model)
+        return self.runtime.live.id_slot(key, placement.host)
 
     async def _slot(self, placer: Placer[RouteConfig], current: Placement | Waiting) -> Placement:
         """The attempt's slot: at once, or after waiting for it (shown on `waiting`)."""
@@ -140,7 +164,7 @@ class Passage:
         trail = self.trail = self.trail._replace(host=host)
         if trail.running is not None:
             trail.running.table.placed(trail.running, host, 0)
-        upstream = await self.forward(self.runtime, self.ask, self.ask.model, host)
+        upstream = await self.forward(self.runtime, self.ask, self.ask.model, host, None)
         return Answered(upstream, None, self._answered(trail))
 
     def _waits(self, waiting: Waiting) -> None:

@@ -87,9 +87,12 @@ async def _send(runtime: Runtime, host: str, request: httpx.Request) -> httpx.Re
     raise AssertionError("unreachable")
 
 
-def _with_model(payload: dict[str, object], model: str) -> bytes:
-    """The body again, naming `model`. Raises BadBody when it cannot be written back."""
+def _with_model(payload: dict[str, object], model: str, id_slot: int | None) -> bytes:
+    """The body again, naming `model` (and the slot, if given). Raises BadBody when it cannot
+    be written back."""
     document = {**payload, "model": model}
+    if id_slot is not None:
+        document["id_slot"] = id_slot
     try:
         return json.dumps(document, ensure_ascii=False).encode()
     except UnicodeEncodeError:
@@ -99,19 +102,34 @@ def _with_model(payload: dict[str, object], model: str) -> bytes:
         raise BadBody("request body is not valid JSON: nested too deeply") from None
 
 
-async def forward(runtime: Runtime, ask: Ask, model: str | None, host: str) -> httpx.Response:
+def _with_slot(body: bytes, payload: dict[str, object], id_slot: int) -> bytes:
+    """The client's bytes with `"id_slot": N` first in their object: the rest goes as sent.
+    `body` is a JSON object (the gateway read it as `payload`), so only blanks come before
+    its opening brace; the client named no `id_slot` (a key given twice is not valid JSON
+    for every reader)."""
+    start = body.index(b"{") + 1
+    field = b'"id_slot":%d' % id_slot
+    return b"".join((body[:start], field, b"," if payload else b"", body[start:]))
+
+
+async def forward(
+    runtime: Runtime, ask: Ask, model: str | None, host: str, id_slot: int | None = None
+) -> httpx.Response:
     """Send the ask to `host` for `model` and return once its response head arrived.
+    `id_slot`: the host's slot to name in the body (llama-server's), if any.
 
     Raises HostDown (the host refused or reset before answering; it is marked down),
     UpstreamUnreachable (another transport failure) or UpstreamTimeout.
     """
     config = runtime.fleet.hosts[host]
-    body = ask.body
-    if model is not None and ask.payload is not None:
+    body, payload = ask.body, ask.payload
+    if model is not None and payload is not None:
         wanted = config.models[model].upstream_name or model
-        if wanted != ask.payload.get("model"):
+        if wanted != payload.get("model"):
             # Re-serialised only when the model changes: the original bytes go otherwise.
-            body = _with_model(ask.payload, wanted)
+            body = _with_model(payload, wanted, id_slot)
+        elif id_slot is not None:
+            body = _with_slot(body, payload, id_slot)
     url = config.url + ask.path
     query = ask.request.META.get("QUERY_STRING", "")
     if query:

@@ -452,6 +452,11 @@ class SharedState:
     def expire_leases(self) -> None:
         pass  # Redis expires them; the counts are read every tick
 
+    def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
+        # Not yet: a number must be kept in Redis with the lease, or two processes would give
+        # one slot to two conversations, and one conversation two slots (docs/replicas.md).
+        return None
+
     async def _refresh(self) -> None:
         new_leases = dict(self._new_leases)
         pairs = await self.slots.snapshot(others_only=True)

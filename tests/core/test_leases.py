@@ -232,3 +232,78 @@ def test_held_by_host_counts_only_unexpired_leases() -> None:
     assert table.held("h1") == 1
     assert table.held("h1", "qwen") == 1
     assert table.find(conversation(1)) is None
+
+
+def test_conversations_on_one_host_keep_slot_numbers_of_their_own() -> None:
+    table = LeaseTable()
+    for number in range(3):
+        table.keep(conversation(number), "h1", ttl=60)
+
+    given = [table.slot_number(conversation(number), "h1", slots=2) for number in range(3)]
+
+    assert given == [0, 1, None]  # the third finds both numbers kept
+    table.keep(conversation(0), "h1", ttl=60)  # its next turn
+    assert table.slot_number(conversation(0), "h1", slots=2) == 0
+    assert table.slot_number(conversation(1), "h1", slots=2) == 1
+
+
+def test_a_slot_number_is_kept_per_host_and_model() -> None:
+    table = LeaseTable()
+    other_model = LeaseKey("chat", "conversation-1", "llama")
+    table.keep(conversation(0), "h1", ttl=60)
+    table.keep(conversation(1), "h2", ttl=60)
+    table.keep(other_model, "h1", ttl=60)
+
+    assert table.slot_number(conversation(0), "h1", slots=2) == 0
+    assert table.slot_number(conversation(1), "h2", slots=2) == 0
+    assert table.slot_number(other_model, "h1", slots=2) == 0
+
+
+def test_a_conversation_is_given_no_number_on_a_host_that_is_not_its_leases() -> None:
+    table = LeaseTable()
+    table.keep(KEY, "h1", ttl=60)
+
+    assert table.slot_number(KEY, "h2", slots=2) is None
+    assert table.slot_number(conversation(9), "h1", slots=2) is None  # no lease at all
+
+
+def test_a_lease_that_expires_or_moves_gives_its_number_to_the_next_conversation() -> None:
+    clock = FakeClock()
+    table = LeaseTable(clock=clock)
+    table.keep(conversation(0), "h1", ttl=10)
+    table.keep(conversation(1), "h1", ttl=100)
+    assert table.slot_number(conversation(0), "h1", slots=2) == 0
+    assert table.slot_number(conversation(1), "h1", slots=2) == 1
+
+    clock.now += 20  # conversation 0 expired
+    table.keep(conversation(2), "h1", ttl=100)
+    assert table.slot_number(conversation(2), "h1", slots=2) == 0
+
+    table.keep(conversation(1), "h2", ttl=100)  # moved: its number on h1 is free again
+    table.keep(conversation(3), "h1", ttl=100)
+    assert table.slot_number(conversation(3), "h1", slots=2) == 1
+    assert table.slot_number(conversation(1), "h2", slots=2) == 0
+
+
+def test_a_dropped_host_frees_its_numbers() -> None:
+    table = LeaseTable()
+    table.keep(conversation(0), "h1", ttl=60)
+    assert table.slot_number(conversation(0), "h1", slots=1) == 0
+
+    table.drop_host("h1")
+    table.keep(conversation(1), "h1", ttl=60)
+
+    assert table.slot_number(conversation(1), "h1", slots=1) == 0
+
+
+def test_a_number_beyond_fewer_slots_is_given_up_for_one_within_them() -> None:
+    table = LeaseTable()
+    for number in range(3):
+        table.keep(conversation(number), "h1", ttl=60)
+        assert table.slot_number(conversation(number), "h1", slots=3) == number
+
+    # The host now has two slots: numbers 0 and 1 are kept, 2 is beyond them.
+    assert table.slot_number(conversation(2), "h1", slots=2) is None
+    assert table.slot_number(conversation(0), "h1", slots=2) == 0
+    table.keep(conversation(0), "h2", ttl=60)  # moved: 0 is free on h1
+    assert table.slot_number(conversation(2), "h1", slots=2) == 0

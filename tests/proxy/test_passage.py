@@ -61,7 +61,9 @@ class Fleet(MemoryFleet):
         """The runtime's live fleet: this one (the passage reads its ranking there)."""
         return self
 
-    async def forward(self, runtime: Any, ask: Any, model: str | None, name: str) -> Any:
+    async def forward(
+        self, runtime: Any, ask: Any, model: str | None, name: str, id_slot: int | None = None
+    ) -> Any:
         self.asked.append((runtime, ask, model, name))
         if name in self.resetting:
             self.mark(name, healthy=False)  # as the runtime marks it down

@@ -181,7 +181,9 @@ class RequestPath(RuleBasedStateMachine):
 
     # -- how a host is asked ------------------------------------------------------------
 
-    async def forward(self, runtime: Any, ask: Any, model: str | None, name: str) -> Any:
+    async def forward(
+        self, runtime: Any, ask: Any, model: str | None, name: str, id_slot: int | None = None
+    ) -> Any:
         request = cast(Request, ask.request)
         assert model is not None
         assert request.holding is None, "a request asked a host while holding another slot"

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import running_gateway, wait_until
 from tests.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.observe import wait_for_gauge, wait_for_host_state
+from tests.observe import wait_for_gauge, wait_for_health_poll, wait_for_host_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -280,10 +280,13 @@ def test_the_client_credential_stays_at_the_gateway_and_the_host_key_goes_up(gat
     assert seen.json["model"] == "llama-3-8b"
 
 
-def test_an_unchanged_body_goes_upstream_byte_for_byte(gateway, fake):
+def test_a_body_naming_its_own_slot_goes_upstream_byte_for_byte(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url)])
     gateway.sync()
-    raw = b'{ "messages" : [{"role":"user","content":"hi \\u2028 there"}], "model":"test-model" }'
+    raw = (
+        b'{ "messages" : [{"role":"user","content":"hi \\u2028 there"}], "model":"test-model",'
+        b' "id_slot": 3 }'
+    )
 
     httpx.post(
         f"{gateway.url}/chat/v1/chat/completions",
@@ -292,6 +295,21 @@ def test_an_unchanged_body_goes_upstream_byte_for_byte(gateway, fake):
     )
 
     assert completions(fake)[-1].body == raw
+
+
+def test_a_conversation_goes_upstream_as_sent_with_the_slot_it_keeps_named_first(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url)])
+    gateway.sync()
+    wait_for_health_poll(fake)  # its /props said its slots
+    raw = b'{ "messages" : [{"role":"user","content":"hi \\u2028 there"}], "model":"test-model" }'
+
+    httpx.post(
+        f"{gateway.url}/chat/v1/chat/completions",
+        content=raw,
+        headers={"Content-Type": "application/json"},
+    )
+
+    assert completions(fake)[-1].body == b'{"id_slot":0,' + raw[1:]
 
 
 def test_the_gateway_lists_the_models_of_a_route(gateway, fake, fake2):

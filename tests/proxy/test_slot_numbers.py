@@ -1,0 +1,136 @@
+"""A conversation served on its lease's host names a slot of its own there (`id_slot`), while
+the host has a slot for each conversation leased to it; otherwise llama-server chooses.
+
+What the host receives is what a user of llama-server would see in its log: the request body
+the gateway sent, read here off the fake llama-server over real sockets. The Redis-shared
+state (`CROSSBAR_TEST_SHARED=1`) names no slots yet, and these tests say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+import pytest
+
+from tests.conftest import running_gateway
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.fleet import MODEL, POLLS, add_host, add_route, chat
+from tests.observe import wait_for_health_poll
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NAMES_SLOTS = os.environ.get("CROSSBAR_TEST_SHARED") != "1"
+
+
+def named(*numbers: int | None) -> list[int | None]:
+    """The slots the host is told, request by request, by the state under test."""
+    return list(numbers) if NAMES_SLOTS else [None] * len(numbers)
+
+
+def sent(fake: FakeLlamaServer) -> list[dict]:
+    """The bodies of the generations the host was asked, in order."""
+    return [json.loads(seen.body) for seen in fake.seen if seen.path not in POLLS]
+
+
+def turn(gateway, opening: str, *later: str) -> httpx.Response:
+    """One turn of the conversation that opens with `opening`: its history and a new question."""
+    body = chat(opening)
+    for number, content in enumerate(later):
+        body["messages"] += [
+            {"role": "assistant", "content": f"answer {number}"},
+            {"role": "user", "content": content},
+        ]
+    response = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=10)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_each_conversation_names_a_slot_of_its_own_and_keeps_it_turn_after_turn(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)  # its /props said its slots
+
+    turn(gateway, "first conversation")
+    turn(gateway, "second conversation")
+    turn(gateway, "first conversation", "and then?")
+    turn(gateway, "second conversation", "and then?")
+
+    assert [body.get("id_slot") for body in sent(fake)] == named(0, 1, 0, 1)
+
+
+def test_with_more_conversations_than_slots_the_host_chooses_its_slots(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+
+    for opening in ("one", "two", "three"):
+        turn(gateway, opening)
+    turn(gateway, "one", "again")
+
+    # The third leased conversation crowds the host: from then on no request names a slot.
+    assert [body.get("id_slot") for body in sent(fake)] == named(0, 1, None, None)
+
+
+def test_the_slot_named_is_below_the_hosts_own_slot_count(gateway):
+    with FakeLlamaServer(slots=1) as fake:
+        # parallel above the host's slots (a configuration check warns of it): slot 0 only.
+        add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+        gateway.sync()
+        wait_for_health_poll(fake)
+
+        turn(gateway, "one")
+        turn(gateway, "two")
+
+        assert [body.get("id_slot") for body in sent(fake)] == named(0, None)
+
+
+def test_a_host_that_says_no_slot_count_is_never_told_a_slot(gateway):
+    with FakeLlamaServer(router_models=(MODEL,)) as fake:  # a router: its /props says no slots
+        add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+        gateway.sync()
+        wait_for_health_poll(fake)
+
+        turn(gateway, "one")
+        turn(gateway, "one", "again")
+
+        assert [body.get("id_slot", "none") for body in sent(fake)] == ["none", "none"]
+
+
+def test_a_renamed_model_is_asked_with_the_conversations_slot_too(gateway, fake):
+    host = add_host("gpu1", fake.url, models={MODEL: (2, 2)}, upstream_names={MODEL: "qwen"})
+    add_route("chat", [host])
+    gateway.sync()
+    wait_for_health_poll(fake)
+
+    turn(gateway, "one")
+
+    [body] = sent(fake)
+    assert (body["model"], body.get("id_slot")) == ("qwen", *named(0))
+
+
+@pytest.mark.parametrize("path", ["/chat/v1/embeddings", "/chat/v1/responses"])
+def test_paths_whose_body_llama_server_reads_no_slot_from_are_sent_as_they_came(
+    gateway, fake, path
+):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    raw = json.dumps({"model": MODEL, "input": "hello", "instructions": "be brief"}).encode()
+
+    httpx.post(f"{gateway.url}{path}", content=raw, timeout=10)
+
+    assert [seen.body for seen in fake.seen if seen.path not in POLLS] == [raw]
+
+
+def test_an_operator_can_leave_every_slot_to_the_hosts(django_db_setup, tmp_path, fake):
+    with running_gateway(tmp_path, CROSSBAR_NAME_SLOTS="false") as gateway:
+        add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+        gateway.sync()
+        wait_for_health_poll(fake)
+
+        turn(gateway, "one")
+        turn(gateway, "one", "again")
+
+        assert [body.get("id_slot", "none") for body in sent(fake)] == ["none", "none"]
