@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import cast
 
 import httpx
@@ -145,7 +146,8 @@ async def _running_after_a_grant_while_the_client_reads() -> list[bytes]:
             return httpx.Response(200, stream=body)
 
         trail = Trail(Arrival(), route=ROUTE, model=MODEL, streamed=True)
-        passage = Passage(runtime, route, cast(Ask, None), trail, placer, first, host_answers)
+        ask = cast(Ask, SimpleNamespace(fingerprint=""))  # a request with no conversation
+        passage = Passage(runtime, route, ask, trail, placer, first, host_answers)
         status = StatusStream(passage, runtime)
         stream = aiter(status)
         frames = [await anext(stream)]  # `waiting 1`: the client holds it, reads nothing more
