@@ -39,10 +39,11 @@ from tests.core.test_placement import (
 
 @dataclass(frozen=True)
 class _Ask:
-    """The two fields of `Ask` a passage reads itself; the rest is `forward`'s."""
+    """The fields of `Ask` a passage reads itself; the rest is `forward`'s."""
 
     model: str | None = MODEL
     host: str = ""
+    fingerprint: str = ""  # no conversation: no slot of its own to name
 
 
 class Fleet(MemoryFleet):

@@ -427,6 +427,7 @@ class _Ask:
     request: Request
     model: str | None = MODEL
     host: str = ""
+    fingerprint: str = ""  # no conversation: no slot of its own to name
 
 
 RequestPath.TestCase.settings = settings(
