@@ -120,7 +120,7 @@ class LiveFleet:
         self.state.expire_leases()  # the lease counts as of now
         return self.rankings.of(route.name, route.hosts, model)
 
-    def id_slot(self, key: LeaseKey, host: str) -> int | None:
+    async def id_slot(self, key: LeaseKey, host: str) -> int | None:
         """The slot to name (llama-server's `id_slot`) for a request of the conversation `key`
         placed on `host`, its lease's host: the number it keeps to itself there, while the
         host has a slot for each conversation leased to it; else None, and llama-server
@@ -142,7 +142,7 @@ class LiveFleet:
         slots = min(spec.parallel, described.slots)
         if self.state.leases_held(host, key.model) > slots:
             return None
-        return self.state.slot_number(key, host, slots)
+        return await self.state.slot_number(key, host, slots)
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

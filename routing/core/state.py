@@ -101,10 +101,10 @@ class FleetState(Protocol):
         this request (a shared lease read there needs no second write)."""
         ...
 
-    def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
+    async def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
         """The slot number on `host`, the lease's host, that the conversation keeps to itself
-        (`LeaseTable.slot_number`); None when the host has none left for it, or the backing
-        numbers no slots (the shared state, for now)."""
+        (`LeaseTable.slot_number`); None when the host has none left for it, or the number
+        cannot be read now (the request goes on unnumbered)."""
         ...
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None: ...
@@ -155,7 +155,7 @@ class LocalState:
     async def keep_lease(self, key: LeaseKey, host: str, ttl: float, found: str | None) -> None:
         self.leases.keep(key, host, ttl)  # `find_lease` slid nothing here
 
-    def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
+    async def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
         return self.leases.slot_number(key, host, slots)
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:

@@ -85,12 +85,9 @@ class Passage:
             placement = await self._slot(placer, current)
             trail = self.trail = predicted(self.trail.placed(placement), self.runtime)
             try:
+                id_slot = await self._id_slot(placement)
                 upstream = await self.forward(
-                    self.runtime,
-                    self.ask,
-                    placement.model,
-                    placement.host,
-                    self._id_slot(placement),
+                    self.runtime, self.ask, placement.model, placement.host, id_slot
                 )
             except HostDown as down:
                 placement.slot.release()
@@ -103,7 +100,7 @@ class Passage:
                 raise
             return Answered(upstream, placement, self._answered(trail))
 
-    def _id_slot(self, placement: Placement) -> int | None:
+    async def _id_slot(self, placement: Placement) -> int | None:
         """The slot to name on the host: the conversation's own there, when it is served on its
         lease's host and the host keeps one for it (`LiveFleet.id_slot`); the client's own
         `id_slot`, when it names one, goes as sent."""
@@ -117,7 +114,7 @@ class Passage:
         ):
             return None
         key = LeaseKey(placement.route, ask.fingerprint, placement.model)
-        return self.runtime.live.id_slot(key, placement.host)
+        return await self.runtime.live.id_slot(key, placement.host)
 
     async def _slot(self, placer: Placer[RouteConfig], current: Placement | Waiting) -> Placement:
         """The attempt's slot: at once, or after waiting for it (shown on `waiting`)."""

@@ -452,10 +452,14 @@ class SharedState:
     def expire_leases(self) -> None:
         pass  # Redis expires them; the counts are read every tick
 
-    def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
-        # Not yet: a number must be kept in Redis with the lease, or two processes would give
-        # one slot to two conversations, and one conversation two slots (docs/replicas.md).
-        return None
+    async def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
+        # Kept in Redis beside the lease: numbered by one process alone, one slot could go to
+        # two conversations, and one conversation to two slots.
+        try:
+            return await self.leases.number(key, host, slots)
+        except StateUnavailable as exc:
+            log.warning("slot not named (%s): the host chooses it", exc)
+            return None
 
     async def _refresh(self) -> None:
         new_leases = dict(self._new_leases)

@@ -4,7 +4,8 @@ The same contract as the in-process `LeaseTable` (routing/core/leases.py): a (ro
 fingerprint, model) stays on one host for `ttl` seconds after its last request. Reading a
 lease slides its TTL in the same round trip. A request's lease is read and written inside the
 slots' OPEN script (routing/shared/slots_lua.py, through `LEASE_FUNCTIONS`), in the same round
-trip as its place; `slide` and `keep` serve the rest (a waiting request's lease, tests).
+trip as its place; `slide` and `keep` serve the rest (a waiting request's lease, tests), and
+`number` the slot number a conversation keeps on its host (`LeaseTable.slot_number`).
 
 Keys, under the prefix P (a lease's id is a hash of its route, model and fingerprint, so keys
 have a fixed size whatever clients send):
@@ -13,6 +14,9 @@ have a fixed size whatever clients send):
 - `P leases`             sorted set of ids by expiry: the size cap and the count
 - `P lease-host:<host>`  sorted set of that host's ids by expiry: `held_by_host`, `drop_host`
 - `P lease-hosts`        set of hosts with leases
+- `P lease-number:<id>`  the slot number the lease keeps on its host, expiring with the lease
+- `P numbers:<host>\0<model>`  hash of slot number -> the id of the lease keeping it; a
+                         number is free when that lease is gone, moved or numbered again
 - `P version:leases`     a counter every write and drop moves on, expiring with the last
                          lease (`held_by_host` walks the hosts only when it moved, or a lease
                          counted last time expired)
@@ -152,6 +156,41 @@ return out
 """
 )
 
+# ARGV: P, id, host, model, slots. Reply: the slot number the lease `id` keeps on `host` for
+# `model` (0 to slots - 1), or nil: the lease is not live on `host`, or every number there is
+# another live lease's. A lease's number expires with it: it is written with the lease's TTL
+# left, and a number whose lease is gone, moved, or numbered again is free.
+_NUMBER = (
+    _PRELUDE
+    + r"""
+local id, host, model, slots = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local lease = P .. 'lease:' .. id
+if redis.call('GET', lease) ~= host then return false end
+local left = redis.call('PTTL', lease)
+if left <= 0 then return false end
+local numbers = P .. 'numbers:' .. host .. '\0' .. model
+local function kept_by(n, holder)
+  return redis.call('GET', P .. 'lease-number:' .. holder) == tostring(n)
+    and redis.call('GET', P .. 'lease:' .. holder) == host
+end
+local function take(n)
+  redis.call('HSET', numbers, tostring(n), id)
+  redis.call('SET', P .. 'lease-number:' .. id, tostring(n), 'PX', left)
+  outlive(numbers, now + left)
+  return n
+end
+local mine = tonumber(redis.call('GET', P .. 'lease-number:' .. id) or '')
+if mine and mine < slots and redis.call('HGET', numbers, tostring(mine)) == id then
+  return take(mine)
+end
+for n = 0, slots - 1 do
+  local holder = redis.call('HGET', numbers, tostring(n))
+  if not holder or holder == id or not kept_by(n, holder) then return take(n) end
+end
+return false
+"""
+)
+
 # ARGV: P. Reply: live leases in all.
 _COUNT = (
     _PRELUDE
@@ -182,6 +221,7 @@ class RedisLeases:
         self._held = shared.script(_HELD)
         self._last_held: tuple[str, dict[str, int]] = ("", {})
         self._count = shared.script(_COUNT)
+        self._number = shared.script(_NUMBER)
 
     async def slide(self, key: LeaseKey, ttl: float) -> str | None:
         """The host of a live lease for `key`, its TTL slid to `ttl` from now; None without."""
@@ -207,6 +247,14 @@ class RedisLeases:
         held = {flat[i]: int(flat[i + 1]) for i in range(1, len(flat), 2)}
         self._last_held = (flat[0], held)
         return held
+
+    async def number(self, key: LeaseKey, host: str, slots: int) -> int | None:
+        """The slot number (0 to `slots` - 1) the conversation keeps to itself on `host`, its
+        lease's host, as `LeaseTable.slot_number` gives it in one process: the one it kept
+        before, else the lowest no other live lease of the (host, model) keeps; None when
+        every number is kept, or its lease is not live there. One round trip."""
+        number = await self._number(lease_id(key), host, key.model, slots)
+        return None if number is None else int(number)
 
     async def count(self) -> int:
         """Live leases in all."""

@@ -2,14 +2,13 @@
 the host has a slot for each conversation leased to it; otherwise llama-server chooses.
 
 What the host receives is what a user of llama-server would see in its log: the request body
-the gateway sent, read here off the fake llama-server over real sockets. The Redis-shared
-state (`CROSSBAR_TEST_SHARED=1`) names no slots yet, and these tests say so.
+the gateway sent, read here off the fake llama-server over real sockets; with
+`CROSSBAR_TEST_SHARED=1`, through the Redis-shared state, which keeps the numbers in Redis.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 import pytest
@@ -20,13 +19,6 @@ from tests.fleet import MODEL, POLLS, add_host, add_route, chat
 from tests.observe import wait_for_health_poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NAMES_SLOTS = os.environ.get("CROSSBAR_TEST_SHARED") != "1"
-
-
-def named(*numbers: int | None) -> list[int | None]:
-    """The slots the host is told, request by request, by the state under test."""
-    return list(numbers) if NAMES_SLOTS else [None] * len(numbers)
 
 
 def sent(fake: FakeLlamaServer) -> list[dict]:
@@ -57,7 +49,7 @@ def test_each_conversation_names_a_slot_of_its_own_and_keeps_it_turn_after_turn(
     turn(gateway, "first conversation", "and then?")
     turn(gateway, "second conversation", "and then?")
 
-    assert [body.get("id_slot") for body in sent(fake)] == named(0, 1, 0, 1)
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 1]
 
 
 def test_with_more_conversations_than_slots_the_host_chooses_its_slots(gateway, fake):
@@ -70,7 +62,7 @@ def test_with_more_conversations_than_slots_the_host_chooses_its_slots(gateway, 
     turn(gateway, "one", "again")
 
     # The third leased conversation crowds the host: from then on no request names a slot.
-    assert [body.get("id_slot") for body in sent(fake)] == named(0, 1, None, None)
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, None, None]
 
 
 def test_the_slot_named_is_below_the_hosts_own_slot_count(gateway):
@@ -83,7 +75,7 @@ def test_the_slot_named_is_below_the_hosts_own_slot_count(gateway):
         turn(gateway, "one")
         turn(gateway, "two")
 
-        assert [body.get("id_slot") for body in sent(fake)] == named(0, None)
+        assert [body.get("id_slot") for body in sent(fake)] == [0, None]
 
 
 def test_a_host_that_says_no_slot_count_is_never_told_a_slot(gateway):
@@ -107,7 +99,7 @@ def test_a_renamed_model_is_asked_with_the_conversations_slot_too(gateway, fake)
     turn(gateway, "one")
 
     [body] = sent(fake)
-    assert (body["model"], body.get("id_slot")) == ("qwen", *named(0))
+    assert (body["model"], body.get("id_slot")) == ("qwen", 0)
 
 
 @pytest.mark.parametrize("path", ["/chat/v1/embeddings", "/chat/v1/responses"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -143,3 +144,63 @@ async def test_a_stopped_redis_is_a_clear_error(redis_server: RedisServer):
         assert await a.slide(KEY, 60.0) is None  # restarted empty
         await lease(a, host="h2")
         assert await a.slide(KEY, 60.0) == "h2"
+
+
+def conversation(number: int) -> LeaseKey:
+    return LeaseKey("chat", f"conversation-{number}", "m")
+
+
+async def numbers(table: RedisLeases, *keys: LeaseKey, host: str = "h1", slots: int = 2) -> list:
+    return [await table.number(key, host, slots) for key in keys]
+
+
+async def test_two_processes_give_each_conversation_a_slot_number_of_its_own(redis_url):
+    async with two(redis_url) as (a, b):
+        for n in range(3):
+            await lease(a if n % 2 else b, conversation(n))
+
+        assert await numbers(a, conversation(0)) == [0]
+        assert await numbers(b, conversation(1), conversation(2)) == [1, None]
+        # Each keeps its number, whichever process asks.
+        assert await numbers(b, conversation(0)) + await numbers(a, conversation(1)) == [0, 1]
+
+
+async def test_a_slot_number_is_kept_per_host_and_model_and_only_on_the_leases_host(redis_url):
+    other_model = LeaseKey("chat", "conversation-1", "llama")
+    async with two(redis_url) as (a, b):
+        await lease(a, conversation(0), host="h1")
+        await lease(a, conversation(1), host="h2")
+        await lease(a, other_model, host="h1")
+
+        assert await numbers(b, conversation(0), other_model) == [0, 0]
+        assert await numbers(b, conversation(1), host="h2") == [0]
+        assert await numbers(a, conversation(0), host="h2") == [None]  # not its lease's host
+        assert await numbers(a, conversation(9)) == [None]  # no lease at all
+
+
+async def test_a_number_whose_lease_moved_or_expired_goes_to_the_next_conversation(redis_url):
+    async with two(redis_url) as (a, b):
+        await lease(a, conversation(0), ttl=0.3)
+        await lease(a, conversation(1))
+        assert await numbers(a, conversation(0), conversation(1)) == [0, 1]
+
+        await lease(b, conversation(1), host="h2")  # moved: 1 is free on h1
+        await lease(b, conversation(2))
+        assert await numbers(b, conversation(2)) == [1]
+
+        await asyncio.sleep(0.5)  # conversation 0's lease expired
+        await lease(b, conversation(3))
+        assert await numbers(a, conversation(3)) == [0]
+
+
+async def test_slot_numbers_expire_with_their_leases_and_leave_no_key(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    async with two(redis_url) as (a, _):
+        await lease(a, conversation(0), ttl=0.3)
+        assert await numbers(a, conversation(0)) == [0]
+
+        async def gone() -> bool:
+            return await client.dbsize() == 0
+
+        await eventually(gone, "the lease, its number and their index keys to expire")
+    await client.aclose()
