@@ -276,6 +276,7 @@ def test_a_lease_that_expires_or_moves_gives_its_number_to_the_next_conversation
     assert table.slot_number(conversation(1), "h1", slots=2) == 1
 
     clock.now += 20  # conversation 0 expired
+    assert table.slot_number(conversation(1), "h1", slots=2) == 1  # 0 is free, 1 keeps its own
     table.keep(conversation(2), "h1", ttl=100)
     assert table.slot_number(conversation(2), "h1", slots=2) == 0
 

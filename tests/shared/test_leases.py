@@ -189,6 +189,7 @@ async def test_a_number_whose_lease_moved_or_expired_goes_to_the_next_conversati
         assert await numbers(b, conversation(2)) == [1]
 
         await asyncio.sleep(0.5)  # conversation 0's lease expired
+        assert await numbers(a, conversation(2)) == [1]  # 0 is free, 2 keeps its own
         await lease(b, conversation(3))
         assert await numbers(a, conversation(3)) == [0]
 
