@@ -78,16 +78,20 @@ def test_the_slot_named_is_below_the_hosts_own_slot_count(gateway):
         assert [body.get("id_slot") for body in sent(fake)] == [0, None]
 
 
+def slots_told_over_two_turns(gateway, fake: FakeLlamaServer) -> list[object]:
+    """The `id_slot` each of a conversation's two turns named ("none": no field), on a route
+    of the one host `fake` with two slots."""
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    turn(gateway, "one")
+    turn(gateway, "one", "again")
+    return [body.get("id_slot", "none") for body in sent(fake)]
+
+
 def test_a_host_that_says_no_slot_count_is_never_told_a_slot(gateway):
     with FakeLlamaServer(router_models=(MODEL,)) as fake:  # a router: its /props says no slots
-        add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
-        gateway.sync()
-        wait_for_health_poll(fake)
-
-        turn(gateway, "one")
-        turn(gateway, "one", "again")
-
-        assert [body.get("id_slot", "none") for body in sent(fake)] == ["none", "none"]
+        assert slots_told_over_two_turns(gateway, fake) == ["none", "none"]
 
 
 def test_a_renamed_model_is_asked_with_the_conversations_slot_too(gateway, fake):
@@ -118,11 +122,4 @@ def test_paths_whose_body_llama_server_reads_no_slot_from_are_sent_as_they_came(
 
 def test_an_operator_can_leave_every_slot_to_the_hosts(django_db_setup, tmp_path, fake):
     with running_gateway(tmp_path, CROSSBAR_NAME_SLOTS="false") as gateway:
-        add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
-        gateway.sync()
-        wait_for_health_poll(fake)
-
-        turn(gateway, "one")
-        turn(gateway, "one", "again")
-
-        assert [body.get("id_slot", "none") for body in sent(fake)] == ["none", "none"]
+        assert slots_told_over_two_turns(gateway, fake) == ["none", "none"]
