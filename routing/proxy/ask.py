@@ -43,11 +43,10 @@ _CACHED_PROMPTS = frozenset(
 )  # fmt: skip
 
 # The paths whose body llama-server reads a slot's number from (`id_slot`): its completions,
-# and its chat completions, which pass on what they do not know.
-_NAMED_SLOTS = frozenset(
-    {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-     "/completion"}
-)  # fmt: skip
+# its chat completions and its Responses (turned into a chat with every other field kept),
+# which pass on what they do not know; not its Anthropic messages, whose conversion keeps
+# only the fields it names.
+_NAMED_SLOTS = _CACHED_PROMPTS - {"/v1/messages"}
 
 
 @dataclass(slots=True, frozen=True)

@@ -106,14 +106,34 @@ def test_a_renamed_model_is_asked_with_the_conversations_slot_too(gateway, fake)
     assert (body["model"], body.get("id_slot")) == ("qwen", 0)
 
 
-@pytest.mark.parametrize("path", ["/chat/v1/embeddings", "/chat/v1/responses"])
+def test_a_responses_request_names_its_slot_too(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    body = {"model": MODEL, "input": "hello", "instructions": "be brief"}
+
+    httpx.post(f"{gateway.url}/chat/v1/responses", json=body, timeout=10)
+
+    assert [body.get("id_slot") for body in sent(fake)] == [0]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/chat/v1/embeddings", {"model": MODEL, "input": "hello"}),
+        (  # llama-server's Anthropic conversion would drop it
+            "/chat/v1/messages",
+            {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    ],
+)
 def test_paths_whose_body_llama_server_reads_no_slot_from_are_sent_as_they_came(
-    gateway, fake, path
+    gateway, fake, path, body
 ):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
     gateway.sync()
     wait_for_health_poll(fake)
-    raw = json.dumps({"model": MODEL, "input": "hello", "instructions": "be brief"}).encode()
+    raw = json.dumps(body).encode()
 
     httpx.post(f"{gateway.url}{path}", content=raw, timeout=10)
 
