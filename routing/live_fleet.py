@@ -28,7 +28,7 @@ from routing.core.leases import LeaseKey
 from routing.core.patience import Figures
 from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking, Rankings
-from routing.core.state import FleetState
+from routing.core.state import FleetState, Held
 
 # Builds the fleet state, given what it must call when a host's counts change.
 MakeState = Callable[[Callable[[str], None]], FleetState]
@@ -59,6 +59,8 @@ class LiveFleet:
         # (routing/core/patience.py); with shared state too, each process keeps its own.
         self.figures = figures
         self.name_slots = name_slots  # CROSSBAR_NAME_SLOTS: see `id_slot`
+        # (host, model, number) -> the slot of the last request that named it here.
+        self._named: dict[tuple[str, str, int], Held] = {}
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
         self._served: dict[str, frozenset[str]] = {}  # the models each route serves
@@ -120,9 +122,9 @@ class LiveFleet:
         self.state.expire_leases()  # the lease counts as of now
         return self.rankings.of(route.name, route.hosts, model)
 
-    async def id_slot(self, key: LeaseKey, host: str) -> int | None:
+    async def id_slot(self, key: LeaseKey, slot: Held) -> int | None:
         """The slot to name (llama-server's `id_slot`) for a request of the conversation `key`
-        placed on `host`, its lease's host: the number it keeps to itself there, while the
+        that holds `slot` on its lease's host: the number it keeps to itself there, while the
         host has a slot for each conversation leased to it; else None, and llama-server
         chooses, as it does for a request that names none.
 
@@ -131,9 +133,15 @@ class LiveFleet:
         saves: llama-server moves prompts between a slot and its `--cache-ram` only when it
         chooses the slot itself, or the prompt shares more than a tenth of its tokens with
         the slot's, so a conversation sent to its slot after an unrelated one used it would
-        read its whole history again."""
+        read its whole history again.
+
+        While `slot` is held the number is busy: another request of the conversation
+        meanwhile (a client's parallel requests) names none, so that llama-server runs it in
+        another slot rather than holding it until this one is done. (In this process: with
+        shared state, two processes may each name it for one of them.)"""
         if not self.name_slots:
             return None
+        host = slot.host
         config = self.config.hosts.get(host)
         spec = config.models.get(key.model) if config is not None else None
         described = self.health.get(host).described
@@ -142,7 +150,15 @@ class LiveFleet:
         slots = min(spec.parallel, described.slots)
         if self.state.leases_held(host, key.model) > slots:
             return None
-        return await self.state.slot_number(key, host, slots)
+        number = await self.state.slot_number(key, host, slots)
+        if number is None:
+            return None
+        named = (host, key.model, number)
+        running = self._named.get(named)
+        if running is not None and not running.released:
+            return None
+        self._named[named] = slot  # one entry per slot of the fleet at most
+        return number
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

@@ -81,6 +81,10 @@ class Slot:
         self._pair = pair
         self._released = False
 
+    @property
+    def released(self) -> bool:
+        return self._released
+
     def release(self) -> None:
         """Give the slot back. A second call is a no-op."""
         if self._released:

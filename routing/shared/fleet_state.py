@@ -60,15 +60,17 @@ HEAD = 8  # the hosts a placement asks first for a free slot (`SharedState.place
 class SharedSlot:
     """One slot held in Redis. `release()` is idempotent and returns at once."""
 
-    __slots__ = ("host", "model", "_state", "_grant")
+    __slots__ = ("host", "model", "released", "_state", "_grant")
 
     def __init__(self, state: SharedState, grant: Grant) -> None:
         self.host = grant.host
         self.model = grant.model
+        self.released = False
         self._state = state
         self._grant = grant
 
     def release(self) -> None:
+        self.released = True
         self._state.slots.release_soon(self._grant)
 
     def on_lost(self, callback: Callable[[], None]) -> None:

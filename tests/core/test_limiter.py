@@ -895,3 +895,15 @@ async def test_stress_random_place_watch_cancel_release_never_exceeds_parallel_n
         assert limiter.in_flight(host, model) == parallel
         for slot in slots:
             slot.release()
+
+
+async def test_a_slot_says_whether_it_was_released_and_a_second_release_frees_nothing_more():
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=2, queue_max=0)
+    first, second = hold(limiter, 2)
+
+    first.release()
+    first.release()
+
+    assert (first.released, second.released) == (True, False)
+    assert limiter.in_flight("h1", "m") == 1

@@ -52,6 +52,24 @@ def test_each_conversation_names_a_slot_of_its_own_and_keeps_it_turn_after_turn(
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 1]
 
 
+def test_a_conversations_parallel_request_leaves_its_busy_slot_to_the_host(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    fake.token_delay = 0.05  # the first request streams for a while
+    url = f"{gateway.url}/chat/v1/chat/completions"
+
+    with httpx.stream("POST", url, json={**chat("one"), "stream": True}, timeout=10) as first:
+        lines = first.iter_lines()  # kept: a generator dropped closes the response
+        next(lines)  # it streams: its slot is busy
+        turn(gateway, "one")  # the same conversation, meanwhile
+        assert fake.max_concurrent == 2
+    turn(gateway, "one", "again")  # after the first ended
+
+    # The second would otherwise wait in llama-server for slot 0 while slot 1 sits idle.
+    assert [body.get("id_slot") for body in sent(fake)] == [0, None, 0]
+
+
 def test_with_more_conversations_than_slots_the_host_chooses_its_slots(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
     gateway.sync()

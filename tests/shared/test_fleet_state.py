@@ -550,3 +550,13 @@ async def _queued(state: SharedState, pair: Pair) -> bool:
 
 async def _idle(state: SharedState) -> bool:
     return await in_flight(state) == 0
+
+
+async def test_a_shared_slot_says_whether_it_was_released(redis_url):
+    async with fleet(redis_url, {ROW[0]: (2, 0)}) as (a, _):
+        first, second = await slot_of(a, [ROW[0]]), await slot_of(a, [ROW[0]])
+
+        first.release()
+
+        assert (first.released, second.released) == (True, False)
+        second.release()
