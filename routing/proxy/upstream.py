@@ -113,7 +113,7 @@ def _with_slot(body: bytes, payload: dict[str, object], id_slot: int) -> bytes:
 
 
 async def forward(
-    runtime: Runtime, ask: Ask, model: str | None, host: str, id_slot: int | None = None
+    runtime: Runtime, ask: Ask, model: str | None, host: str, id_slot: int | None
 ) -> httpx.Response:
     """Send the ask to `host` for `model` and return once its response head arrived.
     `id_slot`: the host's slot to name in the body (llama-server's), if any.

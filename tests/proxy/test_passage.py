@@ -63,7 +63,7 @@ class Fleet(MemoryFleet):
         return self
 
     async def forward(
-        self, runtime: Any, ask: Any, model: str | None, name: str, id_slot: int | None = None
+        self, runtime: Any, ask: Any, model: str | None, name: str, id_slot: int | None
     ) -> Any:
         self.asked.append((runtime, ask, model, name))
         if name in self.resetting:

@@ -182,7 +182,7 @@ class RequestPath(RuleBasedStateMachine):
     # -- how a host is asked ------------------------------------------------------------
 
     async def forward(
-        self, runtime: Any, ask: Any, model: str | None, name: str, id_slot: int | None = None
+        self, runtime: Any, ask: Any, model: str | None, name: str, id_slot: int | None
     ) -> Any:
         request = cast(Request, ask.request)
         assert model is not None
