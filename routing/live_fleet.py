@@ -18,6 +18,7 @@ Not thread-safe: use it on its event loop.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from hosts.describe import ModelState
@@ -25,10 +26,13 @@ from hosts.health import HealthTable, HostHealth
 from routing.config.shape import Fleet, HostConfig, RouteConfig
 from routing.core.choose import Candidate
 from routing.core.leases import LeaseKey
+from routing.core.named_slots import NamedSlot, found_emptied
 from routing.core.patience import Figures
 from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking, Rankings
 from routing.core.state import FleetState, Held
+
+log = logging.getLogger("crossbar.slots")
 
 # Builds the fleet state, given what it must call when a host's counts change.
 MakeState = Callable[[Callable[[str], None]], FleetState]
@@ -59,8 +63,12 @@ class LiveFleet:
         # (routing/core/patience.py); with shared state too, each process keeps its own.
         self.figures = figures
         self.name_slots = name_slots  # CROSSBAR_NAME_SLOTS: see `id_slot`
-        # (host, model, number) -> the slot of the last request that named it here.
-        self._named: dict[tuple[str, str, int], Held] = {}
+        # (host, model, number) -> the last request that named it here.
+        self._named: dict[tuple[str, str, int], NamedSlot] = {}
+        # (host, model) -> the host's description when one of its slots was found emptied
+        # between a conversation's turns (routing/core/named_slots.py): named no more until
+        # the host is read anew.
+        self._emptying: dict[tuple[str, str], object] = {}
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
         self._served: dict[str, frozenset[str]] = {}  # the models each route serves
@@ -122,18 +130,21 @@ class LiveFleet:
         self.state.expire_leases()  # the lease counts as of now
         return self.rankings.of(route.name, route.hosts, model)
 
-    async def id_slot(self, key: LeaseKey, slot: Held) -> int | None:
+    async def id_slot(self, key: LeaseKey, slot: Held) -> NamedSlot | None:
         """The slot to name (llama-server's `id_slot`) for a request of the conversation `key`
         that holds `slot` on its lease's host: the number it keeps to itself there, while the
         host has a slot for each conversation leased to it; else None, and llama-server
         chooses, as it does for a request that names none.
 
         Only a host whose `/props` gave its slots (a llama-server, not in router mode) is
-        told a slot. With more conversations than slots, naming them would cost more than it
-        saves: llama-server moves prompts between a slot and its `--cache-ram` only when it
-        chooses the slot itself, or the prompt shares more than a tenth of its tokens with
-        the slot's, so a conversation sent to its slot after an unrelated one used it would
-        read its whole history again.
+        told a slot. With more conversations than slots, some must share a slot, and naming
+        one would cost more than it saves. llama-server moves a prompt between a slot and its
+        `--cache-ram` only when the incoming prompt would keep less than half of the one the
+        slot holds, or when it chose the slot by LRU. So a conversation sent to a slot that
+        another conversation with the same long opening had used would read its own history
+        again. A host found emptying its idle slots (a unified KV cache: `named_answered`) is
+        told no slot until it is read anew. Its `--cache-ram` serves the conversations there
+        better than any slot number.
 
         While `slot` is held the number is busy: another request of the conversation
         meanwhile (a client's parallel requests) names none, so that llama-server runs it in
@@ -147,18 +158,46 @@ class LiveFleet:
         described = self.health.get(host).described
         if spec is None or described is None or described.router or not described.slots:
             return None
+        if self._emptying.get((host, key.model)) is described:
+            return None
         slots = min(spec.parallel, described.slots)
         if self.state.leases_held(host, key.model) > slots:
             return None
         number = await self.state.slot_number(key, host, slots)
         if number is None:
             return None
-        named = (host, key.model, number)
-        running = self._named.get(named)
-        if running is not None and not running.released:
+        where = (host, key.model, number)
+        last = self._named.get(where)
+        if last is not None and not last.slot.released:
             return None
-        self._named[named] = slot  # one entry per slot of the fleet at most
-        return number
+        returning = (
+            last is not None and last.key == key and last.answered and last.described is described
+        )
+        named = NamedSlot(number, key, slot, described, returning)
+        self._named[where] = named  # one entry per slot of the fleet at most
+        return named
+
+    def named_answered(
+        self, named: NamedSlot, prompt_tokens: int | None, cached_tokens: int | None
+    ) -> None:
+        """What the host reported for a request that named a slot, once its answer ended well
+        (status under 400). A returning request that took no token from cache found its slot
+        emptied. The host's slots are then named no more until it is read anew (after it was
+        down, or changed). An answer without counts says nothing."""
+        if cached_tokens is None:
+            return
+        if found_emptied(named, prompt_tokens, cached_tokens):
+            pair = (named.host, named.key.model)
+            if self._emptying.get(pair) is not named.described:
+                log.warning(
+                    "host=%s model=%s emptied slot %d between two turns of a conversation "
+                    "(a unified KV cache: llama-server's default without -np, or "
+                    "--kv-unified; or a restart the health poller did not see): its slots "
+                    "are no longer named, and llama-server chooses them from its --cache-ram",
+                    named.host, named.key.model, named.number,
+                )  # fmt: skip
+            self._emptying[pair] = named.described
+        named.answered = True
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

@@ -18,6 +18,7 @@ import httpx
 from routing.config.shape import RouteConfig
 from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown
 from routing.core.leases import LeaseKey, LeaseOutcome
+from routing.core.named_slots import NamedSlot
 from routing.core.placement import Placement, Placer, Waiting
 from routing.proxy import upstream
 from routing.proxy.ask import Ask
@@ -85,7 +86,9 @@ class Passage:
             placement = await self._slot(placer, current)
             trail = self.trail = predicted(self.trail.placed(placement), self.runtime)
             try:
-                id_slot = await self._id_slot(placement)
+                named = await self._named_slot(placement)
+                trail = self.trail = trail._replace(named_slot=named)
+                id_slot = None if named is None else named.number
                 upstream = await self.forward(
                     self.runtime, self.ask, placement.model, placement.host, id_slot
                 )
@@ -100,7 +103,7 @@ class Passage:
                 raise
             return Answered(upstream, placement, self._answered(trail))
 
-    async def _id_slot(self, placement: Placement) -> int | None:
+    async def _named_slot(self, placement: Placement) -> NamedSlot | None:
         """The slot to name on the host: the conversation's own there, when it is served on its
         lease's host and the host keeps one for it (`LiveFleet.id_slot`); the client's own
         `id_slot`, when it names one, goes as sent."""

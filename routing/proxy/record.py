@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from accounting.recorder import RequestRecord, get_recorder
 from routing.core.clients import Admitted
+from routing.core.named_slots import NamedSlot
 from routing.core.patience import Priced
 from routing.core.placement import Placement
 from routing.core.prefixes import NO_PREFIX, Prefix
@@ -66,6 +67,7 @@ class Trail(NamedTuple):
     predicted_blocks: int | None = None  # the prefix index's guess of the host's cached blocks
     reported_blocks: int | None = None  # the host's word (its cached tokens, in blocks)
     patience: Priced | None = None  # priced patience's choice, when it priced the wait
+    named_slot: NamedSlot | None = None  # the slot named on the host (`LiveFleet.id_slot`)
 
     def placed(self, placement: Placement) -> Trail:
         """Where the request runs. `route` stays the route the client asked for."""

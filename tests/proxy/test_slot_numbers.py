@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import running_gateway
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.observe import wait_for_health_poll
+from tests.observe import wait_for_health_poll, wait_for_host_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -81,6 +81,49 @@ def test_with_more_conversations_than_slots_the_host_chooses_its_slots(gateway, 
 
     # The third leased conversation crowds the host: from then on no request names a slot.
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, None, None]
+
+
+def test_a_host_found_emptying_a_conversations_slot_between_turns_is_named_no_slot_again(
+    gateway, fake
+):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+
+    turn(gateway, "first conversation")
+    turn(gateway, "second conversation")
+    # What llama-server with a unified KV cache does to idle slots when a task starts: it
+    # saves them to --cache-ram and empties them. Its next answer on slot 0 says 0 cached.
+    fake.forget_cache()
+    turn(gateway, "first conversation", "and then?")
+    turn(gateway, "second conversation", "and then?")
+    turn(gateway, "first conversation", "and then?", "and after?")
+
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, None, None]
+
+
+def test_a_host_read_anew_after_it_was_down_is_named_slots_again_from_its_empty_slots(
+    gateway, fake
+):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    turn(gateway, "first conversation")
+    fake.forget_cache()
+    turn(gateway, "first conversation", "and then?")  # found emptied: named no more
+
+    # A restart the poller sees: down, every slot empty, up and read anew.
+    fake.health = "error"
+    wait_for_host_state(gateway.url, "gpu1", "down")
+    fake.forget_cache()
+    fake.health = "ok"
+    wait_for_host_state(gateway.url, "gpu1", "up")
+    wait_for_health_poll(fake)
+    # Its first answer finds nothing cached, as after any restart: that says nothing of it.
+    turn(gateway, "first conversation", "and then?", "and after?")
+    turn(gateway, "first conversation", "and then?", "and after?", "and last?")
+
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 0, 0, 0]
 
 
 def test_the_slot_named_is_below_the_hosts_own_slot_count(gateway):

@@ -60,13 +60,24 @@ def llama_embeddings(
         yield srv
 
 
+@pytest.fixture(scope="session")
+def llama_unified(
+    llama_binary: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LlamaServer]:
+    """llama-server with 2 slots on a unified KV cache (`-kvu`, its default without `-np`):
+    it saves each idle slot to its prompt cache and empties it whenever a task starts."""
+    log_dir = tmp_path_factory.mktemp("llama-unified")
+    with running_llama_server(llama_binary, tiny_model, log_dir, ("-kvu",)) as srv:
+        yield srv
+
+
 @pytest.fixture(autouse=True)
 def _llama_log_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     report = getattr(request.node, "rep_call", None)
     if report is None or not report.failed:
         return
-    for name in ("llama", "llama_embeddings"):
+    for name in ("llama", "llama_embeddings", "llama_unified"):
         if name in request.fixturenames:
             server: LlamaServer = request.getfixturevalue(name)
             print(f"---- {name} log (tail) ----\n" + "\n".join(server.log().splitlines()[-30:]))

@@ -176,6 +176,43 @@ def test_conversations_sharing_a_system_prompt_each_find_their_own_history_in_it
         assert second.cached_tokens >= first.prompt_tokens
 
 
+def test_on_a_unified_kv_cache_the_host_chooses_the_slots_once_it_emptied_a_named_one(
+    gateway, llama_unified, ledger
+):
+    add_route("kvu", [add_host("llama-kvu", llama_unified.url, models={ALIAS: (2, 4)})])
+    gateway.sync()
+    wait_for_host_state(gateway.url, "llama-kvu", "up")  # its /props said its 2 slots
+    started = timezone.now()
+    client = openai.OpenAI(
+        base_url=f"{gateway.url}/kvu/v1", api_key="unused", http_client=ledger.client
+    )
+
+    def ask(messages: list[ChatCompletionMessageParam]) -> list[ChatCompletionMessageParam]:
+        answer = client.chat.completions.create(
+            model=ALIAS, messages=messages, max_tokens=4, temperature=0
+        )
+        return [*messages, {"role": "assistant", "content": answer.choices[0].message.content}]
+
+    # Two conversations with nothing in common; each request that starts empties the idle
+    # slots (into the host's --cache-ram), so the first's slot is empty when it comes back.
+    first = ask([{"role": "user", "content": "List the harbour's berths, one by one. " * 8}])
+    second = ask([{"role": "user", "content": "Name every crane on the quay in turn. " * 8}])
+    first = ask([*first, {"role": "user", "content": "And after that?"}])
+    ask([*second, {"role": "user", "content": "And after that?"}])
+    ask([*first, {"role": "user", "content": "And then?"}])
+
+    a1, b1, a2, b2, a3 = rows_since(started, 5)
+    assert [row.lease for row in (a1, b1, a2, b2, a3)] == ["new", "new"] + ["reused"] * 3
+    # Named, the first's second turn found its slot empty and was read whole: what the
+    # gateway learns the host by. From then on llama-server chooses, and loads each history
+    # back from its prompt cache.
+    assert a2.cached_tokens == 0
+    assert b2.cached_tokens is not None and b1.prompt_tokens is not None
+    assert b2.cached_tokens >= b1.prompt_tokens
+    assert a3.cached_tokens is not None and a2.prompt_tokens is not None
+    assert a3.cached_tokens >= a2.prompt_tokens
+
+
 def test_text_completions_pass_through_with_their_token_counts(route, ledger):
     started = timezone.now()
 
