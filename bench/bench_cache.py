@@ -67,7 +67,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.e2e.lla
 
 from bench_scale import wait_up  # noqa: E402  (bench/ is not a package)
 from cache_phase import LIMITS, TIMEOUT, Phase, counters, request_body, stream  # noqa: E402
-from cache_report import IDEAL, Answer, done_when, summarize, tables  # noqa: E402
+from cache_report import IDEAL, Answer, done_when, recovery, summarize, tables  # noqa: E402
 from cache_workload import Shape, Workload, make_workload  # noqa: E402
 from llama_hosts import MODEL, Host, Launch  # noqa: E402
 from processes import RESULTS, crossbar, fleet_problems, machine, source_tree  # noqa: E402
@@ -125,7 +125,10 @@ def run_policy(
     if not policy.startswith("crossbar@"):
         phase = Phase(policy, workload, hosts, None, restarted, restart_after)
         answers = asyncio.run(phase.run())
-        return {**summarize(answers, names), "restart_s": phase.restart_seconds}, answers
+        figures = {**summarize(answers, names), "restart_s": phase.restart_seconds}
+        if restarted is not None:
+            figures["recovery"] = recovery(answers, restarted.name)
+        return figures, answers
     patience, margin, named = crossbar_settings(policy)
     toml = fleet_toml(hosts, patience)
     name = f"{file_name(policy)}-{len(workload.conversations)}"
@@ -139,6 +142,8 @@ def run_policy(
         answers = asyncio.run(phase.run())
         end = counters(chat)
     figures = {**summarize(answers, names), "restart_s": phase.restart_seconds}
+    if restarted is not None:
+        figures["recovery"] = recovery(answers, restarted.name)
     lost = "crossbar_cache_lost_total"
     if phase.metrics_at_restart is not None:
         before = phase.metrics_at_restart[lost]

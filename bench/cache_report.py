@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from bench_gateway import percentile
 
-__all__ = ["Answer", "Check", "done_when", "summarize", "tables"]
+__all__ = ["Answer", "Check", "done_when", "recovery", "summarize", "tables"]
 
 IDEAL = "one-host"
 RANDOM = "random"
@@ -25,6 +25,9 @@ MISSING = "missing"  # a crossbar answer without X-Crossbar-Placement (no reason
 SPREAD_MARGIN = 0.10  # the issue: no host above 1/N + 10% of the requests
 HALF_OF_RANDOM = 0.5
 CALM_OF_IDEAL = 1.05
+# "The index recovers within a few requests": a conversation whose host restarted reads its
+# history whole once after the restart (the cache is gone), and finds it again the turn after.
+RECOVERY_TURNS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,36 @@ def summarize(answers: Sequence[Answer], hosts: Sequence[str]) -> dict[str, obje
             Counter(placement_reason(a.placement) for a in served if a.placement).most_common()
         ),
     }
+
+
+def recovery(answers: Sequence[Answer], restarted: str) -> dict[str, object]:
+    """How the conversations served on `restarted` after its restart got their cache back:
+    for each, the turns it took there, from its first turn after the restart, to one that
+    found its previous turn's whole prompt (`cache_n` at least that turn's `prompt_n` +
+    `cache_n`). `worst_turns`: the most any took; None when one never did in the phase.
+    A conversation's first turn has no history to lose, and counts for nothing."""
+    by_conversation: dict[int, dict[int, Answer]] = {}
+    for answer in answers:
+        if answer.prompt_n is not None:
+            by_conversation.setdefault(answer.conversation, {})[answer.turn] = answer
+    turns_taken: list[int | None] = []
+    for turns in by_conversation.values():
+        taken = 0
+        for turn in sorted(turns):
+            answer, before = turns[turn], turns.get(turn - 1)
+            if not (answer.after_restart and answer.host == restarted) or before is None:
+                continue
+            taken += 1
+            if (answer.cache_n or 0) >= (before.prompt_n or 0) + (before.cache_n or 0):
+                break
+        else:
+            if taken:
+                turns_taken.append(None)  # served there after the restart, never found whole
+            continue
+        turns_taken.append(taken)
+    found = [taken for taken in turns_taken if taken is not None]
+    worst = max(found, default=0) if len(found) == len(turns_taken) else None
+    return {"conversations": len(turns_taken), "worst_turns": worst}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +175,17 @@ def done_when(
             counted = lost["counted_after_restart"]
             checks.append(Check("the lost cache counted after the restart", key,
                                 f"crossbar_cache_lost_total +{counted}", counted > 0))  # fmt: skip
+        recovered = figures.get("recovery")
+        if isinstance(recovered, dict) and recovered["conversations"]:
+            worst = recovered["worst_turns"]
+            checks.append(Check(
+                f"after the restart, every conversation there finds its history again within "
+                f"{RECOVERY_TURNS} turns",
+                key,
+                f"{recovered['conversations']} conversations, "
+                + ("one never did" if worst is None else f"the slowest in {worst}"),
+                worst is not None and worst <= RECOVERY_TURNS,
+            ))  # fmt: skip
         placements = figures["placements"]
         assert isinstance(placements, dict)
         unexplained = sum(n for reason, n in placements.items() if reason in (MISSING, "none"))
