@@ -87,7 +87,8 @@ def recovery(answers: Sequence[Answer], restarted: str) -> dict[str, object]:
     for each, the turns it took there, from its first turn after the restart, to one that
     found its previous turn's whole prompt (`cache_n` at least that turn's `prompt_n` +
     `cache_n`). `worst_turns`: the most any took; None when one never did in the phase.
-    A conversation's first turn has no history to lose, and counts for nothing."""
+    A conversation's first turn has no history to lose, and one whose last turn was its
+    first there after the restart cannot show what followed: neither counts."""
     by_conversation: dict[int, dict[int, Answer]] = {}
     for answer in answers:
         if answer.prompt_n is not None:
@@ -103,8 +104,10 @@ def recovery(answers: Sequence[Answer], restarted: str) -> dict[str, object]:
             if (answer.cache_n or 0) >= (before.prompt_n or 0) + (before.cache_n or 0):
                 break
         else:
-            if taken:
-                turns_taken.append(None)  # served there after the restart, never found whole
+            # A turn after its first one there and still not found whole; one that ended
+            # with that first turn had no chance to show either.
+            if taken > 1:
+                turns_taken.append(None)
             continue
         turns_taken.append(taken)
     found = [taken for taken in turns_taken if taken is not None]
