@@ -9,6 +9,7 @@ conversation's second turn) reach the Request row, and /health, /props, /v1/mode
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import openai
 import pytest
@@ -140,24 +141,38 @@ def test_a_conversations_second_turn_reads_its_prefix_from_llama_servers_kv_cach
     assert two.cached_tokens == second.usage.prompt_tokens_details.cached_tokens
 
 
-def test_conversations_sharing_a_system_prompt_each_find_their_own_history_in_its_slot(
-    gateway, llama, ledger
-):
-    # A host of its own name, so no lease of another test counts on it (`llama1`'s may).
-    add_route("slots", [add_host("llama-slots", llama.url, models={ALIAS: (2, 4)})])
-    gateway.sync()
-    wait_for_host_state(gateway.url, "llama-slots", "up")  # its /props said its 2 slots
-    started = timezone.now()
-    client = openai.OpenAI(
-        base_url=f"{gateway.url}/slots/v1", api_key="unused", http_client=ledger.client
-    )
-    system = "You work the night shift at a harbour's shipping desk. Be brief. " * 6
+History = list[ChatCompletionMessageParam]
 
-    def ask(messages: list[ChatCompletionMessageParam]) -> list[ChatCompletionMessageParam]:
+
+def conversations_on(
+    gateway, ledger, route: str, host: str, url: str
+) -> Callable[[History], History]:
+    """A route `route` of one host `host` with 2 slots at `url`, up (its /props said its
+    slots), and `ask`: a chat turn through it with the OpenAI client, which gives back the
+    history with the answer added. A host of a name of its own, so that no lease of another
+    test counts on it (`llama1`'s may)."""
+    add_route(route, [add_host(host, url, models={ALIAS: (2, 4)})])
+    gateway.sync()
+    wait_for_host_state(gateway.url, host, "up")
+    client = openai.OpenAI(
+        base_url=f"{gateway.url}/{route}/v1", api_key="unused", http_client=ledger.client
+    )
+
+    def ask(messages: History) -> History:
         answer = client.chat.completions.create(
             model=ALIAS, messages=messages, max_tokens=4, temperature=0
         )
         return [*messages, {"role": "assistant", "content": answer.choices[0].message.content}]
+
+    return ask
+
+
+def test_conversations_sharing_a_system_prompt_each_find_their_own_history_in_its_slot(
+    gateway, llama, ledger
+):
+    ask = conversations_on(gateway, ledger, "slots", "llama-slots", llama.url)
+    started = timezone.now()
+    system = "You work the night shift at a harbour's shipping desk. Be brief. " * 6
 
     # Each second conversation begins while the first sits idle in its slot: left to choose,
     # llama-server gives it the slot whose prompt shares the most with it, the first's.
@@ -179,19 +194,8 @@ def test_conversations_sharing_a_system_prompt_each_find_their_own_history_in_it
 def test_on_a_unified_kv_cache_the_host_chooses_the_slots_once_it_emptied_a_named_one(
     gateway, llama_unified, ledger
 ):
-    add_route("kvu", [add_host("llama-kvu", llama_unified.url, models={ALIAS: (2, 4)})])
-    gateway.sync()
-    wait_for_host_state(gateway.url, "llama-kvu", "up")  # its /props said its 2 slots
+    ask = conversations_on(gateway, ledger, "kvu", "llama-kvu", llama_unified.url)
     started = timezone.now()
-    client = openai.OpenAI(
-        base_url=f"{gateway.url}/kvu/v1", api_key="unused", http_client=ledger.client
-    )
-
-    def ask(messages: list[ChatCompletionMessageParam]) -> list[ChatCompletionMessageParam]:
-        answer = client.chat.completions.create(
-            model=ALIAS, messages=messages, max_tokens=4, temperature=0
-        )
-        return [*messages, {"role": "assistant", "content": answer.choices[0].message.content}]
 
     # Two conversations with nothing in common; each request that starts empties the idle
     # slots (into the host's --cache-ram), so the first's slot is empty when it comes back.
