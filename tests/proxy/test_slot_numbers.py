@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import running_gateway
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.observe import wait_for_health_poll, wait_for_host_state
+from tests.observe import wait_for_gauge, wait_for_health_poll, wait_for_host_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,8 +26,11 @@ def sent(fake: FakeLlamaServer) -> list[dict]:
     return [json.loads(seen.body) for seen in fake.seen if seen.path not in POLLS]
 
 
-def turn(gateway, opening: str, *later: str) -> httpx.Response:
-    """One turn of the conversation that opens with `opening`: its history and a new question."""
+def turn(gateway, opening: str, *later: str, alone: bool = True) -> httpx.Response:
+    """One turn of the conversation that opens with `opening`: its history and a new question.
+    `alone` (no other request of the test's running): returned once the gateway has freed
+    every slot of the host, its own too, which may come an instant after the client read the
+    whole answer."""
     body = chat(opening)
     for number, content in enumerate(later):
         body["messages"] += [
@@ -36,6 +39,9 @@ def turn(gateway, opening: str, *later: str) -> httpx.Response:
         ]
     response = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=10)
     assert response.status_code == 200, response.text
+    host = response.headers["X-Crossbar-Host"]
+    if alone:
+        wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host=host, model=MODEL)
     return response
 
 
@@ -62,7 +68,7 @@ def test_a_conversations_parallel_request_leaves_its_busy_slot_to_the_host(gatew
     with httpx.stream("POST", url, json={**chat("one"), "stream": True}, timeout=10) as first:
         lines = first.iter_lines()  # kept: a generator dropped closes the response
         next(lines)  # it streams: its slot is busy
-        turn(gateway, "one")  # the same conversation, meanwhile
+        turn(gateway, "one", alone=False)  # the same conversation, meanwhile
         assert fake.max_concurrent == 2
     turn(gateway, "one", "again")  # after the first ended
 
