@@ -87,7 +87,10 @@ class Passage:
             trail = self.trail = predicted(self.trail.placed(placement), self.runtime)
             try:
                 named = await self._named_slot(placement)
-                trail = self.trail = trail._replace(named_slot=named)
+                # Most requests name none: no other trail to build, unless an earlier attempt
+                # (on a host found down since) named one, which this attempt's must replace.
+                if named is not None or trail.named_slot is not None:
+                    trail = self.trail = trail._replace(named_slot=named)
                 id_slot = None if named is None else named.number
                 upstream = await self.forward(
                     self.runtime, self.ask, placement.model, placement.host, id_slot
