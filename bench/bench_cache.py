@@ -125,10 +125,7 @@ def run_policy(
     if not policy.startswith("crossbar@"):
         phase = Phase(policy, workload, hosts, None, restarted, restart_after)
         answers = asyncio.run(phase.run())
-        figures = {**summarize(answers, names), "restart_s": phase.restart_seconds}
-        if restarted is not None:
-            figures["recovery"] = recovery(answers, restarted.name)
-        return figures, answers
+        return phase_figures(phase, answers, names), answers
     patience, margin, named = crossbar_settings(policy)
     toml = fleet_toml(hosts, patience)
     name = f"{file_name(policy)}-{len(workload.conversations)}"
@@ -141,9 +138,7 @@ def run_policy(
         phase = Phase(policy, workload, hosts, chat, restarted, restart_after)
         answers = asyncio.run(phase.run())
         end = counters(chat)
-    figures = {**summarize(answers, names), "restart_s": phase.restart_seconds}
-    if restarted is not None:
-        figures["recovery"] = recovery(answers, restarted.name)
+    figures = phase_figures(phase, answers, names)
     lost = "crossbar_cache_lost_total"
     if phase.metrics_at_restart is not None:
         before = phase.metrics_at_restart[lost]
@@ -156,6 +151,15 @@ def run_policy(
     confirmed = sum(end["crossbar_prefix_confirmed_blocks_total"].values())
     figures["prefix_hit_rate"] = confirmed / predicted if predicted else None
     return figures, answers
+
+
+def phase_figures(phase: Phase, answers: list[Answer], names: list[str]) -> dict[str, object]:
+    """What every policy's phase reports: `summarize`'s figures, the restart's length, and,
+    when a host was restarted, how its conversations got their cache back (`recovery`)."""
+    figures = {**summarize(answers, names), "restart_s": phase.restart_seconds}
+    if phase.restart is not None:
+        figures["recovery"] = recovery(answers, phase.restart.name)
+    return figures
 
 
 def check_cache(host: Host, workload: Workload, max_tokens: int) -> dict[str, object]:
