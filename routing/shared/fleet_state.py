@@ -46,7 +46,7 @@ from routing.core.limiter import Pair, PairSnapshot
 from routing.core.opening import Opened, Opening, give_back, open_with
 from routing.core.state import InLine
 from routing.shared.clients import RedisClients
-from routing.shared.leases import RedisLeases, lease_id, lease_ms
+from routing.shared.leases import RedisLeases, lease_id, lease_ms, parse_version
 from routing.shared.slots import Grant, Queued, RedisSlots
 from routing.shared.state import Shared, StateUnavailable
 
@@ -271,7 +271,10 @@ class SharedState:
         self._others: dict[Pair, PairSnapshot] = {}  # other processes' slots, and the queues
         self._others_read: list[PairSnapshot] = []  # the snapshot `_others` was made from
         self._lease_counts: dict[str, int] = {}
-        self._new_leases: dict[str, int] = {}  # this process's, since the last refresh
+        # This process's leases that the counts may not have yet, by host: (a number of this
+        # process's, in order, the leases' version the write left) each.
+        self._new_leases: dict[str, list[tuple[int, int | None]]] = {}
+        self._leases_made = 0
         self._watchers: set[SharedWatcher] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.shared.on_tick(self._refresh)
@@ -324,13 +327,13 @@ class SharedState:
         head = pairs[:HEAD]
         short = len(pairs) > HEAD  # the head asked for a slot only, as `place` does
         lease = (lease_id(key), lease_ms(opening.ttl), self.leases.max_entries)
-        got, (found, leased, at_home) = await self.slots.open(
+        got, (found, leased, at_home, version) = await self.slots.open(
             lease, key.model, head, queue=not short, unusable=opening.unusable,
             strict=opening.strict, patient=opening.patient,
         )  # fmt: skip
         home = found or None
         if leased:
-            self._leased(leased)
+            self._leased(leased, parse_version(version))
         if got == "pinned":
             return Opened(home, False, None, pinned=True)
         assert not isinstance(got, str)
@@ -377,15 +380,17 @@ class SharedState:
         if found == host:
             return  # `find_lease` slid it just now: no second round trip
         try:
-            await self.leases.keep(key, host, ttl)
+            version = await self.leases.keep(key, host, ttl)
         except StateUnavailable as exc:
             log.warning("lease not kept (%s): the conversation may move next turn", exc)
             return
-        self._leased(host)
+        self._leased(host, version)
 
-    def _leased(self, host: str) -> None:
-        # Counted at once, so conversations arriving within a tick spread over hosts.
-        self._new_leases[host] = self._new_leases.get(host, 0) + 1
+    def _leased(self, host: str, version: int | None) -> None:
+        # Counted at once, so conversations arriving within a tick spread over hosts, until a
+        # tick's read surely counts it (`_refresh`).
+        self._leases_made += 1
+        self._new_leases.setdefault(host, []).append((self._leases_made, version))
         self._changed(host)
 
     # -- configuration ------------------------------------------------------------------
@@ -445,7 +450,7 @@ class SharedState:
     def leases_held(self, host: str, model: str | None = None) -> int:
         # Redis counts leases per host only; per model this over-counts, which makes a
         # router-mode host look busier (it then avoids unloading a model), never idler.
-        return self._lease_counts.get(host, 0) + self._new_leases.get(host, 0)
+        return self._lease_counts.get(host, 0) + len(self._new_leases.get(host, ()))
 
     def leases_by_host(self) -> dict[str, int]:
         hosts = self._lease_counts.keys() | self._new_leases.keys()
@@ -464,7 +469,7 @@ class SharedState:
             return None
 
     async def _refresh(self) -> None:
-        new_leases = dict(self._new_leases)
+        made_before = self._leases_made
         pairs = await self.slots.snapshot(others_only=True)
         leases = await self.leases.held_by_host()
         changed: set[str] = set()
@@ -473,13 +478,11 @@ class SharedState:
             changed.update(pair[0] for pair in others.keys() ^ self._others.keys())
             changed.update(p[0] for p, snap in others.items() if self._others.get(p) != snap)
             self._others, self._others_read = others, pairs
-        if leases is not self._lease_counts or new_leases:
-            held_before = {host: self.leases_held(host) for host in leases.keys() | new_leases}
-            held_before.update((host, self.leases_held(host)) for host in self._lease_counts)
+        if leases is not self._lease_counts or self._new_leases:
+            hosts = leases.keys() | self._new_leases.keys() | self._lease_counts.keys()
+            held_before = {host: self.leases_held(host) for host in hosts}
             self._lease_counts = leases
-            # The snapshot counts other processes' slots only (ours: `slots.held_on`, exact).
-            # New leases made while it was read stay counted (it may or may not hold them).
-            self._new_leases = _since(self._new_leases, new_leases)
+            self._new_leases = _uncounted(self._new_leases, made_before, self.leases.counted_up_to)
             changed.update(h for h, held in held_before.items() if self.leases_held(h) != held)
         for host in changed:  # the rankings hear of these hosts only
             self._changed(host)
@@ -497,6 +500,18 @@ def _ignore(host: str) -> None:
     pass
 
 
-def _since(now: dict[Any, int], before: dict[Any, int]) -> dict[Any, int]:
-    """The counts of `now` less those of `before`, without the zeros."""
-    return {key: left for key, value in now.items() if (left := value - before.get(key, 0))}
+def _uncounted(
+    new: dict[str, list[tuple[int, int | None]]], made_before: int, counted: int | None
+) -> dict[str, list[tuple[int, int | None]]]:
+    """The leases of `new` a read of the counts may not hold: made after the read began
+    (`made_before` made until then: those it holds, or they expired), and whose write left a
+    later version than the read's (`counted`). One made during the read may or may not be in
+    it; the versions tell, so it is counted once, not twice for a tick."""
+
+    def uncounted(number: int, version: int | None) -> bool:
+        if number <= made_before:
+            return False
+        return counted is None or version is None or version > counted
+
+    left = {host: [made for made in leases if uncounted(*made)] for host, leases in new.items()}
+    return {host: leases for host, leases in left.items() if leases}

@@ -35,7 +35,7 @@ import hashlib
 from routing.core.leases import LeaseKey
 from routing.shared.state import VERSION, Shared
 
-__all__ = ["LEASE_FUNCTIONS", "RedisLeases", "lease_id", "lease_ms"]
+__all__ = ["LEASE_FUNCTIONS", "RedisLeases", "lease_id", "lease_ms", "parse_version"]
 
 # The lease operations as Lua functions, for these scripts and for the slots' OPEN script
 # (routing/shared/slots_lua.py), which reads and writes a lease in the same call as a place.
@@ -92,6 +92,11 @@ local function lease_write(id, host, ms, cap, expected)
   end
   return host
 end
+-- The leases' version as this script leaves it ('' when none): a `held_by_host` reply whose
+-- stamp has this version or a later one counts the leases written so far.
+local function leases_version()
+  return redis.call('GET', version_key('leases')) or ''
+end
 """
 
 _PRELUDE = "local P = ARGV[1]\n" + VERSION + LEASE_FUNCTIONS
@@ -100,9 +105,11 @@ _PRELUDE = "local P = ARGV[1]\n" + VERSION + LEASE_FUNCTIONS
 _READ = _PRELUDE + "return lease_read(ARGV[2], tonumber(ARGV[3]))"
 
 # ARGV: P, id, host, ttl ms, cap, expected current host ('' for none, '*' for any). Sets the
-# lease unless another process changed it since it was read (then its host is returned).
+# lease unless another process changed it since it was read. Reply: {the lease's host (another
+# process's when it changed), the leases' version after the write}.
 _WRITE = _PRELUDE + (
-    "return lease_write(ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6])"
+    "local host = lease_write(ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6])\n"
+    "return {host, leases_version()}"
 )
 
 # ARGV: P, host. Reply: how many leases went.
@@ -227,11 +234,14 @@ class RedisLeases:
         """The host of a live lease for `key`, its TTL slid to `ttl` from now; None without."""
         return await self._read(lease_id(key), lease_ms(ttl))
 
-    async def keep(self, key: LeaseKey, host: str, ttl: float) -> None:
+    async def keep(self, key: LeaseKey, host: str, ttl: float) -> int | None:
         """Lease `key` to `host` for `ttl` seconds from now, whatever it was (one round trip).
-        An empty fingerprint is never stored."""
-        if key.fingerprint:
-            await self._write(lease_id(key), host, lease_ms(ttl), self.max_entries, "*")
+        Returns the leases' version after the write (`counted_up_to`); None for an empty
+        fingerprint, which is never stored."""
+        if not key.fingerprint:
+            return None
+        _, version = await self._write(lease_id(key), host, lease_ms(ttl), self.max_entries, "*")
+        return parse_version(version)
 
     async def drop_host(self, host: str) -> int:
         """Remove every lease held by `host` (a deleted host); return how many went."""
@@ -248,6 +258,13 @@ class RedisLeases:
         self._last_held = (flat[0], held)
         return held
 
+    @property
+    def counted_up_to(self) -> int | None:
+        """The leases' version the last `held_by_host` counts: a lease whose write left this
+        version or an earlier one is in its counts (Redis runs scripts one at a time). None when
+        the read found no version: no lease was live, and a later write is not counted."""
+        return parse_version(self._last_held[0].partition(" ")[0])
+
     async def number(self, key: LeaseKey, host: str, slots: int) -> int | None:
         """The slot number (0 to `slots` - 1) the conversation keeps to itself on `host`, its
         lease's host, as `LeaseTable.slot_number` gives it in one process: the one it kept
@@ -259,6 +276,11 @@ class RedisLeases:
     async def count(self) -> int:
         """Live leases in all."""
         return int(await self._count())
+
+
+def parse_version(version: str) -> int | None:
+    """The leases' version as a script replies it; None for '' (no lease was live)."""
+    return int(version) if version else None
 
 
 def lease_ms(ttl: float) -> int:

@@ -272,7 +272,8 @@ class RedisSlots:
         round trip (the OPEN script's choice; `lease`: its id, ttl ms and cap; `pairs` the
         ranking's, best first; `queue` as `place`'s, for `pairs`). Returns what was taken
         (None when full, "pinned" for a strict route's unusable home) and the reply's lease
-        fields: the lease's host as found, the host leased now, and whether home was usable.
+        fields: the lease's host as found, the host leased now, whether home was usable, and
+        the leases' version after the write (`RedisLeases.counted_up_to`).
         Raises StateUnavailable, or ValueError for a pair not configured here."""
         ids = self._known(pairs)
         out = list(unusable)

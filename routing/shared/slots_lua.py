@@ -273,8 +273,9 @@ return walk(w, ARGV[3], ARGV[4], list)
 # strict ('1'/'0'), patient ('1': home alone first, the others only when its line is full),
 # n, then the n hosts this process may not use now, then the ranking's pairs, best first.
 # Reply: {kind, pair, position, the lease's host as found or '', the host leased now or '',
-# '1' when home was usable (the place was asked there first) else '0'}, kind as PLACE's or
-# 'pinned' (a strict route whose home may not be used).
+# '1' when home was usable (the place was asked there first) else '0', the leases' version
+# after the lease was written or ''}, kind as PLACE's or 'pinned' (a strict route whose home
+# may not be used).
 OPEN = (
     PRELUDE
     + PLACING
@@ -300,7 +301,8 @@ if at_home then
   end
 end
 local function reply(got, leased)
-  return {got[1], got[2] or '', got[3] or 0, home or '', leased, at_home and '1' or '0'}
+  local version = leased ~= '' and leases_version() or ''
+  return {got[1], got[2] or '', got[3] or 0, home or '', leased, at_home and '1' or '0', version}
 end
 if again then
   local got = granted_before(w, order)

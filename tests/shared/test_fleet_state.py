@@ -293,6 +293,31 @@ async def test_a_tick_tells_the_rankings_of_the_hosts_other_processes_changed_an
         await watched.aclose()
 
 
+async def test_a_lease_written_while_a_tick_reads_the_counts_is_counted_once(redis_url):
+    """A new conversation's lease lands in Redis while the tick's read is on its way: the read
+    may count it, and the process counts it too until a read surely has it. Counted twice, a
+    host with a slot per conversation looked crowded and its slots went unnamed (CI)."""
+    async with fleet(redis_url, {H1: (2, 0)}) as (a, _):
+        read = a.leases.held_by_host
+
+        async def read_as_a_lease_lands() -> dict[str, int]:
+            await a.keep_lease(KEY, "h1", 60.0, None)
+            return await read()
+
+        a.leases.held_by_host = read_as_a_lease_lands  # type: ignore[method-assign]
+        await a.shared.beat()
+        a.leases.held_by_host = read  # type: ignore[method-assign]
+        counted = [a.leases_held("h1")]
+        await a.shared.beat()
+        counted.append(a.leases_held("h1"))
+        await a.keep_lease(LeaseKey("chat", "another", "m"), "h1", 60.0, None)
+        counted.append(a.leases_held("h1"))
+        await a.shared.beat()
+        counted.append(a.leases_held("h1"))
+
+        assert counted == [1, 1, 2, 2]
+
+
 async def test_places_are_granted_on_release_in_arrival_order_across_processes(redis_url):
     async with fleet(redis_url, {H1: (1, 3)}) as (a, b):
         held = await slot_of(a, [H1])
