@@ -216,6 +216,12 @@ def describe_live(states: HostStates, host: Host) -> str:
         for m in live.models
         if live.slots is not None and m.parallel != live.slots
     ]
+    lines += [
+        (f"⚠ {m.name}: the host empties its slots between turns (a unified KV cache): "
+         "llama-server chooses them", "")
+        for m in live.models
+        if m.slot_naming is False
+    ]  # fmt: skip
     if host.draining:
         busy = live.in_flight + live.queued
         text = "draining, idle" if busy == 0 else f"draining, {busy} still running"

@@ -31,6 +31,10 @@ class ModelLive:
     parallel: int
     queued: int
     queue_max: int
+    # Whether its conversations are told their slots (llama-server's `id_slot`): False once
+    # the host was found emptying them between turns (a unified KV cache), None where the
+    # gateway names none at all (routing/live_fleet.py `slot_naming`).
+    slot_naming: bool | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -39,6 +43,7 @@ class ModelLive:
             "parallel": self.parallel,
             "queued": self.queued,
             "queue_max": self.queue_max,
+            "slot_naming": self.slot_naming,
         }
 
 

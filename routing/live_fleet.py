@@ -150,16 +150,12 @@ class LiveFleet:
         meanwhile (a client's parallel requests) names none, so that llama-server runs it in
         another slot rather than holding it until this one is done. (In this process: with
         shared state, two processes may each name it for one of them.)"""
-        if not self.name_slots:
-            return None
         host = slot.host
-        config = self.config.hosts.get(host)
-        spec = config.models.get(key.model) if config is not None else None
+        if not self.slot_naming(host, key.model):
+            return None
+        spec = self.config.hosts[host].models[key.model]
         described = self.health.get(host).described
-        if spec is None or described is None or described.router or not described.slots:
-            return None
-        if self._emptying.get((host, key.model)) is described:
-            return None
+        assert described is not None and described.slots  # as `slot_naming` found them
         slots = min(spec.parallel, described.slots)
         if self.state.leases_held(host, key.model) > slots:
             return None
@@ -176,6 +172,24 @@ class LiveFleet:
         named = NamedSlot(number, key, slot, described, returning)
         self._named[where] = named  # one entry per slot of the fleet at most
         return named
+
+    def slot_naming(self, host: str, model: str) -> bool | None:
+        """Whether the conversations on `host` may be told their slots there (`id_slot`, while
+        the host has a slot for each): False once the host was found emptying them, until it
+        is read anew; None where no slot is named at all (CROSSBAR_NAME_SLOTS off, a host
+        whose `/props` gave no slots, a router, a model it does not serve)."""
+        config = self.config.hosts.get(host)
+        described = self.health.get(host).described
+        if (
+            not self.name_slots
+            or config is None
+            or model not in config.models
+            or described is None
+            or described.router
+            or not described.slots
+        ):
+            return None
+        return self._emptying.get((host, model)) is not described
 
     def named_answered(
         self, named: NamedSlot, prompt_tokens: int | None, cached_tokens: int | None

@@ -36,6 +36,7 @@ def host_lives(runtime: Runtime) -> tuple[HostLive, ...]:
                     parallel=model.parallel,
                     queued=pair.queued if pair else 0,
                     queue_max=model.queue_max,
+                    slot_naming=runtime.live.slot_naming(name, model.name),
                 )
             )
         hosts.append(

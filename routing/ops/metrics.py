@@ -328,6 +328,12 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
     leases = GaugeMetricFamily(
         "crossbar_leases_held", "Unexpired conversation leases on the host.", labels=["host"]
     )
+    naming = GaugeMetricFamily(
+        "crossbar_slot_naming",
+        "1 while conversations are told their slots on the host (id_slot), 0 once it was found "
+        "emptying them between turns; absent where none is named.",
+        labels=pairs,
+    )
     for host in host_lives(runtime):
         for model in host.models:
             labels = [host.name, model.name]
@@ -335,11 +341,13 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
             queued.add_metric(labels, model.queued)
             slots.add_metric(labels, model.parallel)
             queue_max.add_metric(labels, model.queue_max)
+            if model.slot_naming is not None:
+                naming.add_metric(labels, 1 if model.slot_naming else 0)
         for each in HostState:
             state.add_metric([host.name, each.value], 1 if each == host.state else 0)
         draining.add_metric([host.name], 1 if host.draining else 0)
         leases.add_metric([host.name], host.leases)
-    yield from (in_flight, queued, slots, queue_max, state, draining, leases)
+    yield from (in_flight, queued, slots, queue_max, state, draining, leases, naming)
 
     clients = GaugeMetricFamily(
         "crossbar_client_in_flight", "Requests in flight per client key.", labels=["client"]

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import signed_in, wait_until
 from tests.fleet import MODEL, add_host, add_route, chat
+from tests.observe import wait_for_gauge, wait_for_health_poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,3 +69,31 @@ def test_the_host_list_warns_when_parallel_differs_from_the_hosts_own_slots(
     )
 
     assert f"{MODEL}: parallel 2, but the host has 4 slots" in page
+
+
+def test_the_host_list_says_when_the_host_empties_its_slots_between_turns(
+    gateway, fake, admin_user
+):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)  # its /props said its slots: conversations are told theirs
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    first = chat("a conversation")
+    second = chat("a conversation")
+    second["messages"] += [
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": "and then?"},
+    ]
+    assert httpx.post(url, json=first, timeout=10).status_code == 200
+    wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu1", model=MODEL)
+    fake.forget_cache()  # as a unified KV cache empties its idle slots
+    assert httpx.post(url, json=second, timeout=10).status_code == 200
+    # Its answer's counts are read as the response ends, an instant after the client has it.
+    wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu1", model=MODEL)
+
+    page = signed_in(gateway).get("/admin/hosts/host/").text
+
+    assert (
+        f"⚠ {MODEL}: the host empties its slots between turns (a unified KV cache): "
+        "llama-server chooses them" in page
+    )

@@ -12,6 +12,7 @@ import json
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import running_gateway
 from tests.fakes.llama_server import FakeLlamaServer
@@ -24,6 +25,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def sent(fake: FakeLlamaServer) -> list[dict]:
     """The bodies of the generations the host was asked, in order."""
     return [json.loads(seen.body) for seen in fake.seen if seen.path not in POLLS]
+
+
+def slot_naming(gateway) -> dict[str, float]:
+    """`crossbar_slot_naming` by host/model, zeros too: 1 names slots, 0 stopped naming."""
+    text = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+    return {
+        f"{sample.labels['host']}/{sample.labels['model']}": sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "crossbar_slot_naming"
+    }
 
 
 def turn(gateway, opening: str, *later: str, alone: bool = True) -> httpx.Response:
@@ -98,14 +110,17 @@ def test_a_host_found_emptying_a_conversations_slot_between_turns_is_named_no_sl
 
     turn(gateway, "first conversation")
     turn(gateway, "second conversation")
+    naming = [slot_naming(gateway)]
     # What llama-server with a unified KV cache does to idle slots when a task starts: it
     # saves them to --cache-ram and empties them. Its next answer on slot 0 says 0 cached.
     fake.forget_cache()
     turn(gateway, "first conversation", "and then?")
     turn(gateway, "second conversation", "and then?")
     turn(gateway, "first conversation", "and then?", "and after?")
+    naming.append(slot_naming(gateway))
 
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, None, None]
+    assert naming == [{f"gpu1/{MODEL}": 1.0}, {f"gpu1/{MODEL}": 0.0}]  # an operator sees it
 
 
 def test_a_host_read_anew_after_it_was_down_is_named_slots_again_from_its_empty_slots(
@@ -130,6 +145,7 @@ def test_a_host_read_anew_after_it_was_down_is_named_slots_again_from_its_empty_
     turn(gateway, "first conversation", "and then?", "and after?", "and last?")
 
     assert [body.get("id_slot") for body in sent(fake)] == [0, 0, 0, 0]
+    assert slot_naming(gateway) == {f"gpu1/{MODEL}": 1.0}
 
 
 def test_the_slot_named_is_below_the_hosts_own_slot_count(gateway):
@@ -159,6 +175,7 @@ def slots_told_over_two_turns(gateway, fake: FakeLlamaServer) -> list[object]:
 def test_a_host_that_says_no_slot_count_is_never_told_a_slot(gateway):
     with FakeLlamaServer(router_models=(MODEL,)) as fake:  # a router: its /props says no slots
         assert slots_told_over_two_turns(gateway, fake) == ["none", "none"]
+        assert slot_naming(gateway) == {}  # nothing to stop or to watch
 
 
 def test_a_renamed_model_is_asked_with_the_conversations_slot_too(gateway, fake):
