@@ -26,6 +26,7 @@ from tests.browser import NEEDS_CHROMIUM, chromium
 from tests.conftest import ROOT, running_gateway, wait_until
 from tests.conversation import Conversation
 from tests.fleet import MODEL, add_host, add_route, chat
+from tests.observe import wait_for_gauge, wait_for_health_poll
 
 WAIT = 15_000  # ms, for every expectation: the request runs about 6 s
 ARTIFACTS = ROOT / "var" / "test-artifacts"
@@ -422,3 +423,27 @@ def test_a_host_that_keeps_losing_its_cache_says_so_on_its_card_at_1366_and_1920
         assert geometry["hintInside"], f"{name} px: the hint runs out of its card"
         assert geometry["sameLine"], f"{name} px: cold turns and cache lost on two lines"
         assert geometry["pageOverflow"] <= 0, f"{name} px: the page scrolls sideways"
+
+
+def test_a_host_that_empties_its_slots_between_turns_says_so_on_its_card(
+    gateway, fake, browser_page
+):
+    from playwright.sync_api import expect
+
+    page = browser_page
+    add_route("chat", [add_host("gpu-unified", fake.url)])
+    gateway.sync()
+    wait_for_health_poll(fake)  # its /props said its slots: conversations are told theirs
+    conversation = Conversation(f"{gateway.url}/chat/v1/chat/completions")
+    conversation.turn()
+    wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu-unified", model=MODEL)
+    fake.forget_cache()  # as a unified KV cache empties its idle slots when a task starts
+    conversation.turn()
+
+    sign_in(page, gateway)
+    hint = page.locator('#hosts [data-host="gpu-unified"] [data-role="slots-chosen-hint"]')
+
+    expect(hint).to_contain_text(
+        f"{MODEL}: the host emptied a conversation's slot between turns", timeout=WAIT
+    )
+    expect(hint).to_contain_text("-np")
