@@ -19,7 +19,8 @@ conversations), streamed chat completions over httpx. The policies:
 - `sticky` and `pinned` (only when asked for): the bench keeps each conversation on one host (a
   new one to the host with the fewest conversations), and `pinned` also names a slot for it
   there (llama-server's `id_slot`, the slot with the fewest conversations): what naming slots
-  would give, measured before crossbar does it;
+  would give, measured before crossbar does it; `pinned-free` names it only while none of the
+  bench's requests runs in it (crossbar's rule for a busy slot);
 - `crossbar@P`: crossbar as `make run` serves it, one route over the hosts with
   `lease_patience = P` for each `--patience` (a value crossbar's config does not accept yet,
   such as `auto` before it exists, is skipped and the output says why); with
@@ -297,7 +298,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="each crossbar policy also with CROSSBAR_NAME_SLOTS=false (crossbar@P/u): "
         "llama-server chooses every slot")  # fmt: skip
     add("--policies", nargs="+", default=["one-host", "random", "least-loaded", "crossbar"],
-        choices=("one-host", "random", "least-loaded", "sticky", "pinned", "crossbar"))  # fmt: skip
+        choices=("one-host", "random", "least-loaded", "sticky", "pinned", "pinned-free",
+                 "crossbar"))  # fmt: skip
     return parser.parse_args(argv)
 
 

@@ -85,8 +85,9 @@ async def stream(client: httpx.AsyncClient, url: str, body: Mapping[str, object]
 # Direct policies that keep a conversation on one host: `sticky` (what a lease does, with
 # llama-server choosing the slot) and `pinned` (the same, each conversation also given a slot
 # of its own there by `id_slot`): what crossbar would gain by naming slots, measured before
-# building it.
-STICKY = ("sticky", "pinned")
+# building it. `pinned-free` names the slot only while no other request of the bench runs in
+# it (crossbar's rule for a busy slot), however many conversations share it.
+STICKY = ("sticky", "pinned", "pinned-free")
 
 
 def pick(policy: str, seed: int, key: str, up: Sequence[str], in_flight: Mapping[str, int]) -> str:
@@ -128,6 +129,7 @@ class Phase:
         # `sticky` and `pinned`: each conversation's host, and (pinned) its slot there.
         self.homes: dict[int, str] = {}
         self.slots: dict[tuple[int, str], int] = {}
+        self.named_running: Counter[tuple[str, int]] = Counter()  # (host, slot): requests in it
 
     async def run(self) -> list[Answer]:
         async with httpx.AsyncClient(timeout=TIMEOUT, limits=LIMITS, trust_env=False) as client:
@@ -165,14 +167,22 @@ class Phase:
                 else:
                     host = pick(self.policy, self.workload.seed, key, up, self.in_flight)
             url = self.gateway or f"{self.hosts[host].url}/v1/chat/completions"
-            sent = body
-            if self.policy == "pinned":
-                sent = {**body, "id_slot": self.slot(conversation, host)}
+            sent, named = body, None
+            if self.policy in ("pinned", "pinned-free"):
+                named = (host, self.slot(conversation, host))
+                if self.policy == "pinned-free" and self.named_running[named]:
+                    named = None  # busy: llama-server chooses, as crossbar leaves it
+                else:
+                    sent = {**body, "id_slot": named[1]}
             self.in_flight[host] += 1
+            if named is not None:
+                self.named_running[named] += 1
             try:
                 outcome = await stream(self.client, url, sent)
             finally:
                 self.in_flight[host] -= 1
+                if named is not None:
+                    self.named_running[named] -= 1
             if outcome.timings is not None and outcome.first_byte is not None:
                 return self.answer(conversation, index, attempt, host, outcome, started,
                                    after_restart)  # fmt: skip

@@ -318,6 +318,17 @@ async def test_a_lease_written_while_a_tick_reads_the_counts_is_counted_once(red
         assert counted == [1, 1, 2, 2]
 
 
+async def test_a_lease_that_expired_before_a_tick_read_the_counts_is_counted_no_more(redis_url):
+    async with fleet(redis_url, {H1: (2, 0)}) as (a, _):
+        await a.keep_lease(KEY, "h1", 0.05, None)
+        counted = [a.leases_held("h1")]
+        await asyncio.sleep(0.2)  # gone from Redis, with the leases' version, before any read
+        await a.shared.beat()
+        counted.append(a.leases_held("h1"))
+
+        assert counted == [1, 0]
+
+
 async def test_places_are_granted_on_release_in_arrival_order_across_processes(redis_url):
     async with fleet(redis_url, {H1: (1, 3)}) as (a, b):
         held = await slot_of(a, [H1])
