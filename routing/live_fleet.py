@@ -132,24 +132,25 @@ class LiveFleet:
 
     async def id_slot(self, key: LeaseKey, slot: Held) -> NamedSlot | None:
         """The slot to name (llama-server's `id_slot`) for a request of the conversation `key`
-        that holds `slot` on its lease's host: the number it keeps to itself there, while the
-        host has a slot for each conversation leased to it; else None, and llama-server
-        chooses, as it does for a request that names none.
+        that holds `slot` on its lease's host: the number it keeps there (with a slot for each
+        conversation leased to the host, a number of its own; with more, shared with as few
+        as can be); None, and llama-server chooses as it does for a request that names none,
+        while another request runs in that slot.
 
         Only a host whose `/props` gave its slots (a llama-server, not in router mode) is
-        told a slot. With more conversations than slots, some must share a slot, and naming
-        one would cost more than it saves. llama-server moves a prompt between a slot and its
-        `--cache-ram` only when the incoming prompt would keep less than half of the one the
-        slot holds, or when it chose the slot by LRU. So a conversation sent to a slot that
-        another conversation with the same long opening had used would read its own history
-        again. A host found emptying its idle slots (a unified KV cache: `named_answered`) is
-        told no slot until it is read anew. Its `--cache-ram` serves the conversations there
-        better than any slot number.
+        told a slot. Conversations sharing a slot take turns in it: llama-server saves the
+        prompt a slot holds to its `--cache-ram` before another overwrites it, and loads it
+        back when the incoming prompt would keep less than half of the one the slot holds.
+        Measured on three hosts of two slots with 16 conversations, a number shared by the
+        fewest saved a tenth of the prompt tokens that llama-server's own choice evaluated
+        (bench/README.md, "4 Dec 2026"). A host found emptying its idle slots (a unified KV
+        cache: `named_answered`) is told no slot until it is read anew. Its `--cache-ram`
+        serves the conversations there better than any slot number.
 
-        While `slot` is held the number is busy: another request of the conversation
-        meanwhile (a client's parallel requests) names none, so that llama-server runs it in
-        another slot rather than holding it until this one is done. (In this process: with
-        shared state, two processes may each name it for one of them.)"""
+        While another request runs in the slot, naming it would hold this one inside
+        llama-server until that one is done, while another slot may sit idle: so a
+        conversation's parallel request, or one whose slot another conversation is using,
+        names none. (In this process: with shared state, two processes may each name it.)"""
         host = slot.host
         if not self.slot_naming(host, key.model):
             return None
@@ -157,8 +158,6 @@ class LiveFleet:
         described = self.health.get(host).described
         assert described is not None and described.slots  # as `slot_naming` found them
         slots = min(spec.parallel, described.slots)
-        if self.state.leases_held(host, key.model) > slots:
-            return None
         number = await self.state.slot_number(key, host, slots)
         if number is None:
             return None
@@ -174,8 +173,8 @@ class LiveFleet:
         return named
 
     def slot_naming(self, host: str, model: str) -> bool | None:
-        """Whether the conversations on `host` may be told their slots there (`id_slot`, while
-        the host has a slot for each): False once the host was found emptying them, until it
+        """Whether the conversations on `host` may be told their slots there (`id_slot`):
+        False once the host was found emptying them, until it
         is read anew; None where no slot is named at all (CROSSBAR_NAME_SLOTS off, a host
         whose `/props` gave no slots, a router, a model it does not serve)."""
         config = self.config.hosts.get(host)

@@ -1,5 +1,5 @@
 """Conversation leases: keep a (route, fingerprint, model) on the host holding its KV cache,
-and, while the host has a slot for each of its conversations, on one slot of its own there."""
+and on one slot there, shared with as few of the host's other conversations as can be."""
 
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ class LeaseTable:
         self._leases: OrderedDict[_Key, _Lease] = OrderedDict()
         self._held: dict[str, int] = {}  # stored leases per host
         self._held_models: dict[tuple[str, str], int] = {}  # ... per (host, model)
-        # The slot numbers kept by leases, per (host, model): number -> the lease keeping it.
-        self._numbered: dict[tuple[str, str], dict[int, _Key]] = {}
+        # The slot numbers kept by leases, per (host, model): number -> the leases keeping it.
+        self._numbered: dict[tuple[str, str], dict[int, set[_Key]]] = {}
 
     def find(self, key: LeaseKey) -> str | None:
         """The host holding an unexpired lease for ``key``, without refreshing it."""
@@ -103,12 +103,13 @@ class LeaseTable:
         self._trim(now)
 
     def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
-        """The slot number (0 to `slots` - 1) the conversation keeps to itself on `host`, its
-        lease's host: the one it kept before, else the lowest that no other lease of the
-        (host, model) keeps; None when every number is kept, or it holds no live lease there.
+        """The slot number (0 to `slots` - 1) the conversation keeps on `host`, its lease's
+        host: the one it kept before, else the one the fewest other leases of the (host,
+        model) keep (the lowest of those); None when it holds no live lease there.
 
-        Each number goes to one conversation at most, so a conversation sent to its number
-        (llama-server's `id_slot`) finds its own history there, not another's."""
+        With a slot for each conversation, each number goes to one conversation, so one sent
+        to its number (llama-server's `id_slot`) finds its own history there, not another's;
+        with more, they share the numbers as evenly as they can."""
         now = self._clock()
         self._trim(now)  # numbers kept by expired leases go back first (as lazily as `held`)
         stored = _key(key)
@@ -118,13 +119,10 @@ class LeaseTable:
         if 0 <= current[2] < slots:
             return current[2]
         self._unnumber(stored, current)  # a number beyond `slots` (fewer since) is given up
-        pair = (host, key.model)
-        kept = self._numbered.get(pair, {})
-        number = next((n for n in range(slots) if n not in kept), None)
-        self._leases[stored] = (host, current[1], -1 if number is None else number)
-        if number is None:
-            return None
-        self._numbered.setdefault(pair, kept)[number] = stored
+        kept = self._numbered.setdefault((host, key.model), {})
+        number = min(range(slots), key=lambda n: len(kept.get(n, ())))  # the lowest of ties
+        self._leases[stored] = (host, current[1], number)
+        kept.setdefault(number, set()).add(stored)
         return number
 
     def drop_host(self, host: str) -> int:
@@ -177,9 +175,12 @@ class LeaseTable:
         if lease[2] < 0:
             return
         pair = (lease[0], key[2])
-        kept = self._numbered.get(pair)
-        if kept is not None and kept.get(lease[2]) == key:
-            del kept[lease[2]]
+        kept = self._numbered.get(pair, {})
+        holders = kept.get(lease[2], set())
+        if key in holders:
+            holders.discard(key)
+            if not holders:
+                del kept[lease[2]]
             if not kept:
                 del self._numbered[pair]
 

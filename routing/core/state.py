@@ -107,9 +107,9 @@ class FleetState(Protocol):
         ...
 
     async def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
-        """The slot number on `host`, the lease's host, that the conversation keeps to itself
-        (`LeaseTable.slot_number`); None when the host has none left for it, or the number
-        cannot be read now (the request goes on unnumbered)."""
+        """The slot number on `host`, the lease's host, that the conversation keeps there,
+        shared with as few others as can be (`LeaseTable.slot_number`); None when it holds no
+        live lease there, or the number cannot be read now (the request goes on unnumbered)."""
         ...
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None: ...

@@ -15,8 +15,8 @@ have a fixed size whatever clients send):
 - `P lease-host:<host>`  sorted set of that host's ids by expiry: `held_by_host`, `drop_host`
 - `P lease-hosts`        set of hosts with leases
 - `P lease-number:<id>`  the slot number the lease keeps on its host, expiring with the lease
-- `P numbers:<host>\0<model>`  hash of slot number -> the id of the lease keeping it; a
-                         number is free when that lease is gone, moved or numbered again
+- `P slot-numbers:<host>\0<model>`  hash of lease id -> the slot number it keeps there; an
+                         entry counts while its lease lives on that host with that number
 - `P version:leases`     a counter every write and drop moves on, expiring with the last
                          lease (`held_by_host` walks the hosts only when it moved, or a lease
                          counted last time expired)
@@ -164,9 +164,10 @@ return out
 )
 
 # ARGV: P, id, host, model, slots. Reply: the slot number the lease `id` keeps on `host` for
-# `model` (0 to slots - 1), or nil: the lease is not live on `host`, or every number there is
-# another live lease's. A lease's number expires with it: it is written with the lease's TTL
-# left, and a number whose lease is gone, moved, or numbered again is free.
+# `model` (0 to slots - 1): the one it kept, else the one the fewest other live leases there
+# keep (the lowest of those); nil when the lease is not live on `host`. A lease's number
+# expires with it: it is written with the lease's TTL left, and an entry whose lease is gone,
+# moved, or numbered again is dropped as the hash is walked (only for a lease numbered anew).
 _NUMBER = (
     _PRELUDE
     + r"""
@@ -175,26 +176,35 @@ local lease = P .. 'lease:' .. id
 if redis.call('GET', lease) ~= host then return false end
 local left = redis.call('PTTL', lease)
 if left <= 0 then return false end
-local numbers = P .. 'numbers:' .. host .. '\0' .. model
-local function kept_by(n, holder)
-  return redis.call('GET', P .. 'lease-number:' .. holder) == tostring(n)
-    and redis.call('GET', P .. 'lease:' .. holder) == host
-end
+local numbers = P .. 'slot-numbers:' .. host .. '\0' .. model
 local function take(n)
-  redis.call('HSET', numbers, tostring(n), id)
+  redis.call('HSET', numbers, id, tostring(n))
   redis.call('SET', P .. 'lease-number:' .. id, tostring(n), 'PX', left)
   outlive(numbers, now + left)
   return n
 end
-local mine = tonumber(redis.call('GET', P .. 'lease-number:' .. id) or '')
-if mine and mine < slots and redis.call('HGET', numbers, tostring(mine)) == id then
-  return take(mine)
+local mine = redis.call('GET', P .. 'lease-number:' .. id)
+if mine and tonumber(mine) < slots and redis.call('HGET', numbers, id) == mine then
+  return take(tonumber(mine))
 end
-for n = 0, slots - 1 do
-  local holder = redis.call('HGET', numbers, tostring(n))
-  if not holder or holder == id or not kept_by(n, holder) then return take(n) end
+local kept = {}
+for n = 0, slots - 1 do kept[n] = 0 end
+local entries = redis.call('HGETALL', numbers)
+for i = 1, #entries, 2 do
+  local holder, n = entries[i], entries[i + 1]
+  if holder ~= id and redis.call('GET', P .. 'lease-number:' .. holder) == n
+      and redis.call('GET', P .. 'lease:' .. holder) == host then
+    local number = tonumber(n)
+    if kept[number] then kept[number] = kept[number] + 1 end
+  else
+    redis.call('HDEL', numbers, holder)
+  end
 end
-return false
+local best = 0
+for n = 1, slots - 1 do
+  if kept[n] < kept[best] then best = n end
+end
+return take(best)
 """
 )
 
@@ -266,10 +276,10 @@ class RedisLeases:
         return parse_version(self._last_held[0].partition(" ")[0])
 
     async def number(self, key: LeaseKey, host: str, slots: int) -> int | None:
-        """The slot number (0 to `slots` - 1) the conversation keeps to itself on `host`, its
-        lease's host, as `LeaseTable.slot_number` gives it in one process: the one it kept
-        before, else the lowest no other live lease of the (host, model) keeps; None when
-        every number is kept, or its lease is not live there. One round trip."""
+        """The slot number (0 to `slots` - 1) the conversation keeps on `host`, its lease's
+        host, as `LeaseTable.slot_number` gives it in one process: the one it kept before,
+        else the one the fewest other live leases of the (host, model) keep (the lowest of
+        those); None when its lease is not live there. One round trip."""
         number = await self._number(lease_id(key), host, key.model, slots)
         return None if number is None else int(number)
 

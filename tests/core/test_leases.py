@@ -234,17 +234,19 @@ def test_held_by_host_counts_only_unexpired_leases() -> None:
     assert table.find(conversation(1)) is None
 
 
-def test_conversations_on_one_host_keep_slot_numbers_of_their_own() -> None:
+def test_conversations_on_one_host_share_its_slot_numbers_as_evenly_as_they_can() -> None:
     table = LeaseTable()
-    for number in range(3):
+    for number in range(5):
         table.keep(conversation(number), "h1", ttl=60)
 
-    given = [table.slot_number(conversation(number), "h1", slots=2) for number in range(3)]
+    given = [table.slot_number(conversation(number), "h1", slots=2) for number in range(5)]
 
-    assert given == [0, 1, None]  # the third finds both numbers kept
+    assert given == [0, 1, 0, 1, 0]  # two a number of their own, then the fewest's, the lowest
     table.keep(conversation(0), "h1", ttl=60)  # its next turn
     assert table.slot_number(conversation(0), "h1", slots=2) == 0
-    assert table.slot_number(conversation(1), "h1", slots=2) == 1
+    table.keep(conversation(1), "h2", ttl=60)  # moved: number 1 keeps one conversation on h1
+    table.keep(conversation(5), "h1", ttl=60)
+    assert table.slot_number(conversation(5), "h1", slots=2) == 1
 
 
 def test_a_slot_number_is_kept_per_host_and_model() -> None:
@@ -303,8 +305,9 @@ def test_a_number_beyond_fewer_slots_is_given_up_for_one_within_them() -> None:
         table.keep(conversation(number), "h1", ttl=60)
         assert table.slot_number(conversation(number), "h1", slots=3) == number
 
-    # The host now has two slots: numbers 0 and 1 are kept, 2 is beyond them.
-    assert table.slot_number(conversation(2), "h1", slots=2) is None
-    assert table.slot_number(conversation(0), "h1", slots=2) == 0
-    table.keep(conversation(0), "h2", ttl=60)  # moved: 0 is free on h1
+    # The host now has two slots: 2 is beyond them, and its conversation shares the lowest.
     assert table.slot_number(conversation(2), "h1", slots=2) == 0
+    assert table.slot_number(conversation(0), "h1", slots=2) == 0
+    assert table.slot_number(conversation(1), "h1", slots=2) == 1
+    table.keep(conversation(3), "h1", ttl=60)
+    assert table.slot_number(conversation(3), "h1", slots=2) == 1  # 0 has two, 1 one

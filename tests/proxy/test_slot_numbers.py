@@ -38,17 +38,23 @@ def slot_naming(gateway) -> dict[str, float]:
     }
 
 
-def turn(gateway, opening: str, *later: str, alone: bool = True) -> httpx.Response:
-    """One turn of the conversation that opens with `opening`: its history and a new question.
-    `alone` (no other request of the test's running): returned once the gateway has freed
-    every slot of the host, its own too, which may come an instant after the client read the
-    whole answer."""
+def conversation(opening: str, *later: str) -> dict:
+    """The body of a turn of the conversation that opens with `opening`, after `later`."""
     body = chat(opening)
     for number, content in enumerate(later):
         body["messages"] += [
             {"role": "assistant", "content": f"answer {number}"},
             {"role": "user", "content": content},
         ]
+    return body
+
+
+def turn(gateway, opening: str, *later: str, alone: bool = True) -> httpx.Response:
+    """One turn of the conversation that opens with `opening`: its history and a new question.
+    `alone` (no other request of the test's running): returned once the gateway has freed
+    every slot of the host, its own too, which may come an instant after the client read the
+    whole answer."""
+    body = conversation(opening, *later)
     response = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=10)
     assert response.status_code == 200, response.text
     host = response.headers["X-Crossbar-Host"]
@@ -88,17 +94,39 @@ def test_a_conversations_parallel_request_leaves_its_busy_slot_to_the_host(gatew
     assert [body.get("id_slot") for body in sent(fake)] == [0, None, 0]
 
 
-def test_with_more_conversations_than_slots_the_host_chooses_its_slots(gateway, fake):
+def test_with_more_conversations_than_slots_they_share_the_slots_as_evenly_as_they_can(
+    gateway, fake
+):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
     gateway.sync()
     wait_for_health_poll(fake)
 
-    for opening in ("one", "two", "three"):
+    for opening in ("one", "two", "three", "four"):
         turn(gateway, opening)
     turn(gateway, "one", "again")
+    turn(gateway, "two", "again")
 
-    # The third leased conversation crowds the host: from then on no request names a slot.
-    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, None, None]
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 1, 0, 1]
+
+
+def test_a_conversation_whose_slot_another_is_using_leaves_it_to_the_host(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    for opening in ("one", "two", "three"):  # one and three share slot 0
+        turn(gateway, opening)
+    fake.token_delay = 0.05  # three's next turn streams for a while
+    url = f"{gateway.url}/chat/v1/chat/completions"
+
+    body = {**conversation("three", "again"), "stream": True}
+    with httpx.stream("POST", url, json=body, timeout=10) as third:
+        lines = third.iter_lines()  # kept: a generator dropped closes the response
+        next(lines)  # it streams: slot 0 is busy
+        turn(gateway, "one", "again", alone=False)
+        assert fake.max_concurrent == 2
+
+    # Named, one's turn would wait inside llama-server for slot 0 while slot 1 sits idle.
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, None]
 
 
 def test_a_host_found_emptying_a_conversations_slot_between_turns_is_named_no_slot_again(
@@ -158,7 +186,7 @@ def test_the_slot_named_is_below_the_hosts_own_slot_count(gateway):
         turn(gateway, "one")
         turn(gateway, "two")
 
-        assert [body.get("id_slot") for body in sent(fake)] == [0, None]
+        assert [body.get("id_slot") for body in sent(fake)] == [0, 0]  # sharing the one
 
 
 def slots_told_over_two_turns(gateway, fake: FakeLlamaServer) -> list[object]:

@@ -154,15 +154,21 @@ async def numbers(table: RedisLeases, *keys: LeaseKey, host: str = "h1", slots: 
     return [await table.number(key, host, slots) for key in keys]
 
 
-async def test_two_processes_give_each_conversation_a_slot_number_of_its_own(redis_url):
+async def test_two_processes_share_slot_numbers_among_conversations_as_evenly_as_they_can(
+    redis_url,
+):
     async with two(redis_url) as (a, b):
-        for n in range(3):
+        for n in range(5):
             await lease(a if n % 2 else b, conversation(n))
 
         assert await numbers(a, conversation(0)) == [0]
-        assert await numbers(b, conversation(1), conversation(2)) == [1, None]
+        assert await numbers(b, conversation(1), conversation(2)) == [1, 0]
+        assert await numbers(a, conversation(3), conversation(4)) == [1, 0]
         # Each keeps its number, whichever process asks.
         assert await numbers(b, conversation(0)) + await numbers(a, conversation(1)) == [0, 1]
+        await lease(b, conversation(1), host="h2")  # moved: number 1 keeps one conversation
+        await lease(b, conversation(5))
+        assert await numbers(a, conversation(5)) == [1]
 
 
 async def test_a_slot_number_is_kept_per_host_and_model_and_only_on_the_leases_host(redis_url):
