@@ -168,7 +168,8 @@ class LiveFleet:
         returning = (
             last is not None and last.key == key and last.answered and last.described is described
         )
-        named = NamedSlot(number, key, slot, described, returning)
+        emptied_before = returning and last is not None and last.emptied
+        named = NamedSlot(number, key, slot, described, returning, emptied_before)
         self._named[where] = named  # one entry per slot of the fleet at most
         return named
 
@@ -195,18 +196,21 @@ class LiveFleet:
     ) -> None:
         """What the host reported for a request that named a slot, once its answer ended well
         (status under 400). A returning request that took no token from cache found its slot
-        emptied. The host's slots are then named no more until it is read anew (after it was
-        down, or changed). An answer without counts says nothing."""
+        emptied; when the conversation's previous turn there had found it emptied too, the
+        host empties its idle slots (a unified KV cache), and its slots are named no more
+        until it is read anew (after it was down, or changed). Found once, it may have been a
+        restart the poller did not see. An answer without counts says nothing."""
         if cached_tokens is None:
             return
-        if found_emptied(named, prompt_tokens, cached_tokens):
+        named.emptied = found_emptied(named, prompt_tokens, cached_tokens)
+        if named.emptied and named.emptied_before:
             pair = (named.host, named.key.model)
             if self._emptying.get(pair) is not named.described:
                 log.warning(
-                    "host=%s model=%s emptied slot %d between two turns of a conversation "
+                    "host=%s model=%s emptied slot %d at two turns of a conversation in a row "
                     "(a unified KV cache: llama-server's default without -np, or "
-                    "--kv-unified; or a restart the health poller did not see): its slots "
-                    "are no longer named, and llama-server chooses them from its --cache-ram",
+                    "--kv-unified): its slots are no longer named, and llama-server chooses "
+                    "them from its --cache-ram",
                     named.host, named.key.model, named.number,
                 )  # fmt: skip
             self._emptying[pair] = named.described

@@ -12,9 +12,12 @@ unnamed and 0 named. With `-np 2` alone, it took 518 either way.
 A host's `/props` and `/slots` look the same either way, so its answers have to tell us. Say a
 conversation's request names the slot where its previous answer on this host ended, and the
 host reports that not one token came from cache, not even the chat template's opening. Then
-that slot was emptied in between. That is what a unified host does. A restart does it too,
-and the health poller usually sees one and reads the host anew. After either, crossbar stops
-naming that host's slots until the host is read anew.
+that slot was emptied in between. A restart does that once: the health poller usually sees
+one and reads the host anew, but a quick one it may miss, and then the conversation's next
+turn finds its slot warm again. A unified host does it every time: when the same
+conversation's next turn finds its slot emptied again, crossbar stops naming that host's
+slots until the host is read anew. (Stopping at the first, an unseen restart cost the host
+its slot names for good: bench-cache's restarted host, 4 Dec 2026.)
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ class NamedSlot:
     # The conversation's previous request on this host named this slot too, and its answer
     # ended there. So the slot should still hold that answer's prompt.
     returning: bool
+    # ... and that answer found the slot emptied since the one before it (`found_emptied`).
+    emptied_before: bool = False
     answered: bool = False  # this request's answer ended, with the host's token counts
+    emptied: bool = False  # ... and found the slot emptied since the conversation's last
 
     @property
     def host(self) -> str:

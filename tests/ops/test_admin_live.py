@@ -79,17 +79,21 @@ def test_the_host_list_says_when_the_host_empties_its_slots_between_turns(
     wait_for_health_poll(fake)  # its /props said its slots: conversations are told theirs
     url = f"{gateway.url}/chat/v1/chat/completions"
     first = chat("a conversation")
-    second = chat("a conversation")
-    second["messages"] += [
-        {"role": "assistant", "content": "an answer"},
-        {"role": "user", "content": "and then?"},
-    ]
-    assert httpx.post(url, json=first, timeout=10).status_code == 200
-    wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu1", model=MODEL)
-    fake.forget_cache()  # as a unified KV cache empties its idle slots
-    assert httpx.post(url, json=second, timeout=10).status_code == 200
-    # Its answer's counts are read as the response ends, an instant after the client has it.
-    wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu1", model=MODEL)
+    later = [first]
+    for question in ("and then?", "and after?"):
+        body = chat("a conversation")
+        body["messages"] += [
+            {"role": "assistant", "content": "an answer"},
+            {"role": "user", "content": question},
+        ]
+        later.append(body)
+    for number, body in enumerate(later):
+        if number:
+            fake.forget_cache()  # as a unified KV cache empties its idle slots, each time
+        assert httpx.post(url, json=body, timeout=10).status_code == 200
+        # Its answer's counts are read as the response ends, an instant after the client
+        # has it.
+        wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu1", model=MODEL)
 
     page = signed_in(gateway).get("/admin/hosts/host/").text
 

@@ -436,9 +436,11 @@ def test_a_host_that_empties_its_slots_between_turns_says_so_on_its_card(
     wait_for_health_poll(fake)  # its /props said its slots: conversations are told theirs
     conversation = Conversation(f"{gateway.url}/chat/v1/chat/completions")
     conversation.turn()
+    for _ in range(2):  # emptied at two turns in a row
+        wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu-unified", model=MODEL)
+        fake.forget_cache()  # as a unified KV cache empties its idle slots when a task starts
+        conversation.turn()
     wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu-unified", model=MODEL)
-    fake.forget_cache()  # as a unified KV cache empties its idle slots when a task starts
-    conversation.turn()
 
     sign_in(page, gateway)
     hint = page.locator('#hosts [data-host="gpu-unified"] [data-role="slots-chosen-hint"]')

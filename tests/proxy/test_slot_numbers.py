@@ -129,7 +129,7 @@ def test_a_conversation_whose_slot_another_is_using_leaves_it_to_the_host(gatewa
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, None]
 
 
-def test_a_host_found_emptying_a_conversations_slot_between_turns_is_named_no_slot_again(
+def test_a_host_found_emptying_a_conversations_slot_at_two_turns_in_a_row_is_named_no_slot_again(
     gateway, fake
 ):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
@@ -140,15 +140,37 @@ def test_a_host_found_emptying_a_conversations_slot_between_turns_is_named_no_sl
     turn(gateway, "second conversation")
     naming = [slot_naming(gateway)]
     # What llama-server with a unified KV cache does to idle slots when a task starts: it
-    # saves them to --cache-ram and empties them. Its next answer on slot 0 says 0 cached.
+    # saves them to --cache-ram and empties them. Each next answer on a named slot says 0
+    # cached; the first conversation's second such answer in a row settles it.
     fake.forget_cache()
     turn(gateway, "first conversation", "and then?")
+    fake.forget_cache()
     turn(gateway, "second conversation", "and then?")
+    fake.forget_cache()
     turn(gateway, "first conversation", "and then?", "and after?")
+    turn(gateway, "second conversation", "and then?", "and after?")
+    turn(gateway, "first conversation", "and then?", "and after?", "and last?")
     naming.append(slot_naming(gateway))
 
-    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, None, None]
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 1, 0, None, None]
     assert naming == [{f"gpu1/{MODEL}": 1.0}, {f"gpu1/{MODEL}": 0.0}]  # an operator sees it
+
+
+def test_a_restart_the_poller_did_not_see_leaves_the_hosts_slots_named(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    turn(gateway, "first conversation")
+    turn(gateway, "second conversation")
+
+    fake.forget_cache()  # every slot emptied at once, between two polls
+    turn(gateway, "first conversation", "and then?")  # read whole: emptied, once
+    turn(gateway, "second conversation", "and then?")
+    turn(gateway, "first conversation", "and then?", "and after?")  # its slot holds it again
+    turn(gateway, "second conversation", "and then?", "and after?")
+
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 1, 0, 1]
+    assert slot_naming(gateway) == {f"gpu1/{MODEL}": 1.0}
 
 
 def test_a_host_read_anew_after_it_was_down_is_named_slots_again_from_its_empty_slots(
@@ -159,7 +181,10 @@ def test_a_host_read_anew_after_it_was_down_is_named_slots_again_from_its_empty_
     wait_for_health_poll(fake)
     turn(gateway, "first conversation")
     fake.forget_cache()
-    turn(gateway, "first conversation", "and then?")  # found emptied: named no more
+    turn(gateway, "first conversation", "and then?")
+    fake.forget_cache()
+    turn(gateway, "first conversation", "and then?", "and after?")  # twice: named no more
+    stopped = slot_naming(gateway)
 
     # A restart the poller sees: down, every slot empty, up and read anew.
     fake.health = "error"
@@ -172,8 +197,8 @@ def test_a_host_read_anew_after_it_was_down_is_named_slots_again_from_its_empty_
     turn(gateway, "first conversation", "and then?", "and after?")
     turn(gateway, "first conversation", "and then?", "and after?", "and last?")
 
-    assert [body.get("id_slot") for body in sent(fake)] == [0, 0, 0, 0]
-    assert slot_naming(gateway) == {f"gpu1/{MODEL}": 1.0}
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 0, 0, 0, 0]
+    assert (stopped, slot_naming(gateway)) == ({f"gpu1/{MODEL}": 0.0}, {f"gpu1/{MODEL}": 1.0})
 
 
 def test_the_slot_named_is_below_the_hosts_own_slot_count(gateway):

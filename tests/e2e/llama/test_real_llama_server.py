@@ -202,19 +202,21 @@ def test_on_a_unified_kv_cache_the_host_chooses_the_slots_once_it_emptied_a_name
     first = ask([{"role": "user", "content": "List the harbour's berths, one by one. " * 8}])
     second = ask([{"role": "user", "content": "Name every crane on the quay in turn. " * 8}])
     first = ask([*first, {"role": "user", "content": "And after that?"}])
-    ask([*second, {"role": "user", "content": "And after that?"}])
-    ask([*first, {"role": "user", "content": "And then?"}])
+    second = ask([*second, {"role": "user", "content": "And after that?"}])
+    first = ask([*first, {"role": "user", "content": "And then?"}])
+    ask([*second, {"role": "user", "content": "And then?"}])
+    ask([*first, {"role": "user", "content": "And last?"}])
 
-    a1, b1, a2, b2, a3 = rows_since(started, 5)
-    assert [row.lease for row in (a1, b1, a2, b2, a3)] == ["new", "new"] + ["reused"] * 3
-    # Named, the first's second turn found its slot empty and was read whole: what the
-    # gateway learns the host by. From then on llama-server chooses, and loads each history
-    # back from its prompt cache.
-    assert a2.cached_tokens == 0
-    assert b2.cached_tokens is not None and b1.prompt_tokens is not None
-    assert b2.cached_tokens >= b1.prompt_tokens
-    assert a3.cached_tokens is not None and a2.prompt_tokens is not None
-    assert a3.cached_tokens >= a2.prompt_tokens
+    a1, b1, a2, b2, a3, b3, a4 = rows_since(started, 7)
+    assert [row.lease for row in (a1, b1, a2, b2, a3, b3, a4)] == ["new"] * 2 + ["reused"] * 5
+    # Named, the first's second and third turns found its slot empty and were read whole (a
+    # restart would have emptied it once): what the gateway learns the host by. From then on
+    # llama-server chooses, and loads each history back from its prompt cache.
+    assert (a2.cached_tokens, a3.cached_tokens) == (0, 0)
+    assert b3.cached_tokens is not None and b2.prompt_tokens is not None
+    assert b3.cached_tokens >= b2.prompt_tokens
+    assert a4.cached_tokens is not None and a3.prompt_tokens is not None
+    assert a4.cached_tokens >= a3.prompt_tokens
 
 
 def test_text_completions_pass_through_with_their_token_counts(route, ledger):
