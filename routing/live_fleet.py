@@ -65,9 +65,11 @@ class LiveFleet:
         self.name_slots = name_slots  # CROSSBAR_NAME_SLOTS: see `id_slot`
         # (host, model, number) -> the last request that named it here.
         self._named: dict[tuple[str, str, int], NamedSlot] = {}
-        # (host, model) -> the host's description when one of its slots was found emptied
-        # between a conversation's turns (routing/core/named_slots.py): named no more until
+        # (host, model, number) -> the host's description when that slot was last found
+        # emptied between two named requests (routing/core/named_slots.py), and (host,
+        # model) -> the description when one slot was found so twice: named no more until
         # the host is read anew.
+        self._emptied: dict[tuple[str, str, int], object] = {}
         self._emptying: dict[tuple[str, str], object] = {}
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
@@ -165,11 +167,8 @@ class LiveFleet:
         last = self._named.get(where)
         if last is not None and not last.slot.released:
             return None
-        returning = (
-            last is not None and last.key == key and last.answered and last.described is described
-        )
-        emptied_before = returning and last is not None and last.emptied
-        named = NamedSlot(number, key, slot, described, returning, emptied_before)
+        filled = last is not None and last.answered and last.described is described
+        named = NamedSlot(number, key, slot, described, filled)
         self._named[where] = named  # one entry per slot of the fleet at most
         return named
 
@@ -195,26 +194,28 @@ class LiveFleet:
         self, named: NamedSlot, prompt_tokens: int | None, cached_tokens: int | None
     ) -> None:
         """What the host reported for a request that named a slot, once its answer ended well
-        (status under 400). A returning request that took no token from cache found its slot
-        emptied; when the conversation's previous turn there had found it emptied too, the
-        host empties its idle slots (a unified KV cache), and its slots are named no more
-        until it is read anew (after it was down, or changed). Found once, it may have been a
-        restart the poller did not see. An answer without counts says nothing."""
+        (status under 400). A request to a filled slot that took no token from cache found it
+        emptied; a slot found so a second time since the host was read says the host empties
+        its idle slots (a unified KV cache), and its slots are named no more until it is read
+        anew (after it was down, or changed). Found once, it may have been a restart the
+        poller did not see. An answer without counts says nothing."""
         if cached_tokens is None:
             return
-        named.emptied = found_emptied(named, prompt_tokens, cached_tokens)
-        if named.emptied and named.emptied_before:
-            pair = (named.host, named.key.model)
-            if self._emptying.get(pair) is not named.described:
-                log.warning(
-                    "host=%s model=%s emptied slot %d at two turns of a conversation in a row "
-                    "(a unified KV cache: llama-server's default without -np, or "
-                    "--kv-unified): its slots are no longer named, and llama-server chooses "
-                    "them from its --cache-ram",
-                    named.host, named.key.model, named.number,
-                )  # fmt: skip
-            self._emptying[pair] = named.described
         named.answered = True
+        if not found_emptied(named, prompt_tokens, cached_tokens):
+            return
+        where, pair = (named.host, named.key.model, named.number), (named.host, named.key.model)
+        if self._emptied.get(where) is not named.described:
+            self._emptied[where] = named.described  # one entry per slot of the fleet at most
+            return
+        if self._emptying.get(pair) is not named.described:
+            log.warning(
+                "host=%s model=%s emptied slot %d twice between named requests (a unified KV "
+                "cache: llama-server's default without -np, or --kv-unified): its slots are "
+                "no longer named, and llama-server chooses them from its --cache-ram",
+                named.host, named.key.model, named.number,
+            )  # fmt: skip
+        self._emptying[pair] = named.described
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

@@ -40,6 +40,18 @@ def gauge(url: str, name: str, **labels: str) -> float:
     return series(url, (name,)).get(f"{name}{sorted(labels.items())}", 0.0)
 
 
+def slot_naming(url: str) -> dict[str, float]:
+    """`crossbar_slot_naming` by "host/model", zeros too: 1 while the gateway names the
+    host's slots, 0 once it stopped (routing/live_fleet.py `slot_naming`)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return {
+        f"{sample.labels['host']}/{sample.labels['model']}": sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "crossbar_slot_naming"
+    }
+
+
 def wait_for_gauge(url: str, name: str, value: float, timeout: float = 10.0, **labels: str) -> None:
     """Wait until the gauge `name{labels}` reads `value`."""
     wait_until(

@@ -10,14 +10,16 @@ and another request in between: the second turn of a conversation took 518 token
 unnamed and 0 named. With `-np 2` alone, it took 518 either way.
 
 A host's `/props` and `/slots` look the same either way, so its answers have to tell us. Say a
-conversation's request names the slot where its previous answer on this host ended, and the
-host reports that not one token came from cache, not even the chat template's opening. Then
-that slot was emptied in between. A restart does that once: the health poller usually sees
-one and reads the host anew, but a quick one it may miss, and then the conversation's next
-turn finds its slot warm again. A unified host does it every time: when the same
-conversation's next turn finds its slot emptied again, crossbar stops naming that host's
-slots until the host is read anew. (Stopping at the first, an unseen restart cost the host
-its slot names for good: bench-cache's restarted host, 4 Dec 2026.)
+request names a slot where an earlier named request's answer ended (since the host was last
+read), and the host reports that not one token came from cache, not even the chat template's
+opening that every chat shares. Then that slot was emptied in between. A restart does that
+once to each slot: the health poller usually sees one and reads the host anew, but a quick
+one it may miss. A unified host does it again and again. So when one slot is found emptied a
+second time since the host was read, crossbar stops naming that host's slots until the host
+is read anew. (Stopping at the first, an unseen restart cost the host its slot names for
+good: bench-cache's restarted host, 4 Dec 2026.) A unified host keeps a slot that another
+request used last: only an idle one is emptied, so the findings come from some turns, not
+all of them.
 """
 
 from __future__ import annotations
@@ -40,13 +42,10 @@ class NamedSlot:
     # The host's description when the slot was named (identity, not value). A host that went
     # down and came back up is read anew, so this value marks out the time since that start.
     described: object
-    # The conversation's previous request on this host named this slot too, and its answer
-    # ended there. So the slot should still hold that answer's prompt.
-    returning: bool
-    # ... and that answer found the slot emptied since the one before it (`found_emptied`).
-    emptied_before: bool = False
+    # The request named here before this one, since the host was read, had its answer end
+    # here. So the slot should still hold that answer's prompt, or what came after it.
+    filled: bool
     answered: bool = False  # this request's answer ended, with the host's token counts
-    emptied: bool = False  # ... and found the slot emptied since the conversation's last
 
     @property
     def host(self) -> str:
@@ -54,6 +53,6 @@ class NamedSlot:
 
 
 def found_emptied(named: NamedSlot, prompt_tokens: int | None, cached_tokens: int | None) -> bool:
-    """Whether the answer to `named` says its slot had been emptied since the conversation's
-    previous answer ended there: a returning request, a prompt, and no token from cache."""
-    return named.returning and bool(prompt_tokens) and cached_tokens == 0
+    """Whether the answer to `named` says its slot had been emptied since the previous named
+    answer ended there: a slot filled, a prompt, and no token from cache."""
+    return named.filled and bool(prompt_tokens) and cached_tokens == 0

@@ -12,12 +12,16 @@ import json
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import running_gateway
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.observe import wait_for_gauge, wait_for_health_poll, wait_for_host_state
+from tests.observe import (
+    slot_naming,
+    wait_for_gauge,
+    wait_for_health_poll,
+    wait_for_host_state,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,17 +29,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def sent(fake: FakeLlamaServer) -> list[dict]:
     """The bodies of the generations the host was asked, in order."""
     return [json.loads(seen.body) for seen in fake.seen if seen.path not in POLLS]
-
-
-def slot_naming(gateway) -> dict[str, float]:
-    """`crossbar_slot_naming` by host/model, zeros too: 1 names slots, 0 stopped naming."""
-    text = httpx.get(f"{gateway.url}/metrics", timeout=5).text
-    return {
-        f"{sample.labels['host']}/{sample.labels['model']}": sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "crossbar_slot_naming"
-    }
 
 
 def conversation(opening: str, *later: str) -> dict:
@@ -129,7 +122,7 @@ def test_a_conversation_whose_slot_another_is_using_leaves_it_to_the_host(gatewa
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, None]
 
 
-def test_a_host_found_emptying_a_conversations_slot_at_two_turns_in_a_row_is_named_no_slot_again(
+def test_a_host_found_emptying_one_of_its_slots_twice_is_named_no_slot_again(
     gateway, fake
 ):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
@@ -138,10 +131,10 @@ def test_a_host_found_emptying_a_conversations_slot_at_two_turns_in_a_row_is_nam
 
     turn(gateway, "first conversation")
     turn(gateway, "second conversation")
-    naming = [slot_naming(gateway)]
+    naming = [slot_naming(gateway.url)]
     # What llama-server with a unified KV cache does to idle slots when a task starts: it
     # saves them to --cache-ram and empties them. Each next answer on a named slot says 0
-    # cached; the first conversation's second such answer in a row settles it.
+    # cached; slot 0 found emptied a second time settles it.
     fake.forget_cache()
     turn(gateway, "first conversation", "and then?")
     fake.forget_cache()
@@ -150,7 +143,7 @@ def test_a_host_found_emptying_a_conversations_slot_at_two_turns_in_a_row_is_nam
     turn(gateway, "first conversation", "and then?", "and after?")
     turn(gateway, "second conversation", "and then?", "and after?")
     turn(gateway, "first conversation", "and then?", "and after?", "and last?")
-    naming.append(slot_naming(gateway))
+    naming.append(slot_naming(gateway.url))
 
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 1, 0, None, None]
     assert naming == [{f"gpu1/{MODEL}": 1.0}, {f"gpu1/{MODEL}": 0.0}]  # an operator sees it
@@ -170,7 +163,7 @@ def test_a_restart_the_poller_did_not_see_leaves_the_hosts_slots_named(gateway, 
     turn(gateway, "second conversation", "and then?", "and after?")
 
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 1, 0, 1]
-    assert slot_naming(gateway) == {f"gpu1/{MODEL}": 1.0}
+    assert slot_naming(gateway.url) == {f"gpu1/{MODEL}": 1.0}
 
 
 def test_a_host_read_anew_after_it_was_down_is_named_slots_again_from_its_empty_slots(
@@ -184,7 +177,7 @@ def test_a_host_read_anew_after_it_was_down_is_named_slots_again_from_its_empty_
     turn(gateway, "first conversation", "and then?")
     fake.forget_cache()
     turn(gateway, "first conversation", "and then?", "and after?")  # twice: named no more
-    stopped = slot_naming(gateway)
+    stopped = slot_naming(gateway.url)
 
     # A restart the poller sees: down, every slot empty, up and read anew.
     fake.health = "error"
@@ -198,7 +191,7 @@ def test_a_host_read_anew_after_it_was_down_is_named_slots_again_from_its_empty_
     turn(gateway, "first conversation", "and then?", "and after?", "and last?")
 
     assert [body.get("id_slot") for body in sent(fake)] == [0, 0, 0, 0, 0]
-    assert (stopped, slot_naming(gateway)) == ({f"gpu1/{MODEL}": 0.0}, {f"gpu1/{MODEL}": 1.0})
+    assert (stopped, slot_naming(gateway.url)) == ({f"gpu1/{MODEL}": 0.0}, {f"gpu1/{MODEL}": 1.0})
 
 
 def test_the_slot_named_is_below_the_hosts_own_slot_count(gateway):
@@ -228,7 +221,7 @@ def slots_told_over_two_turns(gateway, fake: FakeLlamaServer) -> list[object]:
 def test_a_host_that_says_no_slot_count_is_never_told_a_slot(gateway):
     with FakeLlamaServer(router_models=(MODEL,)) as fake:  # a router: its /props says no slots
         assert slots_told_over_two_turns(gateway, fake) == ["none", "none"]
-        assert slot_naming(gateway) == {}  # nothing to stop or to watch
+        assert slot_naming(gateway.url) == {}  # nothing to stop or to watch
 
 
 def test_a_renamed_model_is_asked_with_the_conversations_slot_too(gateway, fake):

@@ -21,7 +21,7 @@ from tests.conftest import wait_until
 from tests.e2e.llama.locate import NOT_BUILT, binary_expected
 from tests.e2e.llama.server import ALIAS
 from tests.fleet import add_host, add_route
-from tests.observe import wait_for_host_state
+from tests.observe import slot_naming, wait_for_gauge, wait_for_host_state
 
 pytestmark = [
     pytest.mark.e2e,
@@ -162,6 +162,9 @@ def conversations_on(
         answer = client.chat.completions.create(
             model=ALIAS, messages=messages, max_tokens=4, temperature=0
         )
+        # The gateway reads the answer's counts as the response ends, an instant after the
+        # client has it: the next turn is named by what they said.
+        wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host=host, model=ALIAS)
         return [*messages, {"role": "assistant", "content": answer.choices[0].message.content}]
 
     return ask
@@ -217,6 +220,55 @@ def test_on_a_unified_kv_cache_the_host_chooses_the_slots_once_it_emptied_a_name
     assert b3.cached_tokens >= b2.prompt_tokens
     assert a4.cached_tokens is not None and a3.prompt_tokens is not None
     assert a4.cached_tokens >= a3.prompt_tokens
+
+
+THREE = (
+    "List the harbour's berths, one by one. " * 8,
+    "Name every crane on the quay in turn. " * 8,
+    "Count the tugboats moored at dawn, please. " * 8,
+)  # three conversations with nothing in common, on a host of two slots
+
+
+def three_on_two_slots(ask: Callable[[History], History], rounds: int) -> None:
+    """Each of THREE asks, then asks again in the same order, `rounds` turns in all: the
+    first and the third share slot 0, each turn of one after a turn of the other."""
+    histories = [ask([{"role": "user", "content": opening}]) for opening in THREE]
+    for _ in range(rounds - 1):
+        histories = [ask([*h, {"role": "user", "content": "And after that?"}]) for h in histories]
+
+
+def test_conversations_sharing_a_slot_take_turns_in_it_and_it_stays_named(gateway, llama, ledger):
+    ask = conversations_on(gateway, ledger, "shared-slot", "llama-shared-slot", llama.url)
+    started = timezone.now()
+
+    three_on_two_slots(ask, rounds=2)
+
+    a1, b1, c1, a2, b2, c2 = rows_since(started, 6)
+    # Every turn found something of its slot's last prompt (the chat template's opening at
+    # least, or its own history back from --cache-ram): nothing looked emptied.
+    assert all(row.cached_tokens for row in (c1, a2, b2, c2)), [
+        row.cached_tokens for row in (a1, b1, c1, a2, b2, c2)
+    ]
+    assert slot_naming(gateway.url)[f"llama-shared-slot/{ALIAS}"] == 1.0
+
+
+def test_on_a_unified_kv_cache_conversations_sharing_a_slot_stop_its_naming_too(
+    gateway, llama_unified, ledger
+):
+    ask = conversations_on(gateway, ledger, "kvu-shared", "llama-kvu-shared", llama_unified.url)
+    started = timezone.now()
+
+    three_on_two_slots(ask, rounds=3)
+
+    a1, b1, c1, a2, b2, c2, a3, b3, c3 = rows_since(started, 9)
+    # Slot 0, idle as the second's turns started, was found empty for the third's first two
+    # turns (the first's second, after the third's in it, loaded its history back): named no
+    # more, each next turn comes back whole from the host's prompt cache.
+    assert (c1.cached_tokens, c2.cached_tokens) == (0, 0)
+    assert slot_naming(gateway.url)[f"llama-kvu-shared/{ALIAS}"] == 0.0
+    for before, after in ((a2, a3), (b2, b3), (c2, c3)):
+        assert before.prompt_tokens is not None and after.cached_tokens is not None
+        assert after.cached_tokens >= before.prompt_tokens
 
 
 def test_text_completions_pass_through_with_their_token_counts(route, ledger):
