@@ -122,9 +122,7 @@ def test_a_conversation_whose_slot_another_is_using_leaves_it_to_the_host(gatewa
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, None]
 
 
-def test_a_host_found_emptying_one_of_its_slots_twice_is_named_no_slot_again(
-    gateway, fake
-):
+def test_a_host_found_emptying_one_of_its_slots_twice_is_named_no_slot_again(gateway, fake):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
     gateway.sync()
     wait_for_health_poll(fake)
