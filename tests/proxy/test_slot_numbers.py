@@ -122,13 +122,18 @@ def test_a_conversation_whose_slot_another_is_using_leaves_it_to_the_host(gatewa
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, None]
 
 
-def test_a_host_found_emptying_one_of_its_slots_twice_is_named_no_slot_again(gateway, fake):
+def two_conversations_begun(gateway, fake: FakeLlamaServer) -> None:
+    """A route of the one host `fake` with two slots, read, and a first turn of "first
+    conversation" and of "second conversation" on it: slots 0 and 1."""
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
     gateway.sync()
     wait_for_health_poll(fake)
-
     turn(gateway, "first conversation")
     turn(gateway, "second conversation")
+
+
+def test_a_host_found_emptying_one_of_its_slots_twice_is_named_no_slot_again(gateway, fake):
+    two_conversations_begun(gateway, fake)
     naming = [slot_naming(gateway.url)]
     # What llama-server with a unified KV cache does to idle slots when a task starts: it
     # saves them to --cache-ram and empties them. Each next answer on a named slot says 0
@@ -148,11 +153,7 @@ def test_a_host_found_emptying_one_of_its_slots_twice_is_named_no_slot_again(gat
 
 
 def test_a_restart_the_poller_did_not_see_leaves_the_hosts_slots_named(gateway, fake):
-    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
-    gateway.sync()
-    wait_for_health_poll(fake)
-    turn(gateway, "first conversation")
-    turn(gateway, "second conversation")
+    two_conversations_begun(gateway, fake)
 
     fake.forget_cache()  # every slot emptied at once, between two polls
     turn(gateway, "first conversation", "and then?")  # read whole: emptied, once
