@@ -174,9 +174,9 @@ class LiveFleet:
 
     def slot_naming(self, host: str, model: str) -> bool | None:
         """Whether the conversations on `host` may be told their slots there (`id_slot`):
-        False once the host was found emptying them, until it
-        is read anew; None where no slot is named at all (CROSSBAR_NAME_SLOTS off, a host
-        whose `/props` gave no slots, a router, a model it does not serve)."""
+        False once the host was found emptying them (`named_answered`), until it is read
+        anew; None where no slot is named at all (CROSSBAR_NAME_SLOTS off, a host whose
+        `/props` gave no slots, a router, a model it does not serve)."""
         config = self.config.hosts.get(host)
         described = self.health.get(host).described
         if (

@@ -331,7 +331,7 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
     naming = GaugeMetricFamily(
         "crossbar_slot_naming",
         "1 while conversations are told their slots on the host (id_slot), 0 once it was found "
-        "emptying them between turns; absent where none is named.",
+        "emptying one of them twice between named requests; absent where none is named.",
         labels=pairs,
     )
     for host in host_lives(runtime):
