@@ -8,7 +8,9 @@ from typing import Any
 
 import httpx
 
+from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL
+from tests.observe import wait_for_gauge
 
 
 class Conversation:
@@ -30,3 +32,20 @@ class Conversation:
         assert answer.status_code == 200, answer.text
         self.messages.append(answer.json()["choices"][0]["message"])
         self.messages.append({"role": "user", "content": question})
+
+
+def turns_on_an_emptying_host(
+    gateway_url: str, route: str, fake: FakeLlamaServer, host: str
+) -> None:
+    """Three turns of one conversation through `route` to `fake` (the host `host`), its slot
+    emptied before the second and the third, as a unified KV cache empties an idle slot:
+    twice found emptied, the gateway stops naming the host's slots. Returns once the
+    gateway has read the last answer's counts (as the response ended, an instant after the
+    client had it)."""
+    conversation = Conversation(f"{gateway_url}/{route}/v1/chat/completions")
+    conversation.turn()
+    for _ in range(2):
+        wait_for_gauge(gateway_url, "crossbar_in_flight", 0, host=host, model=MODEL)
+        fake.forget_cache()
+        conversation.turn()
+    wait_for_gauge(gateway_url, "crossbar_in_flight", 0, host=host, model=MODEL)

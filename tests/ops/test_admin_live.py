@@ -8,8 +8,9 @@ import httpx
 import pytest
 
 from tests.conftest import signed_in, wait_until
+from tests.conversation import turns_on_an_emptying_host
 from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import wait_for_gauge, wait_for_health_poll
+from tests.observe import wait_for_health_poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,23 +78,7 @@ def test_the_host_list_says_when_the_host_empties_its_slots_between_turns(
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
     gateway.sync()
     wait_for_health_poll(fake)  # its /props said its slots: conversations are told theirs
-    url = f"{gateway.url}/chat/v1/chat/completions"
-    first = chat("a conversation")
-    later = [first]
-    for question in ("and then?", "and after?"):
-        body = chat("a conversation")
-        body["messages"] += [
-            {"role": "assistant", "content": "an answer"},
-            {"role": "user", "content": question},
-        ]
-        later.append(body)
-    for number, body in enumerate(later):
-        if number:
-            fake.forget_cache()  # as a unified KV cache empties its idle slots, each time
-        assert httpx.post(url, json=body, timeout=10).status_code == 200
-        # Its answer's counts are read as the response ends, an instant after the client
-        # has it.
-        wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu1", model=MODEL)
+    turns_on_an_emptying_host(gateway.url, "chat", fake, "gpu1")
 
     page = signed_in(gateway).get("/admin/hosts/host/").text
 

@@ -24,9 +24,9 @@ from accounting.models import Request
 from hosts.models import Host
 from tests.browser import NEEDS_CHROMIUM, chromium
 from tests.conftest import ROOT, running_gateway, wait_until
-from tests.conversation import Conversation
+from tests.conversation import Conversation, turns_on_an_emptying_host
 from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import wait_for_gauge, wait_for_health_poll
+from tests.observe import wait_for_health_poll
 
 WAIT = 15_000  # ms, for every expectation: the request runs about 6 s
 ARTIFACTS = ROOT / "var" / "test-artifacts"
@@ -434,13 +434,7 @@ def test_a_host_that_empties_its_slots_between_turns_says_so_on_its_card(
     add_route("chat", [add_host("gpu-unified", fake.url)])
     gateway.sync()
     wait_for_health_poll(fake)  # its /props said its slots: conversations are told theirs
-    conversation = Conversation(f"{gateway.url}/chat/v1/chat/completions")
-    conversation.turn()
-    for _ in range(2):  # emptied at two turns in a row
-        wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu-unified", model=MODEL)
-        fake.forget_cache()  # as a unified KV cache empties its idle slots when a task starts
-        conversation.turn()
-    wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host="gpu-unified", model=MODEL)
+    turns_on_an_emptying_host(gateway.url, "chat", fake, "gpu-unified")
 
     sign_in(page, gateway)
     hint = page.locator('#hosts [data-host="gpu-unified"] [data-role="slots-chosen-hint"]')

@@ -9,7 +9,7 @@ conversation's second turn) reach the Request row, and /health, /props, /v1/mode
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import openai
 import pytest
@@ -194,6 +194,25 @@ def test_conversations_sharing_a_system_prompt_each_find_their_own_history_in_it
         assert second.cached_tokens >= first.prompt_tokens
 
 
+THREE = (
+    "List the harbour's berths, one by one. " * 8,
+    "Name every crane on the quay in turn. " * 8,
+    "Count the tugboats moored at dawn, please. " * 8,
+)  # three conversations with nothing in common, on a host of two slots
+
+
+def take_turns(
+    ask: Callable[[History], History], openings: Sequence[str], rounds: int
+) -> list[History]:
+    """A conversation for each of `openings`, turn by turn in their order, `rounds` turns
+    each; their histories. Three on a host of two slots: the first and the third share
+    slot 0, each turn of one after a turn of the other."""
+    histories = [ask([{"role": "user", "content": opening}]) for opening in openings]
+    for _ in range(rounds - 1):
+        histories = [ask([*h, {"role": "user", "content": "And after that?"}]) for h in histories]
+    return histories
+
+
 def test_on_a_unified_kv_cache_the_host_chooses_the_slots_once_it_emptied_a_named_one(
     gateway, llama_unified, ledger
 ):
@@ -202,12 +221,7 @@ def test_on_a_unified_kv_cache_the_host_chooses_the_slots_once_it_emptied_a_name
 
     # Two conversations with nothing in common; each request that starts empties the idle
     # slots (into the host's --cache-ram), so the first's slot is empty when it comes back.
-    first = ask([{"role": "user", "content": "List the harbour's berths, one by one. " * 8}])
-    second = ask([{"role": "user", "content": "Name every crane on the quay in turn. " * 8}])
-    first = ask([*first, {"role": "user", "content": "And after that?"}])
-    second = ask([*second, {"role": "user", "content": "And after that?"}])
-    first = ask([*first, {"role": "user", "content": "And then?"}])
-    ask([*second, {"role": "user", "content": "And then?"}])
+    first, _ = take_turns(ask, THREE[:2], rounds=3)
     ask([*first, {"role": "user", "content": "And last?"}])
 
     a1, b1, a2, b2, a3, b3, a4 = rows_since(started, 7)
@@ -222,26 +236,11 @@ def test_on_a_unified_kv_cache_the_host_chooses_the_slots_once_it_emptied_a_name
     assert a4.cached_tokens >= a3.prompt_tokens
 
 
-THREE = (
-    "List the harbour's berths, one by one. " * 8,
-    "Name every crane on the quay in turn. " * 8,
-    "Count the tugboats moored at dawn, please. " * 8,
-)  # three conversations with nothing in common, on a host of two slots
-
-
-def three_on_two_slots(ask: Callable[[History], History], rounds: int) -> None:
-    """Each of THREE asks, then asks again in the same order, `rounds` turns in all: the
-    first and the third share slot 0, each turn of one after a turn of the other."""
-    histories = [ask([{"role": "user", "content": opening}]) for opening in THREE]
-    for _ in range(rounds - 1):
-        histories = [ask([*h, {"role": "user", "content": "And after that?"}]) for h in histories]
-
-
 def test_conversations_sharing_a_slot_take_turns_in_it_and_it_stays_named(gateway, llama, ledger):
     ask = conversations_on(gateway, ledger, "shared-slot", "llama-shared-slot", llama.url)
     started = timezone.now()
 
-    three_on_two_slots(ask, rounds=2)
+    take_turns(ask, THREE, rounds=2)
 
     a1, b1, c1, a2, b2, c2 = rows_since(started, 6)
     # Every turn found something of its slot's last prompt (the chat template's opening at
@@ -258,7 +257,7 @@ def test_on_a_unified_kv_cache_conversations_sharing_a_slot_stop_its_naming_too(
     ask = conversations_on(gateway, ledger, "kvu-shared", "llama-kvu-shared", llama_unified.url)
     started = timezone.now()
 
-    three_on_two_slots(ask, rounds=3)
+    take_turns(ask, THREE, rounds=3)
 
     a1, b1, c1, a2, b2, c2, a3, b3, c3 = rows_since(started, 9)
     # Slot 0, idle as the second's turns started, was found empty for the third's first two
