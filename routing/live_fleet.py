@@ -26,9 +26,9 @@ from hosts.health import HealthTable, HostHealth
 from routing.config.shape import Fleet, HostConfig, RouteConfig
 from routing.core.choose import Candidate
 from routing.core.leases import LeaseKey
-from routing.core.named_slots import NamedSlot, found_emptied
-from routing.core.patience import Figures
-from routing.core.prefixes import PrefixIndex
+from routing.core.named_slots import NamedSlot, common_blocks, found_emptied, waits_for_its_slot
+from routing.core.patience import Figures, prefill
+from routing.core.prefixes import Prefix, PrefixIndex
 from routing.core.ranking import Ranking, Rankings
 from routing.core.state import FleetState, Held
 
@@ -132,12 +132,13 @@ class LiveFleet:
         self.state.expire_leases()  # the lease counts as of now
         return self.rankings.of(route.name, route.hosts, model)
 
-    async def id_slot(self, key: LeaseKey, slot: Held) -> NamedSlot | None:
+    async def id_slot(self, key: LeaseKey, slot: Held, prefix: Prefix) -> NamedSlot | None:
         """The slot to name (llama-server's `id_slot`) for a request of the conversation `key`
-        that holds `slot` on its lease's host: the number it keeps there (with a slot for each
-        conversation leased to the host, a number of its own; with more, shared with as few
-        as can be); None, and llama-server chooses as it does for a request that names none,
-        while another request runs in that slot.
+        that holds `slot` on its lease's host, whose prompt is `prefix`: the number it keeps
+        there (with a slot for each conversation leased to the host, a number of its own; with
+        more, shared with as few as can be). None, and llama-server chooses as it does for a
+        request that names none, where no slot is named (`slot_naming`), or while another
+        request runs in that slot and waiting for it is not priced sooner (`_waits_for`).
 
         Only a host whose `/props` gave its slots (a llama-server, not in router mode) is
         told a slot. Conversations sharing a slot take turns in it: llama-server saves the
@@ -149,34 +150,72 @@ class LiveFleet:
         cache: `named_answered`) is told no slot until it is read anew. Its `--cache-ram`
         serves the conversations there better than any slot number.
 
-        While another request runs in the slot, naming it would hold this one inside
-        llama-server until that one is done, while another slot may sit idle: so a
-        conversation's parallel request, or one whose slot another conversation is using,
-        names none. (In this process: with shared state, two processes may each name it.)"""
-        host = slot.host
-        if not self.slot_naming(host, key.model):
+        (What runs in a slot is known in this process only: with shared state, two processes
+        may each name it.)"""
+        host, model = slot.host, key.model
+        namable = self._namable(host, model)
+        if namable is None or self._emptying.get((host, model)) is namable[1]:
             return None
-        spec = self.config.hosts[host].models[key.model]
-        described = self.health.get(host).described
-        assert described is not None and described.slots  # as `slot_naming` found them
-        slots = min(spec.parallel, described.slots)
+        slots, described = namable
         number = await self.state.slot_number(key, host, slots)
         if number is None:
             return None
-        where = (host, key.model, number)
+        where = (host, model, number)
         last = self._named.get(where)
-        if last is not None and not last.slot.released:
+        running = last if last is not None and not last.slot.released else None
+        if running is not None and not self._waits_for(running, prefix, slots):
             return None
         filled = last is not None and last.answered and last.described is described
-        named = NamedSlot(number, key, slot, described, filled)
+        named = NamedSlot(number, key, slot, described, filled, prefix, running)
         self._named[where] = named  # one entry per slot of the fleet at most
         return named
+
+    def _waits_for(self, running: NamedSlot, prefix: Prefix, slots: int) -> bool:
+        """Whether a request with the prompt `prefix` should wait for its slot, which
+        `running` holds (routing/core/named_slots.py, `waits_for_its_slot`). Naming a busy
+        slot holds the request inside llama-server until the slot is free, while another
+        slot may sit idle: a conversation's parallel request, or one whose slot another
+        conversation is using, waits only when re-reading its prompt in another slot would
+        take longer. Never behind a request that is itself waiting, and never without the
+        figures to price it (a host that has not answered yet, an engine without `timings`)."""
+        host, model, size = running.host, running.key.model, prefix.block_size
+        service = self.figures.service(host, model)
+        speed = self.figures.speed(host)
+        per_token = self.figures.units_per_token(model, size)
+        waiting = running.behind is not None and not running.behind.slot.released
+        if waiting or not service or not speed or not per_token or not prefix.blocks:
+            return False
+        tokens = prefix.length / per_token
+        at_home = self.prefixes.match(host, model, prefix.blocks) * size / per_token
+        # The free slot that holds the most of the prompt, of those named here: llama-server
+        # puts an unnamed request in the one whose prompt it shares the most of. A slot not
+        # named here is taken to hold nothing of it.
+        others = (self._named.get((host, model, number)) for number in range(slots))
+        free = [
+            other.prefix.blocks
+            for other in others
+            if other is not None and other.slot.released  # the running one is not
+        ]
+        held = max((common_blocks(prefix.blocks, blocks) for blocks in free), default=0)
+        elsewhere = held * size / per_token
+        return waits_for_its_slot(
+            service, prefill(tokens, at_home, speed), prefill(tokens, elsewhere, speed)
+        )
 
     def slot_naming(self, host: str, model: str) -> bool | None:
         """Whether the conversations on `host` may be told their slots there (`id_slot`):
         False once the host was found emptying them (`named_answered`), until it is read
         anew; None where no slot is named at all (CROSSBAR_NAME_SLOTS off, a host whose
         `/props` gave no slots, a router, a model it does not serve)."""
+        namable = self._namable(host, model)
+        if namable is None:
+            return None
+        return self._emptying.get((host, model)) is not namable[1]
+
+    def _namable(self, host: str, model: str) -> tuple[int, object] | None:
+        """The slots `model` has on `host` to name (the fewer of its configured `parallel`
+        and the slots its `/props` gave) and the host's description they come from; None
+        where no slot is named at all (see `slot_naming`)."""
         config = self.config.hosts.get(host)
         described = self.health.get(host).described
         if (
@@ -188,7 +227,7 @@ class LiveFleet:
             or not described.slots
         ):
             return None
-        return self._emptying.get((host, model)) is not described
+        return min(config.models[model].parallel, described.slots), described
 
     def named_answered(
         self, named: NamedSlot, prompt_tokens: int | None, cached_tokens: int | None

@@ -20,6 +20,10 @@ is read anew. (Stopping at the first, an unseen restart cost the host its slot n
 good: bench-cache's restarted host, 4 Dec 2026.) A unified host keeps a slot that another
 request used last: only an idle one is emptied, so the findings come from some turns, not
 all of them.
+
+A slot another request is running in is named only when waiting for it is priced sooner
+than reading the prompt in another slot (`waits_for_its_slot`): llama-server holds a request
+that names a busy slot until the slot is free, while another slot may sit idle.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from routing.core.leases import LeaseKey
+from routing.core.prefixes import Prefix
 from routing.core.state import Held
 
-__all__ = ["NamedSlot", "found_emptied"]
+__all__ = ["NamedSlot", "common_blocks", "found_emptied", "waits_for_its_slot"]
 
 
 @dataclass(slots=True, eq=False)
@@ -45,6 +50,10 @@ class NamedSlot:
     # The request named here before this one, since the host was read, had its answer end
     # here. So the slot should still hold that answer's prompt, or what came after it.
     filled: bool
+    prefix: Prefix  # the request's prompt in blocks: what the slot holds once it has run
+    # The request that was running in the slot when this one was named, which it waits for
+    # inside llama-server; None when the slot was free.
+    behind: NamedSlot | None = None
     answered: bool = False  # this request's answer ended, with the host's token counts
 
     @property
@@ -56,3 +65,30 @@ def found_emptied(named: NamedSlot, prompt_tokens: int | None, cached_tokens: in
     """Whether the answer to `named` says its slot had been emptied since the previous named
     answer ended there: a slot filled, a prompt, and no token from cache."""
     return named.filled and bool(prompt_tokens) and cached_tokens == 0
+
+
+def common_blocks(one: tuple[int, ...], other: tuple[int, ...]) -> int:
+    """How many leading blocks two prompts' chains share (a block's hash is chained on every
+    block before it, so the first difference ends the match)."""
+    shared = 0
+    for mine, theirs in zip(one, other, strict=False):  # the shorter chain ends it
+        if mine != theirs:
+            break
+        shared += 1
+    return shared
+
+
+def waits_for_its_slot(remaining: float, at_home: float, elsewhere: float) -> bool:
+    """Whether a request whose slot another request runs in should be told that slot anyway.
+
+    Priced in seconds until its first token, as priced patience prices hosts
+    (routing/core/patience.py): waiting, the `remaining` time of the request in the slot
+    then `at_home`, the prefill of what the slot will not hold of the prompt; not waiting,
+    `elsewhere`, the prefill in the free slot that holds the most of it. Equal prices leave
+    the request to the host, which keeps its slots working.
+
+    `remaining` is the host's recent service time, as priced patience takes it for a line's
+    first place: how far the running request has got says little of how far it has to go (an
+    answer's length is unknown until it ends), and one that has run past the mean may run as
+    long again."""
+    return remaining + at_home < elsewhere

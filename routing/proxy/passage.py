@@ -120,7 +120,7 @@ class Passage:
         ):
             return None
         key = LeaseKey(placement.route, ask.fingerprint, placement.model)
-        return await self.runtime.live.id_slot(key, placement.slot)
+        return await self.runtime.live.id_slot(key, placement.slot, ask.prefix)
 
     async def _slot(self, placer: Placer[RouteConfig], current: Placement | Waiting) -> Placement:
         """The attempt's slot: at once, or after waiting for it (shown on `waiting`)."""

@@ -47,7 +47,8 @@ class Generation:
 
     `kind` is one of "chat", "text" (OpenAI), "native" (`/completion`), "infill",
     "responses", "anthropic". `prompt_n` prompt tokens were evaluated, `cache_n` came from
-    the cache; `prompt` is the prompt text, `id_slot` the slot it runs in.
+    the cache; `prompt` is the prompt text, `id_slot` the slot it runs in; `prompt_token_ms`
+    what the timings say each evaluated prompt token took.
     """
 
     kind: str
@@ -59,6 +60,7 @@ class Generation:
     cache_n: int
     prompt: str = ""
     id_slot: int = 0
+    prompt_token_ms: float = 0.1
 
     @property
     def prompt_tokens(self) -> int:
@@ -79,7 +81,7 @@ def piece_id(piece: str) -> int:
 
 
 def timings(generation: Generation, predicted_n: int, predicted_ms: float) -> dict[str, Any]:
-    prompt_ms = generation.prompt_n * 0.1
+    prompt_ms = generation.prompt_n * generation.prompt_token_ms
     return {
         "cache_n": generation.cache_n,
         "prompt_n": generation.prompt_n,

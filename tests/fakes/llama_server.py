@@ -189,13 +189,14 @@ class FakeLlamaServer:
     Knobs, settable from any thread at any time: `health` ("ok" | "loading" | "error"),
     `fail_mode` (see `FAIL_MODES`), `fail_count` (how many slot-taking requests the fail mode
     still applies to; None = all; when it runs out the fake goes back to normal and both reset
-    to None), `token_delay`, `first_token_delay`, `api_key`, `load_delay`, `models_max`,
-    `models_autoload`, `failing_models`; `forget_cache()` empties its KV cache. Fail modes
-    apply to requests that take a slot (generations, embeddings, reranking) only, so a
-    gateway's health poller does not use them up; "refuse" is the exception: it closes the
-    listening socket (and idle keep-alive connections) so every connect is refused, and
-    setting `fail_mode` back to None listens again on the same port. `fail_count` does not
-    apply to "refuse".
+    to None), `token_delay`, `first_token_delay`, `prompt_token_ms` (what the timings say each
+    evaluated prompt token took: 0.1 ms, 10,000 a second; reported, not waited), `api_key`,
+    `load_delay`, `models_max`, `models_autoload`, `failing_models`; `forget_cache()` empties
+    its KV cache. Fail modes apply to requests that take a slot (generations, embeddings,
+    reranking) only, so a gateway's health poller does not use them up; "refuse" is the
+    exception: it closes the listening socket (and idle keep-alive connections) so every connect
+    is refused, and setting `fail_mode` back to None listens again on the same port.
+    `fail_count` does not apply to "refuse".
 
     Observations: `seen` (every request in arrival order, with its method, path, headers and
     body; health polls included), `in_flight` and `max_concurrent` (requests holding a slot,
@@ -237,6 +238,7 @@ class FakeLlamaServer:
         self.slots = slots
         self.token_delay = token_delay
         self.first_token_delay = first_token_delay
+        self.prompt_token_ms = 0.1
         self.models = models
         self.host = host
         self.port = port
@@ -789,6 +791,7 @@ class FakeLlamaServer:
             cache_n=cache_n,
             prompt=text,
             id_slot=hold.slot or 0,
+            prompt_token_ms=self.prompt_token_ms,
         )
 
     async def _stream(self, output: Format, hold: _InFlight, call: _Call, cut: bool) -> bool:

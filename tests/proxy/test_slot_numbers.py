@@ -9,6 +9,8 @@ the gateway sent, read here off the fake llama-server over real sockets; with
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -47,7 +49,11 @@ def turn(gateway, opening: str, *later: str, alone: bool = True) -> httpx.Respon
     `alone` (no other request of the test's running): returned once the gateway has freed
     every slot of the host, its own too, which may come an instant after the client read the
     whole answer."""
-    body = conversation(opening, *later)
+    return send(gateway, conversation(opening, *later), alone=alone)
+
+
+def send(gateway, body: dict, alone: bool = True) -> httpx.Response:
+    """One turn with the body `body` (see `turn`)."""
     response = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=10)
     assert response.status_code == 200, response.text
     host = response.headers["X-Crossbar-Host"]
@@ -83,8 +89,26 @@ def test_a_conversations_parallel_request_leaves_its_busy_slot_to_the_host(gatew
         assert fake.max_concurrent == 2
     turn(gateway, "one", "again")  # after the first ended
 
-    # The second would otherwise wait in llama-server for slot 0 while slot 1 sits idle.
+    # The second would otherwise wait in llama-server for slot 0 while slot 1 sits idle;
+    # re-reading a prompt this short there costs nothing to speak of.
     assert [body.get("id_slot") for body in sent(fake)] == [0, None, 0]
+
+
+def test_a_conversations_parallel_request_waits_for_its_slot_when_its_prompt_is_slow_to_read(
+    gateway, fake
+):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    fake.prompt_token_ms = 50.0  # 20 prompt tokens a second
+    turn(gateway, opening("one"))
+    fake.token_delay = 0.05
+
+    with streaming(gateway, conversation(opening("one"), "again")):
+        turn(gateway, opening("one"), "again", alone=False)  # the same turn, meanwhile
+
+    # Slot 0 will hold the whole prompt; slot 1, nothing of it.
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 0, 0]
 
 
 def test_with_more_conversations_than_slots_they_share_the_slots_as_evenly_as_they_can(
@@ -102,24 +126,105 @@ def test_with_more_conversations_than_slots_they_share_the_slots_as_evenly_as_th
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 1, 0, 1]
 
 
-def test_a_conversation_whose_slot_another_is_using_leaves_it_to_the_host(gateway, fake):
+def opening(name: str) -> str:
+    """An opening of its own, some 600 characters: whole blocks of the prefix index (256
+    characters each) that no other conversation's prompt shares. Its first word is every
+    opening's, as a chat template's opening is every chat's."""
+    return "Hello " + " ".join(f"{name}-{i}" for i in range(80))
+
+
+@contextmanager
+def streaming(gateway, body: dict) -> Iterator[None]:
+    """A turn streaming, from its first line on: its slot is busy until the block ends,
+    which closes the stream."""
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=10) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()  # kept: a generator dropped closes the response
+        next(lines)
+        yield
+
+
+def test_a_conversation_whose_slot_another_is_using_leaves_it_to_the_host_that_reads_it_sooner(
+    gateway, fake
+):
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
     gateway.sync()
     wait_for_health_poll(fake)
-    for opening in ("one", "two", "three"):  # one and three share slot 0
-        turn(gateway, opening)
-    fake.token_delay = 0.05  # three's next turn streams for a while
-    url = f"{gateway.url}/chat/v1/chat/completions"
+    fake.token_delay = 0.05  # each answer holds its slot some 0.4 s (8 tokens)
+    for name in ("one", "two", "three"):  # one and three share slot 0
+        turn(gateway, opening(name))
 
-    body = {**conversation("three", "again"), "stream": True}
-    with httpx.stream("POST", url, json=body, timeout=10) as third:
-        lines = third.iter_lines()  # kept: a generator dropped closes the response
-        next(lines)  # it streams: slot 0 is busy
-        turn(gateway, "one", "again", alone=False)
+    with streaming(gateway, conversation(opening("three"), "again")):  # slot 0 is busy
+        turn(gateway, opening("one"), "again", alone=False)
         assert fake.max_concurrent == 2
 
-    # Named, one's turn would wait inside llama-server for slot 0 while slot 1 sits idle.
+    # Waiting for slot 0 (some 0.4 s) would cost more than reading one's prompt in slot 1
+    # (some 150 tokens at 10,000 a second), which would sit idle meanwhile.
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, None]
+
+
+def test_a_conversation_waits_for_its_busy_slot_when_reading_its_prompt_elsewhere_is_slower(
+    gateway, fake
+):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    fake.prompt_token_ms = 50.0  # 20 prompt tokens a second, as the host's timings say
+    for name in ("one", "two", "three"):  # quick answers: a slot is held for milliseconds
+        turn(gateway, opening(name))
+    fake.token_delay = 0.05
+
+    with streaming(gateway, conversation(opening("three"), "again")):
+        turn(gateway, opening("one"), "again", alone=False)
+
+    # Slot 1 holds nothing of one's prompt: read there, its some 150 tokens would take
+    # seconds, and slot 0 holds all but its new turn.
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, 0]
+
+
+def test_a_conversation_whose_busy_slot_holds_little_more_than_a_free_one_leaves_it_to_the_host(
+    gateway, fake
+):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    fake.prompt_token_ms = 50.0  # as slow as in the test above
+
+    def shared(name: str, *later: str) -> dict:  # a long system prompt every one shares
+        body = conversation(name, *later)
+        body["messages"].insert(0, {"role": "system", "content": opening("system")})
+        return body
+
+    for name in ("one", "two", "three"):  # one and three share slot 0
+        send(gateway, shared(name))
+    fake.token_delay = 0.05
+
+    with streaming(gateway, shared("three", "again")):
+        send(gateway, shared("one", "again"), alone=False)
+
+    # Slot 1 holds two's prompt, whose system prompt is all of one's but a few words.
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, None]
+
+
+def test_no_request_waits_for_a_slot_behind_one_that_is_waiting_for_it(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (3, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    fake.prompt_token_ms = 50.0
+    names = [f"c{n}" for n in range(1, 8)]  # c1, c4 and c7 share slot 0
+    for name in names:
+        turn(gateway, opening(name))
+    fake.token_delay = 0.05
+
+    with (
+        streaming(gateway, conversation(opening("c4"), "again")),
+        streaming(gateway, conversation(opening("c1"), "again")),  # waits for slot 0
+    ):
+        turn(gateway, opening("c7"), "again", alone=False)
+        assert fake.max_concurrent == 3
+
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 2, 0, 1, 2, 0, 0, 0, None]
 
 
 def two_conversations_begun(gateway, fake: FakeLlamaServer) -> None:
