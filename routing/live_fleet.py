@@ -175,9 +175,10 @@ class LiveFleet:
         `running` holds (routing/core/named_slots.py, `waits_for_its_slot`). Naming a busy
         slot holds the request inside llama-server until the slot is free, while another
         slot may sit idle: a conversation's parallel request, or one whose slot another
-        conversation is using, waits only when re-reading its prompt in another slot would
-        take longer. Never behind a request that is itself waiting, and never without the
-        figures to price it (a host that has not answered yet, an engine without `timings`)."""
+        conversation is using, waits only when reading its prompt in another slot, and what
+        that slot's conversation would lose there, would take longer. Never behind a request
+        that is itself waiting, and never without the figures to price it (a host that has not
+        answered yet, an engine without `timings`)."""
         host, model, size = running.host, running.key.model, prefix.block_size
         service = self.figures.service(host, model)
         speed = self.figures.speed(host)
@@ -189,17 +190,24 @@ class LiveFleet:
         at_home = self.prefixes.match(host, model, prefix.blocks) * size / per_token
         # The free slot that holds the most of the prompt, of those named here: llama-server
         # puts an unnamed request in the one whose prompt it shares the most of. A slot not
-        # named here is taken to hold nothing of it.
+        # named here (or whose prompt is counted in other units) is taken to hold nothing of
+        # it, and nothing to lose.
         others = (self._named.get((host, model, number)) for number in range(slots))
         free = [
-            other.prefix.blocks
+            other.prefix
             for other in others
-            if other is not None and other.slot.released  # the running one is not
+            if other is not None and other.slot.released and other.prefix.block_size == size
         ]
-        held = max((common_blocks(prefix.blocks, blocks) for blocks in free), default=0)
-        elsewhere = held * size / per_token
+        shared, there = max(
+            ((common_blocks(prefix.blocks, other.blocks), other) for other in free),
+            key=lambda found: found[0],
+            default=(0, None),
+        )
+        held = shared * size / per_token
+        # What the free slot's own conversation loses there, and reads again on its next turn.
+        lost = 0.0 if there is None else prefill(there.length / per_token, held, speed)
         return waits_for_its_slot(
-            service, prefill(tokens, at_home, speed), prefill(tokens, elsewhere, speed)
+            service, prefill(tokens, at_home, speed), prefill(tokens, held, speed) + lost
         )
 
     def slot_naming(self, host: str, model: str) -> bool | None:

@@ -81,11 +81,14 @@ def common_blocks(one: tuple[int, ...], other: tuple[int, ...]) -> int:
 def waits_for_its_slot(remaining: float, at_home: float, elsewhere: float) -> bool:
     """Whether a request whose slot another request runs in should be told that slot anyway.
 
-    Priced in seconds until its first token, as priced patience prices hosts
+    Priced in seconds of prefill and wait, as priced patience prices hosts
     (routing/core/patience.py): waiting, the `remaining` time of the request in the slot
     then `at_home`, the prefill of what the slot will not hold of the prompt; not waiting,
-    `elsewhere`, the prefill in the free slot that holds the most of it. Equal prices leave
-    the request to the host, which keeps its slots working.
+    `elsewhere`: the prefill in the free slot that holds the most of it, and of what that
+    slot's own conversation loses there and reads again on its next turn. (Measured on
+    bench-cache, 4 Dec 2026: a request left to llama-server while its slot was busy went into
+    another conversation's slot, and that one's next turn was read whole too.) Equal prices
+    leave the request to the host, which keeps its slots working.
 
     `remaining` is the host's recent service time, as priced patience takes it for a line's
     first place: how far the running request has got says little of how far it has to go (an

@@ -183,28 +183,46 @@ def test_a_conversation_waits_for_its_busy_slot_when_reading_its_prompt_elsewher
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, 0]
 
 
-def test_a_conversation_whose_busy_slot_holds_little_more_than_a_free_one_leaves_it_to_the_host(
-    gateway, fake
-):
+def shared(name: str, *later: str) -> dict:
+    """A turn of the conversation `name`, after a long system prompt every one shares."""
+    body = conversation(name, *later)
+    body["messages"].insert(0, {"role": "system", "content": opening("system")})
+    return body
+
+
+def busy_slot_with_a_shared_system_prompt(gateway, fake, token_delay: float) -> list[object]:
+    """The slots named for one, two and three, which share a long system prompt on a host of
+    two slots evaluating 20 prompt tokens a second, each answer's token `token_delay` apart;
+    then for one's next turn, while three's (in one's slot 0) streams."""
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
     gateway.sync()
     wait_for_health_poll(fake)
-    fake.prompt_token_ms = 50.0  # as slow as in the test above
-
-    def shared(name: str, *later: str) -> dict:  # a long system prompt every one shares
-        body = conversation(name, *later)
-        body["messages"].insert(0, {"role": "system", "content": opening("system")})
-        return body
-
+    fake.prompt_token_ms = 50.0
+    fake.token_delay = token_delay
     for name in ("one", "two", "three"):  # one and three share slot 0
         send(gateway, shared(name))
     fake.token_delay = 0.05
 
     with streaming(gateway, shared("three", "again")):
         send(gateway, shared("one", "again"), alone=False)
+    return [body.get("id_slot") for body in sent(fake)]
 
-    # Slot 1 holds two's prompt, whose system prompt is all of one's but a few words.
-    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, None]
+
+def test_a_conversation_waits_for_its_busy_slot_rather_than_overwrite_anothers_history(
+    gateway, fake
+):
+    # Slot 1 holds all of one's system prompt, and two's own words after it: read there, one
+    # would cost two its history, to be read again on two's next turn. Quick answers (a slot
+    # is held for milliseconds) make the wait cheaper.
+    assert busy_slot_with_a_shared_system_prompt(gateway, fake, 0.0) == [0, 1, 0, 0, 0]
+
+
+def test_a_conversation_whose_busy_slot_holds_little_more_than_a_free_one_leaves_it_to_the_host(
+    gateway, fake
+):
+    # Answers that hold their slot over a second: more than one's few words of its own, and
+    # two's, take to read again.
+    assert busy_slot_with_a_shared_system_prompt(gateway, fake, 0.15) == [0, 1, 0, 0, None]
 
 
 def test_no_request_waits_for_a_slot_behind_one_that_is_waiting_for_it(gateway, fake):
