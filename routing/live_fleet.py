@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from hosts.describe import ModelState
+from hosts.describe import Described, ModelState
 from hosts.health import HealthTable, HostHealth
 from routing.config.shape import Fleet, HostConfig, RouteConfig
 from routing.core.choose import Candidate
@@ -220,7 +220,7 @@ class LiveFleet:
             return None
         return self._emptying.get((host, model)) is not namable[1]
 
-    def _namable(self, host: str, model: str) -> tuple[int, object] | None:
+    def _namable(self, host: str, model: str) -> tuple[int, Described] | None:
         """The slots `model` has on `host` to name (the fewer of its configured `parallel`
         and the slots its `/props` gave) and the host's description they come from; None
         where no slot is named at all (see `slot_naming`)."""
