@@ -6,7 +6,8 @@
     .venv/bin/python bench/bench_cache.py --hosts 3 --patience 600 auto --prefix-margins 0 1 2
 
 Runs two (`--hosts`) real llama-servers with `--parallel` slots each (the binary of `make
-llama-server`, the tiny random model of tests/e2e/llama/tiny_model.py) and sends each policy
+llama-server`, the tiny random model of tests/e2e/llama/tiny_model.py; `-sps 0.95`, as
+docs/config.md advises for hosts behind crossbar) and sends each policy
 the same agent-like workload (bench/cache_workload.py: more conversations than slots, a long
 shared opening with tool definitions, growing histories, pauses between turns, bursts of new
 conversations), streamed chat completions over httpx. The policies:
@@ -245,6 +246,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "7 MiB holds what 8 GiB holds of the 70B",
     )
     add(
+        "--slot-prompt-similarity",
+        type=float,
+        default=0.95,
+        metavar="S",
+        help="each host's --slot-prompt-similarity (-sps), docs/config.md's advice for hosts behind "
+        "crossbar: a request goes through the host's --cache-ram unless its slot holds more than "
+        "S of its prompt, so a conversation another overwrote is loaded back (llama-server's "
+        "default: 0.1)",
+    )
+    add(
         "--llama-args",
         type=shlex.split,
         default=[],
@@ -331,7 +342,8 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
 
-    launch = Launch(binary, model, args.work, tuple(args.llama_args))
+    similarity = ("--slot-prompt-similarity", f"{args.slot_prompt_similarity:g}")
+    launch = Launch(binary, model, args.work, (*similarity, *args.llama_args))
     fleet = [Host(f"h{n + 1}", args.parallel, 1, args.cache_ram, launch)
              for n in range(args.hosts)]  # fmt: skip
     # One thread, as each host has: with two, on this busy 2-core machine, its prompts took 4x

@@ -24,7 +24,7 @@ CTX_PER_SLOT = 4096
 @dataclass(frozen=True)
 class Launch:
     """How the bench runs llama-server: the binary, the model, where the logs go, and the
-    arguments added to every host's (`--llama-args`)."""
+    arguments added to every host's (`--slot-prompt-similarity`, then `--llama-args`)."""
 
     binary: Path
     model: Path

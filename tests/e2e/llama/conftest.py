@@ -71,13 +71,25 @@ def llama_unified(
         yield srv
 
 
+@pytest.fixture(scope="session")
+def llama_similar(
+    llama_binary: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LlamaServer]:
+    """llama-server with 2 slots and `--slot-prompt-similarity 0.95` (docs/config.md's
+    advice for hosts behind crossbar): a named slot holding less than 95% of the prompt
+    goes through its prompt cache, which gives back a conversation another overwrote."""
+    log_dir = tmp_path_factory.mktemp("llama-similar")
+    with running_llama_server(llama_binary, tiny_model, log_dir, ("-sps", "0.95")) as srv:
+        yield srv
+
+
 @pytest.fixture(autouse=True)
 def _llama_log_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     report = getattr(request.node, "rep_call", None)
     if report is None or not report.failed:
         return
-    for name in ("llama", "llama_embeddings", "llama_unified"):
+    for name in ("llama", "llama_embeddings", "llama_unified", "llama_similar"):
         if name in request.fixturenames:
             server: LlamaServer = request.getfixturevalue(name)
             print(f"---- {name} log (tail) ----\n" + "\n".join(server.log().splitlines()[-30:]))

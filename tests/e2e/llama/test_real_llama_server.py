@@ -270,6 +270,62 @@ def test_on_a_unified_kv_cache_conversations_sharing_a_slot_stop_its_naming_too(
         assert after.cached_tokens >= before.prompt_tokens
 
 
+# Three conversations opening with the same long system prompt, on a host of two slots: the
+# first and the third share slot 0. The prompt is most of each first turn, so a conversation
+# coming back to the slot the other overwrote keeps more than half of what the slot holds.
+HARBOUR = "You keep the harbour master's log. Answer with a berth and a time, nothing else. " * 5
+QUESTIONS = (
+    "Which berth takes the grain ship arriving from the north tonight?",
+    "When does the ferry to the islands leave on the morning tide?",
+    "Where do the fishing boats unload when the east quay is closed?",
+)
+
+
+def share_two_slots(ask: Callable[[History], History]) -> list[Request]:
+    """Two turns of each of QUESTIONS, turn by turn, through `ask`; their six rows, oldest
+    first: the first's, the second's, the third's first turns, then their second turns."""
+    started = timezone.now()
+    histories = [ask([{"role": "system", "content": HARBOUR}, {"role": "user", "content": q}])
+                 for q in QUESTIONS]  # fmt: skip
+    for history in histories:
+        ask([*history, {"role": "user", "content": "And the one after?"}])
+    return rows_since(started, 6)
+
+
+def test_a_host_with_a_high_slot_prompt_similarity_gives_an_overwritten_slot_its_history_back(
+    gateway, llama_similar, ledger
+):
+    ask = conversations_on(gateway, ledger, "similar", "llama-similar", llama_similar.url)
+
+    a1, b1, c1, a2, b2, c2 = share_two_slots(ask)
+
+    # Named slot 0 held the third's prompt when the first came back to it: under 95% of the
+    # prompt, so llama-server saved the slot to its --cache-ram and loaded the first's back.
+    # Every second turn found its whole first one.
+    for first, second in ((a1, a2), (b1, b2), (c1, c2)):
+        assert first.prompt_tokens is not None and second.cached_tokens is not None
+        assert second.cached_tokens >= first.prompt_tokens, (first.cached_tokens, second)
+
+
+def test_with_the_default_similarity_a_slot_another_conversation_overwrote_keeps_only_the_opening(
+    gateway, llama, ledger
+):
+    ask = conversations_on(gateway, ledger, "dissimilar", "llama-dissimilar", llama.url)
+
+    a1, b1, c1, a2, b2, c2 = share_two_slots(ask)
+
+    # Slot 0 held the third's prompt, which shares the system prompt with the first's: over
+    # 10% of it, and more than half of what the slot held, so llama-server took the slot as
+    # it was and read the first's own question again (why docs/config.md advises -sps 0.95).
+    assert a1.prompt_tokens is not None and a2.cached_tokens is not None
+    assert a1.cached_tokens is not None and c1.cached_tokens is not None
+    # What it found is what the third had found of the first: the system prompt they share.
+    assert a2.cached_tokens == c1.cached_tokens < a1.prompt_tokens + a1.cached_tokens
+    # The second conversation had slot 1 to itself.
+    assert b1.prompt_tokens is not None and b2.cached_tokens is not None
+    assert b2.cached_tokens >= b1.prompt_tokens
+
+
 def test_text_completions_pass_through_with_their_token_counts(route, ledger):
     started = timezone.now()
 
