@@ -14,12 +14,14 @@ Definitions:
 - `cache_hit` is cached / prompt tokens over the rows where both are known.
 - `cold_turns` counts requests of a reused lease (the conversation came back to its host) that
   found less than `COLD_TURN_SHARE` of their prompt in the host's cache: the host had evicted
-  the conversation's KV cache, so it needs more slots or more `--cache-ram`. Rows with unknown
+  the conversation's KV cache, so it needs more slots, more `--cache-ram`, or
+  `--slot-prompt-similarity 0.95` (docs/config.md). Rows with unknown
   counts are not cold turns.
 - `cache_lost` counts requests whose host reported fewer cached prompt blocks than the
   gateway's prefix index predicted, by more than one block (`is_cache_lost`): the host lost
   what it had been sent (evicted for other prompts, or restarted). Recurring on one host, it
-  wants more slots or more `--cache-ram` there. Rows without both figures are not counted.
+  wants more slots, more `--cache-ram` or `--slot-prompt-similarity 0.95` there. Rows without
+  both figures are not counted.
 - `tok_per_s` is the streaming rate: completion tokens / (total_ms - ttfb_ms) in seconds, summed
   over streamed rows where the completion count and ttfb are known. A non-streamed response
   arrives whole, so it has no generation interval to measure and is left out.

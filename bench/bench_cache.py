@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_cache.py --patience 0 2 600 auto --seed 1
     .venv/bin/python bench/bench_cache.py --policies one-host crossbar --conversations 8
     .venv/bin/python bench/bench_cache.py --hosts 3 --patience 600 auto --prefix-margins 0 1 2
+    .venv/bin/python bench/bench_cache.py --policies one-host random crossbar --rounds 3
 
 Runs two (`--hosts`) real llama-servers with `--parallel` slots each (the binary of `make
 llama-server`, the tiny random model of tests/e2e/llama/tiny_model.py; `-sps 0.95`, as
@@ -36,12 +37,18 @@ its TTFB counted from the first attempt. `one-host` has no restart:
 it is the ideal. Then, with cold hosts again, a calm phase: `--calm-conversations` (fewer
 than the slots) of the same conversations, no restart.
 
+With `--rounds R` every policy's phases run R times, round after round (every policy, then
+every policy again), and the figures and checks are of all rounds together: TTFB percentiles
+and host shares over every request, prompt tokens as each round's mean (each round's in
+`round_tokens`), the recovery's slowest of any round (bench/cache_report.py, `pooled`).
+
 Recorded per request: TTFB (the first attempt sent to the first byte of the answer's body),
 the host (`X-Crossbar-Host` through crossbar), `X-Crossbar-Placement`, and the final
 `timings` (`prompt_n`: prompt tokens evaluated, `cache_n`: taken from cache, `prompt_ms`);
 for crossbar, `crossbar_cache_lost_total` from /metrics when the restart begins and at the
 end. Printed as tables with the issue's "done when" checks (bench/cache_report.py) and
-written with every request to bench/results/cache-<time>.json; logs in bench/results/cache-<time>/.
+written with every request (`answers`: per phase and policy, a list for each round) to
+bench/results/cache-<time>.json; logs in bench/results/cache-<time>/.
 Before the phases, a check that the real server reports those timings and reuses its cache
 (in a slot, and from --cache-ram after its slots moved on); without a binary it exits
 saying how to build one.
@@ -69,7 +76,15 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.e2e.lla
 
 from bench_scale import wait_up  # noqa: E402  (bench/ is not a package)
 from cache_phase import LIMITS, TIMEOUT, Phase, counters, request_body, stream  # noqa: E402
-from cache_report import IDEAL, Answer, done_when, recovery, summarize, tables  # noqa: E402
+from cache_report import (  # noqa: E402
+    IDEAL,
+    Answer,
+    done_when,
+    pooled,
+    recovery,
+    summarize,
+    tables,
+)
 from cache_workload import Shape, Workload, make_workload  # noqa: E402
 from llama_hosts import MODEL, Host, Launch  # noqa: E402
 from processes import RESULTS, crossbar, fleet_problems, machine, source_tree  # noqa: E402
@@ -234,6 +249,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
     add("--seed", type=int, default=0, help="the workload's (and the random picks') seed")
+    add(
+        "--rounds",
+        type=int,
+        default=1,
+        help="every policy's phases this many times, round after round; the figures and checks "
+        "are of all rounds together (TTFB percentiles over every request, tokens each round's "
+        "mean): which request gets which slot depends on timing, and one round's verdict can "
+        "go either way",
+    )
     add("--hosts", type=int, default=2, choices=(2, 3))
     add("--parallel", type=int, default=2, help="slots per host")
     add(
@@ -250,10 +274,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=0.95,
         metavar="S",
-        help="each host's --slot-prompt-similarity (-sps), docs/config.md's advice for hosts behind "
-        "crossbar: a request goes through the host's --cache-ram unless its slot holds more than "
-        "S of its prompt, so a conversation another overwrote is loaded back (llama-server's "
-        "default: 0.1)",
+        help="each host's --slot-prompt-similarity (-sps), as docs/config.md advises for hosts "
+        "behind crossbar: a request goes through the host's --cache-ram unless its slot holds "
+        "more than S of its prompt, so a conversation another overwrote is loaded back "
+        "(llama-server's default: 0.1)",
     )
     add(
         "--llama-args",
@@ -358,35 +382,54 @@ def main(argv: list[str] | None = None) -> None:
                      for margin in margins or [""] for naming in namings
                      for patience in args.patience]  # fmt: skip
     skipped: dict[str, str] = {}
-    results: dict[str, dict[str, dict[str, object]]] = {"main": {}, "calm": {}}
-    answers: dict[str, dict[str, list[dict[str, object]]]] = {"main": {}, "calm": {}}
+    # Each policy's figures and answers, round after round: [phase][policy] -> one per round.
+    per_round: dict[str, dict[str, list[dict[str, object]]]] = {"main": {}, "calm": {}}
+    answered: dict[str, dict[str, list[list[Answer]]]] = {"main": {}, "calm": {}}
     try:
         preflight = check_cache(fleet[0], workload, args.max_tokens)
         print(f"  cache check: {json.dumps(preflight)}", flush=True)
-        for policy in policies:
-            if policy.startswith("crossbar@"):
-                toml = fleet_toml(fleet, crossbar_settings(policy)[0])
-                problem = fleet_problems(args.work, source, toml, file_name(policy))
-                if problem:
-                    skipped[policy] = problem.splitlines()[-1].strip()
-                    print(f"  {policy}: skipped, crossbar refuses its config: {problem}")
-                    continue
-            hosts = [ideal] if policy == IDEAL else fleet
-            for phase, load in (("main", workload), ("calm", calm)):
-                if load is None:
-                    continue
-                began = time.monotonic()
-                figures, got = run_policy(policy, load, hosts, args, source,
-                                          restart=phase == "main" and policy != IDEAL)  # fmt: skip
-                figures["wall_s"] = time.monotonic() - began
-                results[phase][policy] = figures
-                answers[phase][policy] = [asdict(answer) for answer in got]
-                print(f"  {phase} {policy}: {json.dumps(figures)}", flush=True)
-            if policy == IDEAL:
-                ideal.stop()
+        for policy in [p for p in policies if p.startswith("crossbar@")]:
+            toml = fleet_toml(fleet, crossbar_settings(policy)[0])
+            problem = fleet_problems(args.work, source, toml, file_name(policy))
+            if problem:
+                skipped[policy] = problem.splitlines()[-1].strip()
+                print(f"  {policy}: skipped, crossbar refuses its config: {problem}")
+        # Round after round of every policy, rather than each policy's rounds together, so
+        # that what changes on the machine over the run falls on every policy alike.
+        for round_ in range(args.rounds):
+            for policy in [p for p in policies if p not in skipped]:
+                hosts = [ideal] if policy == IDEAL else fleet
+                for phase, load in (("main", workload), ("calm", calm)):
+                    if load is None:
+                        continue
+                    began = time.monotonic()
+                    restart = phase == "main" and policy != IDEAL
+                    figures, got = run_policy(policy, load, hosts, args, source, restart)
+                    figures["wall_s"] = time.monotonic() - began
+                    per_round[phase].setdefault(policy, []).append(figures)
+                    answered[phase].setdefault(policy, []).append(got)
+                    print(f"  round {round_ + 1} {phase} {policy}: {json.dumps(figures)}",
+                          flush=True)  # fmt: skip
+                if policy == IDEAL:
+                    ideal.stop()
     finally:
         for host in [*fleet, ideal]:
             host.stop()
+    names = {policy: [host.name for host in ([ideal] if policy == IDEAL else fleet)]
+             for policy in policies}  # fmt: skip
+    results = {
+        phase: {
+            policy: rounds[0] if len(rounds) == 1
+            else pooled(rounds, answered[phase][policy], names[policy])
+            for policy, rounds in by_policy.items()
+        }
+        for phase, by_policy in per_round.items()
+    }  # fmt: skip
+    answers = {
+        phase: {policy: [[asdict(answer) for answer in some] for some in rounds]
+                for policy, rounds in by_policy.items()}
+        for phase, by_policy in answered.items()
+    }  # fmt: skip
     checks = done_when(results["main"], results["calm"], args.hosts)
     ended = uptime()
     print()

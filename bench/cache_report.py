@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bench_gateway import percentile
 
-__all__ = ["Answer", "Check", "done_when", "recovery", "summarize", "tables"]
+__all__ = ["Answer", "Check", "done_when", "pooled", "recovery", "summarize", "tables"]
 
 IDEAL = "one-host"
 RANDOM = "random"
@@ -113,6 +113,58 @@ def recovery(answers: Sequence[Answer], restarted: str) -> dict[str, object]:
     found = [taken for taken in turns_taken if taken is not None]
     worst = max(found, default=0) if len(found) == len(turns_taken) else None
     return {"conversations": len(turns_taken), "worst_turns": worst}
+
+
+# What `pooled` gives as each round's mean rather than the rounds' sum: so that a run of several
+# rounds reads as one of a single round, and compares with one.
+PER_ROUND = ("prompt_tokens_evaluated", "prompt_tokens_cached", "prefill_s")
+
+
+def pooled(
+    rounds: Sequence[Mapping[str, object]],
+    answers: Sequence[Sequence[Answer]],
+    hosts: Sequence[str],
+) -> dict[str, object]:
+    """One policy's figures over several rounds of the same phase (`rounds`: each round's
+    figures, `answers`: each round's answers, in the same order): `summarize` over every
+    round's answers together (TTFB percentiles, host shares and placements of them all, the
+    requests counted in all), with the prompt tokens and prefill seconds as each round's mean
+    and each round's tokens in `round_tokens`. The recovery's slowest conversation is the
+    slowest of every round (None if one never found its history in some round); the lost
+    cache counted after the restart, the fewest any round counted (each round restarts a
+    host, so each should count it), its counters summed; the prefix index's hit rate, the
+    rounds' mean; the restart's length, the longest."""
+    count = len(rounds)
+    figures = summarize([answer for some in answers for answer in some], hosts)
+    for key in PER_ROUND:
+        figures[key] = _number(figures, key) / max(1, count)
+    figures["rounds"] = count
+    figures["round_tokens"] = [round_["prompt_tokens_evaluated"] for round_ in rounds]
+    restarts = [_number(r, "restart_s") for r in rounds if r.get("restart_s") is not None]
+    figures["restart_s"] = max(restarts, default=None)
+    figures["wall_s"] = sum(_number(r, "wall_s") for r in rounds if "wall_s" in r)
+    recoveries = [_record(r, "recovery") for r in rounds if "recovery" in r]
+    if recoveries and len(recoveries) == count:
+        worsts = [recovered["worst_turns"] for recovered in recoveries]
+        figures["recovery"] = {
+            "conversations": sum(_count(recovered, "conversations") for recovered in recoveries),
+            "worst_turns": None
+            if None in worsts
+            else max(_count(r, "worst_turns") for r in recoveries),
+        }
+    losses = [_record(r, "cache_lost") for r in rounds if "cache_lost" in r]
+    if losses and len(losses) == count:
+        figures["cache_lost"] = {
+            "before_restart": _summed(_record(lost, "before_restart") for lost in losses),
+            "end": _summed(_record(lost, "end") for lost in losses),
+            "counted_after_restart": min(_count(lost, "counted_after_restart") for lost in losses),
+        }
+    if any("prefix_hit_rate" in r for r in rounds):
+        rates = [
+            _number(r, "prefix_hit_rate") for r in rounds if r.get("prefix_hit_rate") is not None
+        ]
+        figures["prefix_hit_rate"] = sum(rates) / len(rates) if rates else None
+    return figures
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +264,27 @@ def _ratio(
     return Check(what, key, f"{ratio:.2f}x ({_tokens(figures)} vs {_tokens(base)})", ratio <= limit)
 
 
+def _record(figures: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = figures[key]
+    assert isinstance(value, Mapping)
+    return value
+
+
+def _count(figures: Mapping[str, object], key: str) -> int:
+    value = figures[key]
+    assert isinstance(value, int)
+    return value
+
+
+def _summed(counters: Iterable[Mapping[str, object]]) -> dict[str, float]:
+    """Per-host counters added up, host by host."""
+    total: dict[str, float] = {}
+    for counter in counters:
+        for host in counter:
+            total[host] = total.get(host, 0.0) + _number(counter, host)
+    return total
+
+
 def _number(figures: Mapping[str, object], key: str) -> float:
     value = figures[key]
     assert isinstance(value, (int, float))
@@ -261,9 +334,11 @@ def _phase_table(phase: Mapping[str, Mapping[str, object]]) -> str:
             if isinstance(lost, dict)
             else "-"
         )
+        each = figures.get("round_tokens")
+        rounds = f" ({' / '.join(f'{n:,}' for n in each)})" if isinstance(each, list) else ""
         rows.append(
             f"| {key} | {figures['answered']} ({figures['failed']}, {figures['retries']}) "
-            f"| {evaluated:,.0f} | {times} | {_number(figures, 'cache_fraction'):.1%} "
+            f"| {evaluated:,.0f}{rounds} | {times} | {_number(figures, 'cache_fraction'):.1%} "
             f"| {_number(figures, 'prefill_s'):.1f} | {_number(figures, 'ttfb_p50_ms'):.0f} ms "
             f"| {_ms(figures)} | {' '.join(f'{h} {s:.0%}' for h, s in shares.items())} "
             f"| {' '.join(f'{reason} {n}' for reason, n in placements.items()) or '-'} "

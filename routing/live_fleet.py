@@ -142,8 +142,10 @@ class LiveFleet:
 
         Only a host whose `/props` gave its slots (a llama-server, not in router mode) is
         told a slot. Conversations sharing a slot take turns in it: llama-server saves the
-        prompt a slot holds to its `--cache-ram` before another overwrites it, and loads it
-        back when the incoming prompt would keep less than half of the one the slot holds.
+        prompt a slot holds to its `--cache-ram` before another overwrites it, and loads the
+        incoming one's back, when the slot holds no more than `--slot-prompt-similarity` of
+        the incoming prompt (docs/config.md advises 0.95; at the default 0.1, only when it
+        would keep less than half of the slot's).
         Measured on three hosts of two slots with 16 conversations, a number shared by the
         fewest saved a tenth of the prompt tokens that llama-server's own choice evaluated
         (bench/README.md, "4 Dec 2026"). A host found emptying its idle slots (a unified KV

@@ -289,8 +289,9 @@ def cache_lost_hint(lost: int) -> str | None:
         return None
     return (
         f"Lost what it had cached {lost} times in {CARD_SECONDS // 60} minutes. Unless it"
-        " restarted, more slots (llama-server --parallel, and its parallel in crossbar) or a"
-        " larger --cache-ram keep more."
+        " restarted, more slots (llama-server --parallel, and its parallel in crossbar), a"
+        " larger --cache-ram, or --slot-prompt-similarity 0.95 (a slot another conversation"
+        " took is then loaded back from --cache-ram) keep more."
     )
 
 

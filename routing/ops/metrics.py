@@ -74,7 +74,8 @@ REQUESTS = Counter(
 COLD_TURNS = Counter(
     "crossbar_cold_turns",
     f"Requests of a reused lease that found less than {COLD_TURN_SHARE:.0%} of their prompt "
-    "cached: the host evicted the conversation (more slots or --cache-ram would keep it).",
+    "cached: the host evicted the conversation (more slots, more --cache-ram or "
+    "--slot-prompt-similarity 0.95 would keep it).",
     ["route", "host"],
     registry=REGISTRY,
 )
@@ -82,7 +83,8 @@ CACHE_LOST = Counter(
     "crossbar_cache_lost",
     "Requests whose host had less of the prompt cached than the gateway's prefix index "
     "predicted, by more than one block: the host lost what it had been sent (evicted or "
-    "restarted). Recurring on a host, it wants more slots or --cache-ram there.",
+    "restarted). Recurring on a host, it wants more slots, more --cache-ram or "
+    "--slot-prompt-similarity 0.95 there.",
     ["host"],
     registry=REGISTRY,
 )

@@ -478,6 +478,7 @@ def test_a_host_card_counts_each_lost_cache_and_hints_at_more_room_once_it_recur
     assert twice["requests"] == 3
     assert twice["cache_lost_hint"] == (
         "Lost what it had cached 2 times in 5 minutes. Unless it restarted, more slots"
-        " (llama-server --parallel, and its parallel in crossbar) or a larger --cache-ram keep"
-        " more."
+        " (llama-server --parallel, and its parallel in crossbar), a larger --cache-ram, or"
+        " --slot-prompt-similarity 0.95 (a slot another conversation took is then loaded back"
+        " from --cache-ram) keep more."
     )

@@ -37,11 +37,12 @@ Columns:
                                    - when no row of the group reports one)
   cold_turns                       requests that came back to their conversation's host
                                    (lease reused) and found less than {COLD_TURN_SHARE:.0%} of their
-                                   prompt cached: the host needs more slots or more --cache-ram
+                                   prompt cached: the host needs more slots, more --cache-ram
+                                   or --slot-prompt-similarity 0.95 (docs/config.md)
   cache_lost                       requests whose host had less of the prompt cached than
                                    the gateway's prefix index predicted (by more than a
                                    block): it lost what it was sent; recurring on one host,
-                                   it needs more slots or more --cache-ram
+                                   it needs more slots, more --cache-ram or -sps 0.95
   cache_hit                        cached / prompt tokens, over rows where both are known
   tok_per_s                        streaming rate: completion tokens / (total - ttfb) seconds,
                                    over streamed rows with both known (a non-streamed answer
