@@ -131,8 +131,9 @@ def pooled(
     requests counted in all), with the prompt tokens and prefill seconds as each round's mean
     and each round's tokens in `round_tokens`. The recovery's slowest conversation is the
     slowest of every round (None if one never found its history in some round); the lost
-    cache counted after the restart, the fewest any round counted (each round restarts a
-    host, so each should count it), its counters summed; the prefix index's hit rate, the
+    cache counted after the restart, the fewest any round counted of those where a
+    conversation came back to the restarted host (a round where none did had no loss to
+    count), its counters summed; the prefix index's hit rate, the
     rounds' mean; the restart's length, the longest."""
     count = len(rounds)
     figures = summarize([answer for some in answers for answer in some], hosts)
@@ -157,7 +158,7 @@ def pooled(
         figures["cache_lost"] = {
             "before_restart": _summed(_record(lost, "before_restart") for lost in losses),
             "end": _summed(_record(lost, "end") for lost in losses),
-            "counted_after_restart": min(_count(lost, "counted_after_restart") for lost in losses),
+            "counted_after_restart": _fewest_counted(rounds),
         }
     if any("prefix_hit_rate" in r for r in rounds):
         rates = [
@@ -262,6 +263,17 @@ def _ratio(
         1.0, _number(base, "prompt_tokens_evaluated")
     )
     return Check(what, key, f"{ratio:.2f}x ({_tokens(figures)} vs {_tokens(base)})", ratio <= limit)
+
+
+def _fewest_counted(rounds: Sequence[Mapping[str, object]]) -> int:
+    """The fewest lost caches a round counted after its restart, of the rounds where some
+    conversation came back to the restarted host with a history to find; 0 when none did."""
+    counted = [
+        _count(_record(r, "cache_lost"), "counted_after_restart")
+        for r in rounds
+        if "recovery" not in r or _count(_record(r, "recovery"), "conversations") > 0
+    ]
+    return min(counted, default=0)
 
 
 def _record(figures: Mapping[str, object], key: str) -> Mapping[str, object]:
