@@ -283,7 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--llama-args",
         type=shlex.split,
         default=[],
-        help="more llama-server arguments for every host, as one string (e.g. '-sps 0')",
+        help="more llama-server arguments for every host, as one string (e.g. '-kvu')",
     )
     add("--conversations", type=int, default=16)
     add("--turns", type=int, default=6)
