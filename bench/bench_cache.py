@@ -335,7 +335,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--policies", nargs="+", default=["one-host", "random", "least-loaded", "crossbar"],
         choices=("one-host", "random", "least-loaded", "sticky", "pinned", "pinned-free",
                  "crossbar"))  # fmt: skip
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
