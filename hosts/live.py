@@ -35,6 +35,9 @@ class ModelLive:
     # the host was found emptying them between turns (a unified KV cache), None where the
     # gateway names none at all (routing/live_fleet.py `slot_naming`).
     slot_naming: bool | None = None
+    # Answers that found only what they share with the conversation that used their named
+    # slot last, since the process started (routing/live_fleet.py `shared_slot_lost`).
+    shared_slot_lost: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return {

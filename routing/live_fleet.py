@@ -21,12 +21,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from accounting.report import is_cache_lost
 from hosts.describe import Described, ModelState
 from hosts.health import HealthTable, HostHealth
 from routing.config.shape import Fleet, HostConfig, RouteConfig
 from routing.core.choose import Candidate
 from routing.core.leases import LeaseKey
-from routing.core.named_slots import NamedSlot, common_blocks, found_emptied, waits_for_its_slot
+from routing.core.named_slots import (
+    NamedSlot,
+    common_blocks,
+    found_emptied,
+    kept_only_shared,
+    waits_for_its_slot,
+)
 from routing.core.patience import Figures, prefill
 from routing.core.prefixes import Prefix, PrefixIndex
 from routing.core.ranking import Ranking, Rankings
@@ -71,6 +78,10 @@ class LiveFleet:
         # the host is read anew.
         self._emptied: dict[tuple[str, str, int], object] = {}
         self._emptying: dict[tuple[str, str], object] = {}
+        # (host, model) -> answers that found only what they share with the slot's last
+        # conversation, and the host's description when that was last logged.
+        self._shared_lost: dict[tuple[str, str], int] = {}
+        self._shared_logged: dict[tuple[str, str], object] = {}
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
         self._served: dict[str, frozenset[str]] = {}  # the models each route serves
@@ -168,7 +179,8 @@ class LiveFleet:
         if running is not None and not self._waits_for(running, prefix, slots):
             return None
         filled = last is not None and last.answered and last.described is described
-        named = NamedSlot(number, key, slot, described, filled, prefix, running)
+        took = last.prefix if last is not None and filled and last.key != key else None
+        named = NamedSlot(number, key, slot, described, filled, prefix, running, took=took)
         self._named[where] = named  # one entry per slot of the fleet at most
         return named
 
@@ -240,17 +252,29 @@ class LiveFleet:
         return min(config.models[model].parallel, described.slots), described
 
     def named_answered(
-        self, named: NamedSlot, prompt_tokens: int | None, cached_tokens: int | None
+        self,
+        named: NamedSlot,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        predicted: int | None = None,
     ) -> None:
         """What the host reported for a request that named a slot, once its answer ended well
-        (status under 400). A request to a filled slot that took no token from cache found it
-        emptied; a slot found so a second time since the host was read says the host empties
-        its idle slots (a unified KV cache), and its slots are named no more until it is read
-        anew (after it was down, or changed). Found once, it may have been a restart the
-        poller did not see. An answer without counts says nothing."""
+        (status under 400); `predicted`: the prefix index's blocks for it there. A request to
+        a filled slot that took no token from cache found it emptied; a slot found so a second
+        time since the host was read says the host empties its idle slots (a unified KV
+        cache), and its slots are named no more until it is read anew (after it was down, or
+        changed). Found once, it may have been a restart the poller did not see. A request
+        that lost its cache there (`is_cache_lost`: more than a block under the prediction)
+        and found only what it shares with the conversation that used the slot last, where
+        its own history was expected (`kept_only_shared`), is counted for the host
+        (`shared_slot_lost`), and the first such answer since the host was read is logged
+        with the setting that keeps it. An answer without counts says nothing."""
         if cached_tokens is None:
             return
         named.answered = True
+        reported = named.prefix.cached_blocks(prompt_tokens, cached_tokens)
+        if is_cache_lost(predicted, reported) and kept_only_shared(named, predicted, reported):
+            self._kept_shared(named)
         if not found_emptied(named, prompt_tokens, cached_tokens):
             return
         where, pair = (named.host, named.key.model, named.number), (named.host, named.key.model)
@@ -265,6 +289,26 @@ class LiveFleet:
                 named.host, named.key.model, named.number,
             )  # fmt: skip
         self._emptying[pair] = named.described
+
+    def _kept_shared(self, named: NamedSlot) -> None:
+        pair = (named.host, named.key.model)
+        self._shared_lost[pair] = self._shared_lost.get(pair, 0) + 1  # one per (host, model)
+        if self._shared_logged.get(pair) is named.described:
+            return
+        self._shared_logged[pair] = named.described
+        log.warning(
+            "host=%s model=%s gave a conversation back only what it shares with the one that "
+            "used its named slot %d last, where its own history was expected: start "
+            "llama-server with --slot-prompt-similarity 0.95 so that it loads each "
+            "conversation back from --cache-ram (or give it a larger --cache-ram)",
+            named.host, named.key.model, named.number,
+        )  # fmt: skip
+
+    def shared_slot_lost(self, host: str, model: str) -> int:
+        """How many answers on `host` for `model` found only what they share with the
+        conversation that used their named slot last (`named_answered`), since this process
+        started."""
+        return self._shared_lost.get((host, model), 0)
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

@@ -34,7 +34,7 @@ from routing.core.leases import LeaseKey
 from routing.core.prefixes import Prefix
 from routing.core.state import Held
 
-__all__ = ["NamedSlot", "common_blocks", "found_emptied", "waits_for_its_slot"]
+__all__ = ["NamedSlot", "common_blocks", "found_emptied", "kept_only_shared", "waits_for_its_slot"]
 
 
 @dataclass(slots=True, eq=False)
@@ -55,6 +55,10 @@ class NamedSlot:
     # inside llama-server; None when the slot was free.
     behind: NamedSlot | None = None
     answered: bool = False  # this request's answer ended, with the host's token counts
+    # The prompt of another conversation whose answer ended in the slot last (since the host
+    # was read), which this request finds there; None when the slot was this conversation's
+    # own, or empty, or unknown.
+    took: Prefix | None = None
 
     @property
     def host(self) -> str:
@@ -65,6 +69,23 @@ def found_emptied(named: NamedSlot, prompt_tokens: int | None, cached_tokens: in
     """Whether the answer to `named` says its slot had been emptied since the previous named
     answer ended there: a slot filled, a prompt, and no token from cache."""
     return named.filled and bool(prompt_tokens) and cached_tokens == 0
+
+
+def kept_only_shared(named: NamedSlot, predicted: int | None, reported: int | None) -> bool:
+    """Whether the answer to `named` says its host took the slot as another conversation had
+    left it: the slot held another conversation's prompt (`took`), the prefix index expected
+    the host to hold more of this one's than the two share (`predicted` blocks: its own
+    history, there or in `--cache-ram`), and the host reported (`reported` blocks) no more
+    than what they share. llama-server does so with a named slot that holds more than its
+    `--slot-prompt-similarity` of the prompt, 0.1 by default, which a shared system prompt
+    is; at 0.95 it loads the conversation back from `--cache-ram` (docs/config.md). A block
+    either way is the chat template's and the blocks' edges. Whether the answer lost its
+    cache at all (more than a block under the prediction) is the caller's to judge, by the
+    rule the rows and metrics count it with (`accounting.report.is_cache_lost`)."""
+    if named.took is None or predicted is None or reported is None:
+        return False
+    shared = common_blocks(named.prefix.blocks, named.took.blocks)
+    return predicted > shared + 1 and reported <= shared + 1
 
 
 def common_blocks(one: tuple[int, ...], other: tuple[int, ...]) -> int:

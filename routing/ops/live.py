@@ -37,6 +37,7 @@ def host_lives(runtime: Runtime) -> tuple[HostLive, ...]:
                     queued=pair.queued if pair else 0,
                     queue_max=model.queue_max,
                     slot_naming=runtime.live.slot_naming(name, model.name),
+                    shared_slot_lost=runtime.live.shared_slot_lost(name, model.name),
                 )
             )
         hosts.append(

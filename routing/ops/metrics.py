@@ -336,9 +336,19 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
         "emptying one of them twice between named requests; absent where none is named.",
         labels=pairs,
     )
+    shared_lost = CounterMetricFamily(
+        "crossbar_shared_slot_lost",
+        "Answers on a named slot another conversation used last that found only what the two "
+        "prompts share, where the prefix index expected this conversation's own history: the "
+        "host took the slot as it was (llama-server's --slot-prompt-similarity at its 0.1 "
+        "default; 0.95 loads the conversation back from --cache-ram) or its --cache-ram no "
+        "longer held the conversation. Counted since this process started.",
+        labels=pairs,
+    )
     for host in host_lives(runtime):
         for model in host.models:
             labels = [host.name, model.name]
+            shared_lost.add_metric(labels, model.shared_slot_lost)
             in_flight.add_metric(labels, model.in_flight)
             queued.add_metric(labels, model.queued)
             slots.add_metric(labels, model.parallel)
@@ -349,7 +359,7 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
             state.add_metric([host.name, each.value], 1 if each == host.state else 0)
         draining.add_metric([host.name], 1 if host.draining else 0)
         leases.add_metric([host.name], host.leases)
-    yield from (in_flight, queued, slots, queue_max, state, draining, leases, naming)
+    yield from (in_flight, queued, slots, queue_max, state, draining, leases, naming, shared_lost)
 
     clients = GaugeMetricFamily(
         "crossbar_client_in_flight", "Requests in flight per client key.", labels=["client"]

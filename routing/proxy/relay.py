@@ -361,5 +361,7 @@ class Relay:
         measured(self._trail, self._runtime, usage, self._tee.prompt_ms(), status)
         named = self._trail.named_slot
         if named is not None and status < 400:
-            self._runtime.live.named_answered(named, usage.prompt_tokens, usage.cached_tokens)
+            self._runtime.live.named_answered(
+                named, usage.prompt_tokens, usage.cached_tokens, self._trail.predicted_blocks
+            )
         finish(settled(self._trail, self._runtime, usage, status), status, error, code, usage)

@@ -1,9 +1,35 @@
-"""Whether a request waits for its busy slot (`waits_for_its_slot`), and what two prompts'
-chains share (`common_blocks`): plain functions of the figures, priced in seconds."""
+"""Whether a request waits for its busy slot (`waits_for_its_slot`), what two prompts' chains
+share (`common_blocks`), and whether an answer says its host took a slot as another
+conversation had left it (`kept_only_shared`): plain functions of the figures."""
 
 from __future__ import annotations
 
-from routing.core.named_slots import common_blocks, waits_for_its_slot
+from dataclasses import dataclass
+
+from routing.core.leases import LeaseKey
+from routing.core.named_slots import NamedSlot, common_blocks, kept_only_shared, waits_for_its_slot
+from routing.core.prefixes import Prefix
+
+# Two conversations' prompts in blocks of 4: a shared opening of 3 blocks, then their own.
+OPENING = (11, 12, 13)
+MINE = Prefix((*OPENING, 21, 22, 23, 24), 30, 4)
+THEIRS = Prefix((*OPENING, 31, 32), 22, 4)
+
+
+@dataclass
+class _Hold:
+    host: str = "gpu1"
+    model: str = "m"
+    released: bool = False
+
+    def release(self) -> None:
+        self.released = True
+
+
+def named(took: Prefix | None) -> NamedSlot:
+    """Slot 0 named for a request with the prompt MINE, which finds `took` there."""
+    key = LeaseKey("chat", "fp-mine", "m")
+    return NamedSlot(0, key, _Hold(), object(), True, MINE, took=took)
 
 
 def test_a_request_waits_for_its_slot_when_the_wait_and_its_new_part_come_sooner():
@@ -27,3 +53,26 @@ def test_two_chains_share_their_blocks_up_to_the_first_that_differs():
 def test_a_chain_that_ends_first_shares_all_its_blocks():
     assert common_blocks((1, 2), (1, 2, 3)) == 2
     assert common_blocks((1, 2, 3), ()) == 0
+
+
+def test_an_answer_with_only_the_opening_another_conversation_left_says_the_slot_was_taken_as_is():
+    # The index expected 6 of its 7 blocks (its own history); the host gave the 3 shared.
+    assert kept_only_shared(named(THEIRS), predicted=6, reported=3)
+    assert kept_only_shared(named(THEIRS), predicted=6, reported=4)  # a block of the edges
+
+
+def test_an_answer_that_found_its_own_history_in_the_taken_slot_says_nothing():
+    # The host loaded it back from --cache-ram (llama-server at -sps 0.95).
+    assert not kept_only_shared(named(THEIRS), predicted=6, reported=6)
+    assert not kept_only_shared(named(THEIRS), predicted=6, reported=5)
+
+
+def test_a_conversation_expected_to_find_no_more_than_the_opening_says_nothing():
+    # A new conversation's first turn in another's slot finds the opening, as it should.
+    assert not kept_only_shared(named(THEIRS), predicted=4, reported=3)
+    assert not kept_only_shared(named(THEIRS), predicted=None, reported=3)
+
+
+def test_a_slot_of_its_own_or_an_answer_without_counts_says_nothing():
+    assert not kept_only_shared(named(None), predicted=6, reported=3)
+    assert not kept_only_shared(named(THEIRS), predicted=6, reported=None)

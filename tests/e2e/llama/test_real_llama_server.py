@@ -21,7 +21,7 @@ from tests.conftest import wait_until
 from tests.e2e.llama.locate import NOT_BUILT, binary_expected
 from tests.e2e.llama.server import ALIAS
 from tests.fleet import add_host, add_route
-from tests.observe import slot_naming, wait_for_gauge, wait_for_host_state
+from tests.observe import gauge, slot_naming, wait_for_gauge, wait_for_host_state
 
 pytestmark = [
     pytest.mark.e2e,
@@ -274,10 +274,16 @@ def test_on_a_unified_kv_cache_conversations_sharing_a_slot_stop_its_naming_too(
 # first and the third share slot 0. The prompt is most of each first turn, so a conversation
 # coming back to the slot the other overwrote keeps more than half of what the slot holds.
 HARBOUR = "You keep the harbour master's log. Answer with a berth and a time, nothing else. " * 5
-QUESTIONS = (
-    "Which berth takes the grain ship arriving from the north tonight?",
-    "When does the ferry to the islands leave on the morning tide?",
-    "Where do the fishing boats unload when the east quay is closed?",
+# Each question is asked six times over: long enough that a conversation's own part is
+# several of the prefix index's blocks, short enough that the system prompt stays over half of
+# a first turn.
+QUESTIONS = tuple(
+    question * 6
+    for question in (
+        "Which berth takes the grain ship arriving from the north tonight? ",
+        "When does the ferry to the islands leave on the morning tide? ",
+        "Where do the fishing boats unload when the east quay is closed? ",
+    )
 )
 
 
@@ -305,6 +311,7 @@ def test_a_host_with_a_high_slot_prompt_similarity_gives_an_overwritten_slot_its
     for first, second in ((a1, a2), (b1, b2), (c1, c2)):
         assert first.prompt_tokens is not None and second.cached_tokens is not None
         assert second.cached_tokens >= first.prompt_tokens, (first.cached_tokens, second)
+    assert shared_slot_lost(gateway.url, "llama-similar") == 0
 
 
 def test_with_the_default_similarity_a_slot_another_conversation_overwrote_keeps_only_the_opening(
@@ -324,6 +331,13 @@ def test_with_the_default_similarity_a_slot_another_conversation_overwrote_keeps
     # The second conversation had slot 1 to itself.
     assert b1.prompt_tokens is not None and b2.cached_tokens is not None
     assert b2.cached_tokens >= b1.prompt_tokens
+    # The first's and the third's second turns each came back to a slot the other had used
+    # and found only what they share: counted, for the operator (docs/config.md).
+    assert shared_slot_lost(gateway.url, "llama-dissimilar") == 2
+
+
+def shared_slot_lost(url: str, host: str) -> float:
+    return gauge(url, "crossbar_shared_slot_lost_total", host=host, model=ALIAS)
 
 
 def test_text_completions_pass_through_with_their_token_counts(route, ledger):
