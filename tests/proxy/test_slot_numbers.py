@@ -19,6 +19,7 @@ from tests.conftest import running_gateway
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, POLLS, add_host, add_route, chat
 from tests.observe import (
+    gauge,
     slot_naming,
     wait_for_gauge,
     wait_for_health_poll,
@@ -395,3 +396,62 @@ def test_paths_whose_body_llama_server_reads_no_slot_from_are_sent_as_they_came(
 def test_an_operator_can_leave_every_slot_to_the_hosts(django_db_setup, tmp_path, fake):
     with running_gateway(tmp_path, CROSSBAR_NAME_SLOTS="false") as gateway:
         assert slots_told_over_two_turns(gateway, fake) == ["none", "none"]
+
+
+# The opening three conversations share (some 1,100 characters: four of the prefix index's
+# blocks), as agents share a system prompt and tools; each then has an opening of its own.
+SHARED = " ".join(f"tool-{i}" for i in range(150))
+
+
+def shared_slot_lost(gateway) -> float:
+    return gauge(gateway.url, "crossbar_shared_slot_lost_total", host="gpu1", model=MODEL)
+
+
+@pytest.fixture
+def fake_of_two() -> Iterator[FakeLlamaServer]:
+    """A fake llama-server with 2 slots: it keeps the last two prompts it was sent."""
+    with FakeLlamaServer(slots=2) as server:
+        yield server
+
+
+def test_a_conversation_given_back_only_the_opening_it_shares_with_its_slots_last_is_counted(
+    gateway, fake_of_two
+):
+    fake = fake_of_two
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    first, second, third = (f"{SHARED} {opening(name)}" for name in ("one", "two", "three"))
+    before = shared_slot_lost(gateway)  # the gateway's counters run across tests
+
+    for each in (first, second, third):  # slots 0, 1, then 0 again
+        turn(gateway, each)
+    assert shared_slot_lost(gateway) == before  # the third was due only the opening
+    turn(gateway, first, "and then?")
+
+    # The fake keeps as many prompts as it has slots, the last two: the first's came back to
+    # slot 0 and found only what it shares with the third's, as llama-server at its default
+    # --slot-prompt-similarity does, where the index expected its whole first turn.
+    assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0]
+    assert shared_slot_lost(gateway) == before + 1
+    assert "--slot-prompt-similarity 0.95" in gateway.log()
+
+
+def test_a_conversation_that_lost_its_own_slots_cache_is_not_counted_as_a_shared_slot(
+    gateway, fake
+):
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    first = f"{SHARED} {opening('one')}"
+    lost, shared = (
+        gauge(gateway.url, "crossbar_cache_lost_total", host="gpu1"),
+        shared_slot_lost(gateway),
+    )
+    turn(gateway, first)
+
+    fake.forget_cache()  # evicted, or a restart the poller did not see
+    turn(gateway, first, "and then?")
+
+    assert gauge(gateway.url, "crossbar_cache_lost_total", host="gpu1") == lost + 1
+    assert shared_slot_lost(gateway) == shared
