@@ -256,10 +256,12 @@ class LiveFleet:
         named: NamedSlot,
         prompt_tokens: int | None,
         cached_tokens: int | None,
-        predicted: int | None = None,
+        predicted: int | None,
+        reported: int | None,
     ) -> None:
         """What the host reported for a request that named a slot, once its answer ended well
-        (status under 400); `predicted`: the prefix index's blocks for it there. A request to
+        (status under 400); `predicted` and `reported`: the blocks of its prompt the prefix
+        index expected there and the host reported cached (`prefix_check`). A request to
         a filled slot that took no token from cache found it emptied; a slot found so a second
         time since the host was read says the host empties its idle slots (a unified KV
         cache), and its slots are named no more until it is read anew (after it was down, or
@@ -272,7 +274,6 @@ class LiveFleet:
         if cached_tokens is None:
             return
         named.answered = True
-        reported = named.prefix.cached_blocks(prompt_tokens, cached_tokens)
         if is_cache_lost(predicted, reported) and kept_only_shared(named, predicted, reported):
             self._kept_shared(named)
         if not found_emptied(named, prompt_tokens, cached_tokens):

@@ -359,9 +359,11 @@ class Relay:
             code = "upstream_error"  # the host's own error answer, passed through as it is
         usage = self._tee.usage()
         measured(self._trail, self._runtime, usage, self._tee.prompt_ms(), status)
-        named = self._trail.named_slot
+        trail = settled(self._trail, self._runtime, usage, status)
+        named = trail.named_slot
         if named is not None and status < 400:
             self._runtime.live.named_answered(
-                named, usage.prompt_tokens, usage.cached_tokens, self._trail.predicted_blocks
-            )
-        finish(settled(self._trail, self._runtime, usage, status), status, error, code, usage)
+                named, usage.prompt_tokens, usage.cached_tokens,
+                trail.predicted_blocks, trail.reported_blocks,
+            )  # fmt: skip
+        finish(trail, status, error, code, usage)
