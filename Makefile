@@ -36,8 +36,11 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy .
 
+# The suite on TEST_WORKERS pytest-xdist workers (`make test TEST_WORKERS=0`: one process).
+TEST_WORKERS ?= 2
+
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) var/static

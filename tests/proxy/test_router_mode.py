@@ -55,6 +55,7 @@ def test_a_model_to_load_goes_where_loading_it_unloads_nothing_busy(gateway):
         wait_for_health_poll(idle)
 
         placed = ask(gateway.url, "large")
+        busy.token_delay = 0.0  # the rest of the holding stream at once: it has done its part
         holding.join()
 
     # gpu1 weighs more, but loading there would unload "other", which is busy; on gpu2 it
