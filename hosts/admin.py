@@ -222,6 +222,12 @@ def describe_live(states: HostStates, host: Host) -> str:
         for m in live.models
         if m.slot_naming is False
     ]  # fmt: skip
+    lines += [
+        (f"⚠ {m.name}: {_turns(m.shared_slot_lost)} on a shared slot got back only the part "
+         "their conversations share (start llama-server with --slot-prompt-similarity 0.95)", "")
+        for m in live.models
+        if m.shared_slot_lost
+    ]  # fmt: skip
     if host.draining:
         busy = live.in_flight + live.queued
         text = "draining, idle" if busy == 0 else f"draining, {busy} still running"
@@ -235,3 +241,7 @@ def describe_live(states: HostStates, host: Host) -> str:
 
 def _hosts(count: int) -> str:
     return f"{count} host" if count == 1 else f"{count} hosts"
+
+
+def _turns(count: int) -> str:
+    return f"{count} turn" if count == 1 else f"{count} turns"

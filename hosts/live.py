@@ -47,6 +47,7 @@ class ModelLive:
             "queued": self.queued,
             "queue_max": self.queue_max,
             "slot_naming": self.slot_naming,
+            "shared_slot_lost": self.shared_slot_lost,
         }
 
 

@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from tests.conftest import signed_in, wait_until
-from tests.conversation import turns_on_an_emptying_host
+from tests.conversation import turns_on_a_shared_slot_taken_as_it_is, turns_on_an_emptying_host
+from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, add_host, add_route, chat
 from tests.observe import wait_for_health_poll
 
@@ -85,4 +86,22 @@ def test_the_host_list_says_when_the_host_empties_its_slots_between_turns(
     assert (
         f"⚠ {MODEL}: the host empties its slots between turns (a unified KV cache): "
         "llama-server chooses them" in page
+    )
+
+
+def test_the_host_list_says_when_the_host_gives_a_shared_slot_back_as_another_left_it(
+    gateway, admin_user
+):
+    with FakeLlamaServer(slots=2) as fake:
+        # A name of its own: the session's gateway counts each host name's since it started.
+        add_route("chat", [add_host("gpu-taken-list", fake.url, models={MODEL: (2, 2)})])
+        gateway.sync()
+        wait_for_health_poll(fake)
+        turns_on_a_shared_slot_taken_as_it_is(gateway.url, "chat", fake, "gpu-taken-list")
+
+        page = signed_in(gateway).get("/admin/hosts/host/").text
+
+    assert (
+        f"⚠ {MODEL}: 1 turn on a shared slot got back only the part their conversations share "
+        "(start llama-server with --slot-prompt-similarity 0.95)" in page
     )

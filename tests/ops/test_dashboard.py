@@ -202,6 +202,7 @@ async def test_staff_get_hosts_with_slots_and_the_requests_going_by(connect):
         {
             "name": MODEL, "in_flight": 0, "parallel": 3, "queued": 0, "queue_max": 2,
             "slot_naming": None,  # not read yet: no slot to name
+            "shared_slot_lost": 0,
         }
     ]  # fmt: skip
     assert host["draining"] is False and host["leases"] == 0

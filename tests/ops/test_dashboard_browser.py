@@ -24,7 +24,12 @@ from accounting.models import Request
 from hosts.models import Host
 from tests.browser import NEEDS_CHROMIUM, chromium
 from tests.conftest import ROOT, running_gateway, wait_until
-from tests.conversation import Conversation, turns_on_an_emptying_host
+from tests.conversation import (
+    Conversation,
+    turns_on_a_shared_slot_taken_as_it_is,
+    turns_on_an_emptying_host,
+)
+from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, add_host, add_route, chat
 from tests.observe import wait_for_health_poll
 
@@ -443,3 +448,29 @@ def test_a_host_that_empties_its_slots_between_turns_says_so_on_its_card(
         f"{MODEL}: the host emptied a conversation's slot between turns", timeout=WAIT
     )
     expect(hint).to_contain_text("-np")
+
+
+def test_a_host_that_gives_a_shared_slot_back_as_another_left_it_says_so_on_its_card(
+    gateway, browser_page
+):
+    from playwright.sync_api import expect
+
+    page = browser_page
+    with FakeLlamaServer(slots=2) as fake:
+        # A name of its own: the session's gateway counts each host name's since it started.
+        add_route("chat", [add_host("gpu-taken-card", fake.url, models={MODEL: (2, 2)})])
+        gateway.sync()
+        wait_for_health_poll(fake)
+        turns_on_a_shared_slot_taken_as_it_is(gateway.url, "chat", fake, "gpu-taken-card")
+
+        sign_in(page, gateway)
+        hint = page.locator(
+            '#hosts [data-host="gpu-taken-card"] [data-role="shared-slot-lost-hint"]'
+        )
+
+        expect(hint).to_contain_text(
+            f"{MODEL}: 1 turn on a slot another conversation used last got back only what the "
+            "two share",
+            timeout=WAIT,
+        )
+        expect(hint).to_contain_text("--slot-prompt-similarity 0.95")
