@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from django.db import connections
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -45,3 +46,7 @@ def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+            # The test's ORM calls, made while Playwright's event loop runs in this thread, had
+            # connections of their own (Django keys them by context then): closed here, as
+            # pytest-django closes only its own, they would hold the test database open.
+            connections.close_all()
