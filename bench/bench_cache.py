@@ -147,6 +147,7 @@ def run_policy(
     toml = fleet_toml(hosts, patience)
     name = f"{file_name(policy)}-{len(workload.conversations)}"
     env = {"CROSSBAR_PREFIX_MARGIN": margin} if margin else {}
+    env["CROSSBAR_SLOT_PROMPT_SIMILARITY"] = str(args.slot_prompt_similarity)
     if not named:
         env["CROSSBAR_NAME_SLOTS"] = "false"
     with crossbar(args.work, None, source, "crossbar_serve", toml, name=name, env=env) as gateway:

@@ -161,6 +161,10 @@ CROSSBAR = {
     # Whether a conversation's requests name the llama-server slot it keeps there (`id_slot`,
     # docs/architecture.md "A slot of its own"); off: every host chooses its own slots.
     "NAME_SLOTS": env.bool("CROSSBAR_NAME_SLOTS", default=True),
+    # The --slot-prompt-similarity the hosts' llama-servers run with (llama-server's default:
+    # 0.1), from which crossbar tells when a request for an empty slot is better left to the
+    # host (routing/core/named_slots.py `chooses_the_empty_slot`; docs/config.md).
+    "SLOT_PROMPT_SIMILARITY": env.float("CROSSBAR_SLOT_PROMPT_SIMILARITY", default=0.1),
     # With CROSSBAR_REDIS_URL: how long a process's slots outlive it (routing/shared/state.py).
     "REDIS_HOLD_TTL": env.float("CROSSBAR_REDIS_HOLD_TTL", default=5.0),
     # Set: slots, queues, leases and client counts are shared by every process through Redis.

@@ -29,6 +29,7 @@ from routing.core.choose import Candidate
 from routing.core.leases import LeaseKey
 from routing.core.named_slots import (
     NamedSlot,
+    chooses_the_empty_slot,
     common_blocks,
     found_emptied,
     kept_only_shared,
@@ -56,6 +57,7 @@ class LiveFleet:
         prefix_margin: int,
         figures: Figures,
         name_slots: bool = True,
+        slot_similarity: float = 0.1,
     ) -> None:
         self.rankings = Rankings(self._candidate)
         touch = self.rankings.touch
@@ -70,6 +72,8 @@ class LiveFleet:
         # (routing/core/patience.py); with shared state too, each process keeps its own.
         self.figures = figures
         self.name_slots = name_slots  # CROSSBAR_NAME_SLOTS: see `id_slot`
+        # CROSSBAR_SLOT_PROMPT_SIMILARITY: the hosts' --slot-prompt-similarity (`id_slot`).
+        self.slot_similarity = slot_similarity
         # (host, model, number) -> the last request that named it here.
         self._named: dict[tuple[str, str, int], NamedSlot] = {}
         # (host, model, number) -> the host's description when that slot was last found
@@ -159,7 +163,9 @@ class LiveFleet:
         would keep less than half of the slot's).
         Measured on three hosts of two slots with 16 conversations, a number shared by the
         fewest saved a tenth of the prompt tokens that llama-server's own choice evaluated
-        (bench/README.md, "4 Dec 2026"). A host found emptying its idle slots (a unified KV
+        (bench/README.md, "4 Dec 2026"). A slot still empty is not named where
+        llama-server would give the request an empty slot itself, loaded from `--cache-ram`
+        (`_lands_in_empty`). A host found emptying its idle slots (a unified KV
         cache: `named_answered`) is told no slot until it is read anew. Its `--cache-ram`
         serves the conversations there better than any slot number.
 
@@ -178,11 +184,38 @@ class LiveFleet:
         running = last if last is not None and not last.slot.released else None
         if running is not None and not self._waits_for(running, prefix, slots):
             return None
-        filled = last is not None and last.answered and last.described is described
-        took = last.prefix if last is not None and filled and last.key != key else None
-        named = NamedSlot(number, key, slot, described, filled, prefix, running, took=took)
+        # An answer ended there since the host was read: the slot holds its prompt, and what
+        # came after it. Where the request before named none (`told`), only as foreseen, so a
+        # turn finding nothing there does not say the host empties its slots.
+        holds = last is not None and last.answered and last.described is described
+        filled = holds and last is not None and last.told
+        told = holds or running is not None or not self._lands_in_empty(where, prefix, slots)
+        took = last.prefix if last is not None and holds and last.key != key else None
+        named = NamedSlot(
+            number, key, slot, described, filled, prefix, running, took=took, told=told
+        )
         self._named[where] = named  # one entry per slot of the fleet at most
         return named
+
+    def _lands_in_empty(self, where: tuple[str, str, int], prefix: Prefix, slots: int) -> bool:
+        """Whether a request for the slot `where`, which holds nothing this process knows of,
+        would be put there by llama-server if it named none (`chooses_the_empty_slot`).
+
+        Only where every other slot of the host is known here: busy (llama-server passes it
+        by), or idle with the prompt of the answer that ended in it since the host was read. An
+        unknown one may be empty too, and of two empty slots llama-server takes the one with
+        the higher number (its least recently used, on a tie, is the last it looks at)."""
+        host, model, number = where
+        described = self.health.get(host).described
+        idle: list[Prefix] = []
+        for n in range(slots):
+            other = self._named.get((host, model, n)) if n != number else None
+            if n == number or (other is not None and not other.slot.released):
+                continue
+            if other is None or not other.answered or other.described is not described:
+                return False
+            idle.append(other.prefix)
+        return chooses_the_empty_slot(prefix, idle, self.slot_similarity)
 
     def _waits_for(self, running: NamedSlot, prefix: Prefix, slots: int) -> bool:
         """Whether a request with the prompt `prefix` should wait for its slot, which

@@ -66,7 +66,13 @@ class Runtime:
         # What placement reads: the fleet, its health, state and caches, each route's ranking.
         prefixes, figures = PrefixIndex(conf["PREFIX_INDEX_ENTRIES"]), Figures()
         self.live = LiveFleet(
-            fleet, make_state, prefixes, conf["PREFIX_MARGIN"], figures, conf["NAME_SLOTS"]
+            fleet,
+            make_state,
+            prefixes,
+            conf["PREFIX_MARGIN"],
+            figures,
+            conf["NAME_SLOTS"],
+            conf["SLOT_PROMPT_SIMILARITY"],
         )
         self.state = self.live.state
         self.health = self.live.health

@@ -34,7 +34,14 @@ from routing.core.leases import LeaseKey
 from routing.core.prefixes import Prefix
 from routing.core.state import Held
 
-__all__ = ["NamedSlot", "common_blocks", "found_emptied", "kept_only_shared", "waits_for_its_slot"]
+__all__ = [
+    "NamedSlot",
+    "chooses_the_empty_slot",
+    "common_blocks",
+    "found_emptied",
+    "kept_only_shared",
+    "waits_for_its_slot",
+]
 
 
 @dataclass(slots=True, eq=False)
@@ -59,6 +66,10 @@ class NamedSlot:
     # was read), which this request finds there; None when the slot was this conversation's
     # own, or empty, or unknown.
     took: Prefix | None = None
+    # Whether the request names the slot (`id_slot`). Not for a slot still empty that
+    # llama-server would give the request itself (`chooses_the_empty_slot`): the number is
+    # where it should land, not a fact seen, so its answer does not make the slot filled.
+    told: bool = True
 
     @property
     def host(self) -> str:
@@ -69,6 +80,31 @@ def found_emptied(named: NamedSlot, prompt_tokens: int | None, cached_tokens: in
     """Whether the answer to `named` says its slot had been emptied since the previous named
     answer ended there: a slot filled, a prompt, and no token from cache."""
     return named.filled and bool(prompt_tokens) and cached_tokens == 0
+
+
+def chooses_the_empty_slot(prefix: Prefix, idle: list[Prefix], similarity: float) -> bool:
+    """Whether a request with the prompt `prefix`, for a slot still empty, should name none
+    and let llama-server choose: then it gets a slot from `--cache-ram` (the best prompt saved
+    there loaded into it), where a named empty slot loads nothing (build 11434: the share of
+    the slot it would keep is 0/0, so the test that loads it fails) and reads the whole prompt,
+    a shared opening included.
+
+    llama-server gives a request that names no slot an idle slot holding more than
+    `similarity` (its `--slot-prompt-similarity`, as the operator says it runs) of the prompt,
+    else the least recently used one, which an empty slot always is. So the request lands in
+    an empty slot when none of the `idle` slots' prompts (those with an answer ended in
+    them) holds more than that of it: counted a block over what their chains share, as a
+    block's hash covers only its whole characters. At llama-server's default 0.1 a shared
+    system prompt is more, and the request names its empty slot as before."""
+    if not prefix.length:
+        return False
+    for other in idle:
+        if other.block_size != prefix.block_size:
+            return False  # counted in other units: how much it holds is unknown
+        held = (common_blocks(prefix.blocks, other.blocks) + 1) * prefix.block_size
+        if held / prefix.length > similarity:
+            return False
+    return True
 
 
 def kept_only_shared(named: NamedSlot, predicted: int | None, reported: int | None) -> bool:

@@ -91,7 +91,7 @@ class Passage:
                 # (on a host found down since) named one, which this attempt's must replace.
                 if named is not None or trail.named_slot is not None:
                     trail = self.trail = trail._replace(named_slot=named)
-                id_slot = None if named is None else named.number
+                id_slot = None if named is None or not named.told else named.number
                 upstream = await self.forward(
                     self.runtime, self.ask, placement.model, placement.host, id_slot
                 )

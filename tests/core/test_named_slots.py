@@ -1,13 +1,20 @@
 """Whether a request waits for its busy slot (`waits_for_its_slot`), what two prompts' chains
-share (`common_blocks`), and whether an answer says its host took a slot as another
-conversation had left it (`kept_only_shared`): plain functions of the figures."""
+share (`common_blocks`), whether an answer says its host took a slot as another
+conversation had left it (`kept_only_shared`), and whether a request for an empty slot is left
+to llama-server (`chooses_the_empty_slot`): plain functions of the figures."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from routing.core.leases import LeaseKey
-from routing.core.named_slots import NamedSlot, common_blocks, kept_only_shared, waits_for_its_slot
+from routing.core.named_slots import (
+    NamedSlot,
+    chooses_the_empty_slot,
+    common_blocks,
+    kept_only_shared,
+    waits_for_its_slot,
+)
 from routing.core.prefixes import Prefix
 
 # Two conversations' prompts in blocks of 4: a shared opening of 3 blocks, then their own.
@@ -76,3 +83,31 @@ def test_a_conversation_expected_to_find_no_more_than_the_opening_says_nothing()
 def test_a_slot_of_its_own_or_an_answer_without_counts_says_nothing():
     assert not kept_only_shared(named(None), predicted=6, reported=3)
     assert not kept_only_shared(named(THEIRS), predicted=6, reported=None)
+
+
+# MINE is 30 units long; THEIRS shares 3 blocks of 4 with it, counted as 4 blocks (a block's
+# hash covers only its whole units): 16 of 30, 0.53 of MINE.
+def test_a_request_for_an_empty_slot_is_left_to_a_host_that_would_not_take_another_slot_for_it():
+    assert chooses_the_empty_slot(MINE, [THEIRS], similarity=0.95)
+
+
+def test_a_request_for_an_empty_slot_names_it_where_the_host_would_take_a_slot_sharing_more():
+    # At llama-server's default 0.1, the shared opening is enough to take THEIRS's slot.
+    assert not chooses_the_empty_slot(MINE, [THEIRS], similarity=0.1)
+    assert not chooses_the_empty_slot(MINE, [THEIRS], similarity=0.5)  # 16 / 30 is above
+
+
+def test_a_slot_sharing_nothing_but_a_block_leaves_the_request_to_the_host_at_the_default():
+    alone = Prefix((99, 98), 8, 4)  # nothing in common: one block's 4 units, 0.13 of MINE
+    assert chooses_the_empty_slot(MINE, [alone], similarity=0.14)
+    assert not chooses_the_empty_slot(MINE, [alone], similarity=0.1)
+
+
+def test_with_no_other_idle_slot_a_request_for_an_empty_one_is_left_to_the_host():
+    assert chooses_the_empty_slot(MINE, [], similarity=0.1)
+
+
+def test_a_slot_counted_in_other_units_or_an_empty_prompt_keeps_the_slot_named():
+    tokens = Prefix((1, 2), 64, 16)  # token ids, not characters: how much it holds is unknown
+    assert not chooses_the_empty_slot(MINE, [tokens], similarity=0.95)
+    assert not chooses_the_empty_slot(Prefix((), 0, 4), [], similarity=0.95)

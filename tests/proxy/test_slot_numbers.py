@@ -327,7 +327,9 @@ def test_the_slot_named_is_below_the_hosts_own_slot_count(gateway):
         turn(gateway, "one")
         turn(gateway, "two")
 
-        assert [body.get("id_slot") for body in sent(fake)] == [0, 0]  # sharing the one
+        # The first left to the host (its one slot, empty: llama-server gives it the slot
+        # through --cache-ram), the second sharing the one.
+        assert [body.get("id_slot") for body in sent(fake)] == [None, 0]
 
 
 def slots_told_over_two_turns(gateway, fake: FakeLlamaServer) -> list[object]:
@@ -391,6 +393,44 @@ def test_paths_whose_body_llama_server_reads_no_slot_from_are_sent_as_they_came(
     httpx.post(f"{gateway.url}{path}", content=raw, timeout=10)
 
     assert [seen.body for seen in fake.seen if seen.path not in POLLS] == [raw]
+
+
+def test_an_empty_slot_is_left_to_a_host_said_to_run_at_a_high_slot_prompt_similarity(
+    django_db_setup, tmp_path
+):
+    with (
+        FakeLlamaServer(slots=2) as fake,
+        running_gateway(tmp_path, CROSSBAR_SLOT_PROMPT_SIMILARITY="0.95") as gateway,
+    ):
+        add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+        gateway.sync()
+        wait_for_health_poll(fake)
+        first, second = (f"{SHARED} {opening(name)}" for name in ("one", "two"))
+
+        turn(gateway, first)  # slot 0; slot 1 not known yet: named
+        turn(gateway, second)  # slot 1, empty, and slot 0 holds under 95% of its prompt
+        turn(gateway, second, "and then?")
+        turn(gateway, first, "and then?")
+
+    # The second's first turn named none: llama-server gives it its least recently used
+    # slot, the empty one, loaded from --cache-ram, where naming it would load nothing. Its
+    # next turn is told the slot it went to.
+    assert [body.get("id_slot", "none") for body in sent(fake)] == [0, "none", 1, 0]
+
+
+def test_at_the_default_similarity_an_empty_slot_is_named_when_another_holds_the_opening(
+    gateway, fake_of_two
+):
+    add_route("chat", [add_host("gpu1", fake_of_two.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake_of_two)
+
+    turn(gateway, f"{SHARED} {opening('one')}")
+    turn(gateway, f"{SHARED} {opening('two')}")
+
+    # Left to llama-server at 0.1, the second would take slot 0, which holds the opening the
+    # two share: over 10% of its prompt.
+    assert [body.get("id_slot", "none") for body in sent(fake_of_two)] == [0, 1]
 
 
 def test_an_operator_can_leave_every_slot_to_the_hosts(django_db_setup, tmp_path, fake):

@@ -83,13 +83,29 @@ def llama_similar(
         yield srv
 
 
+@pytest.fixture
+def fresh_llama_similar(
+    llama_binary: Path, tiny_model: Path, tmp_path: pytest.TempPathFactory
+) -> Iterator[LlamaServer]:
+    """A llama-server like `llama_similar`, started for one test: its slots are empty."""
+    log_dir = tmp_path / "llama-fresh-similar"  # type: ignore[operator]
+    log_dir.mkdir()
+    with running_llama_server(llama_binary, tiny_model, log_dir, ("-sps", "0.95")) as srv:
+        yield srv
+
+
 @pytest.fixture(autouse=True)
 def _llama_log_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     report = getattr(request.node, "rep_call", None)
     if report is None or not report.failed:
         return
-    for name in ("llama", "llama_embeddings", "llama_unified", "llama_similar"):
+    for name in (
+        "llama",
+        "llama_embeddings",
+        "llama_unified",
+        "llama_similar",
+    ):
         if name in request.fixturenames:
             server: LlamaServer = request.getfixturevalue(name)
             print(f"---- {name} log (tail) ----\n" + "\n".join(server.log().splitlines()[-30:]))

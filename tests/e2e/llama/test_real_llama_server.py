@@ -17,10 +17,11 @@ from django.utils import timezone
 from openai.types.chat import ChatCompletionMessageParam
 
 from accounting.models import Request
-from tests.conftest import wait_until
+from tests.conftest import running_gateway, wait_until
 from tests.e2e.llama.locate import NOT_BUILT, binary_expected
 from tests.e2e.llama.server import ALIAS
 from tests.fleet import add_host, add_route
+from tests.invariants import Ledger
 from tests.observe import gauge, slot_naming, wait_for_gauge, wait_for_host_state
 
 pytestmark = [
@@ -334,6 +335,59 @@ def test_with_the_default_similarity_a_slot_another_conversation_overwrote_keeps
     # The first's and the third's second turns each came back to a slot the other had used
     # and found only what they share: counted, for the operator (docs/config.md).
     assert shared_slot_lost(gateway.url, "llama-dissimilar") == 2
+
+
+def second_conversation_on_a_fresh_host(ask: Callable[[History], History]) -> list[Request]:
+    """Through `ask`, on a host just started: the first of QUESTIONS, two turns, then the
+    second, two turns; their four rows, oldest first. A follow-up of some 30 tokens keeps
+    each turn's prompt under 95% of the next, so that llama-server at -sps 0.95 saves a
+    slot's prompt to its --cache-ram as a turn begins there."""
+    started = timezone.now()
+    follow_up: ChatCompletionMessageParam = {"role": "user", "content": "And the one after? " * 5}
+    for question in QUESTIONS[:2]:
+        history = ask(
+            [{"role": "system", "content": HARBOUR}, {"role": "user", "content": question}]
+        )
+        ask([*history, follow_up])
+    return rows_since(started, 4)
+
+
+def test_a_host_said_to_run_at_0_95_gives_a_new_conversation_the_shared_opening_in_its_empty_slot(
+    django_db_setup, tmp_path, fresh_llama_similar
+):
+    with (
+        running_gateway(tmp_path, CROSSBAR_SLOT_PROMPT_SIMILARITY="0.95") as gateway,
+        Ledger(gateway) as ledger,
+    ):
+        ask = conversations_on(gateway, ledger, "fresh", "llama-fresh", fresh_llama_similar.url)
+        a1, a2, b1, b2 = second_conversation_on_a_fresh_host(ask)
+        ledger.settle()
+
+    # The second conversation's first turn named no slot: llama-server gave it slot 1, empty,
+    # and loaded into it the first's prompt that its second turn had saved to --cache-ram, so
+    # the system prompt they share (over half of a first turn) came from cache. Told slot 1
+    # next, its second turn found its whole first there. (A row's prompt_tokens is the whole
+    # prompt, cached_tokens the part of it the host took from cache.)
+    assert a1.cached_tokens == 0 and b1.cached_tokens is not None and b1.prompt_tokens
+    assert b1.cached_tokens > b1.prompt_tokens / 2
+    assert b2.cached_tokens is not None and b2.cached_tokens >= b1.prompt_tokens
+
+
+def test_at_the_default_similarity_a_new_conversation_reads_its_empty_named_slot_whole(
+    gateway, fresh_llama_similar, ledger
+):
+    ask = conversations_on(
+        gateway, ledger, "fresh-named", "llama-fresh-named", fresh_llama_similar.url
+    )
+
+    a1, a2, b1, b2 = second_conversation_on_a_fresh_host(ask)
+
+    # Told to be at 0.1, the gateway named the empty slot 1 (at 0.1 llama-server would have
+    # given the second conversation slot 0 and overwritten the first's history), and a named
+    # empty slot loads nothing from --cache-ram: the whole prompt was read.
+    assert b1.cached_tokens == 0
+    assert b2.cached_tokens is not None and b1.prompt_tokens is not None
+    assert b2.cached_tokens >= b1.prompt_tokens
 
 
 def shared_slot_lost(url: str, host: str) -> float:
