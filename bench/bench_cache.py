@@ -27,7 +27,8 @@ conversations), streamed chat completions over httpx. The policies:
   `lease_patience = P` for each `--patience` (a value crossbar's config does not accept yet,
   such as `auto` before it exists, is skipped and the output says why); with
   `--prefix-margins`, `crossbar@P/mM` for each patience at each `CROSSBAR_PREFIX_MARGIN` M;
-  with `--unnamed-slots`, `crossbar@P/u` too, with `CROSSBAR_NAME_SLOTS=false`.
+  with `--unnamed-slots`, `crossbar@P/u` too, with `CROSSBAR_NAME_SLOTS=false`; with
+  `--told-similarities S`, `crossbar@P/sS`, told the hosts run at `-sps S`.
 
 Each policy starts from cold hosts (every llama-server restarted), and halfway through its
 requests (`--restart-at`) the first host is killed and started again on its port: the
@@ -117,12 +118,14 @@ def file_name(policy: str) -> str:
     return policy.replace("@", "-").replace("/", "-")
 
 
-def crossbar_settings(policy: str) -> tuple[str, str, bool]:
-    """`crossbar@P[/mM][/u]`: its patience P, its prefix margin M ("": the default) and
-    whether it names slots (`/u`: CROSSBAR_NAME_SLOTS=false)."""
+def crossbar_settings(policy: str) -> tuple[str, str, bool, str]:
+    """`crossbar@P[/mM][/u][/sS]`: its patience P, its prefix margin M ("": the default),
+    whether it names slots (`/u`: CROSSBAR_NAME_SLOTS=false) and the hosts' similarity it is
+    told (`/sS`: CROSSBAR_SLOT_PROMPT_SIMILARITY=S; "": the hosts' own)."""
     patience, *options = policy.split("@", 1)[1].split("/")
     margin = next((option[1:] for option in options if option.startswith("m")), "")
-    return patience, margin, "u" not in options
+    told = next((option[1:] for option in options if option.startswith("s")), "")
+    return patience, margin, "u" not in options, told
 
 
 def run_policy(
@@ -143,11 +146,11 @@ def run_policy(
         phase = Phase(policy, workload, hosts, None, restarted, restart_after)
         answers = asyncio.run(phase.run())
         return phase_figures(phase, answers, names), answers
-    patience, margin, named = crossbar_settings(policy)
+    patience, margin, named, told = crossbar_settings(policy)
     toml = fleet_toml(hosts, patience)
     name = f"{file_name(policy)}-{len(workload.conversations)}"
     env = {"CROSSBAR_PREFIX_MARGIN": margin} if margin else {}
-    env["CROSSBAR_SLOT_PROMPT_SIMILARITY"] = str(args.slot_prompt_similarity)
+    env["CROSSBAR_SLOT_PROMPT_SIMILARITY"] = told or str(args.slot_prompt_similarity)
     if not named:
         env["CROSSBAR_NAME_SLOTS"] = "false"
     with crossbar(args.work, None, source, "crossbar_serve", toml, name=name, env=env) as gateway:
@@ -330,6 +333,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="crossbar's CROSSBAR_PREFIX_MARGIN: every patience at each (policies crossbar@P/mM); "
         "without it, the environment's or the default",
     )
+    add(
+        "--told-similarities",
+        nargs="+",
+        type=float,
+        default=[],
+        metavar="S",
+        help="each crossbar policy also told the hosts run at S (crossbar@P/sS: "
+        "CROSSBAR_SLOT_PROMPT_SIMILARITY=S; without /s, the hosts' own "
+        "--slot-prompt-similarity), e.g. 0.1 to see what telling it saves",
+    )
     add("--unnamed-slots", action="store_true",
         help="each crossbar policy also with CROSSBAR_NAME_SLOTS=false (crossbar@P/u): "
         "llama-server chooses every slot")  # fmt: skip
@@ -382,6 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     if "crossbar" in args.policies:
         margins = [f"/m{margin}" for margin in args.prefix_margins or ()]
         namings = ["", "/u"] if args.unnamed_slots else [""]
+        namings += [f"/s{told:g}" for told in args.told_similarities]
         policies += [f"crossbar@{patience}{margin}{naming}"
                      for margin in margins or [""] for naming in namings
                      for patience in args.patience]  # fmt: skip
