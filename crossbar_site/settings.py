@@ -10,12 +10,41 @@ import secrets
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from routing.core.forwarding import trusted_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-env = environ.Env()
+
+class _Env(environ.Env):
+    """django-environ's reader, with a bad value's error naming its variable: a cast's own
+    ValueError says only the value (manage.py prints the message alone, not a traceback)."""
+
+    def get_value(
+        self,
+        var: str,
+        cast: object = None,
+        default: object = environ.Env.NOTSET,
+        parse_default: bool = False,
+    ) -> object:
+        try:
+            return super().get_value(var, cast=cast, default=default, parse_default=parse_default)
+        except ValueError as error:
+            raw = self.ENVIRON.get(var, "")
+            what = "a whole number" if cast is int else "a number" if cast is float else None
+            why = f"it is not {what}" if what else str(error)
+            raise ImproperlyConfigured(f"{var}={raw!r} is not valid: {why}") from None
+
+    def fraction(self, var: str, default: float) -> float:
+        """A share from 0 to 1."""
+        value = self.float(var, default=default)
+        if not 0 <= value <= 1:
+            raise ImproperlyConfigured(f"{var}={value:g} is not valid: it is a share, from 0 to 1")
+        return value
+
+
+env = _Env()
 if (BASE_DIR / ".env").is_file():
     env.read_env(BASE_DIR / ".env", parse_comments=True)
 
@@ -164,7 +193,7 @@ CROSSBAR = {
     # The --slot-prompt-similarity the hosts' llama-servers run with (llama-server's default:
     # 0.1), from which crossbar tells when a request for an empty slot is better left to the
     # host (routing/core/named_slots.py `chooses_the_empty_slot`; docs/config.md).
-    "SLOT_PROMPT_SIMILARITY": env.float("CROSSBAR_SLOT_PROMPT_SIMILARITY", default=0.1),
+    "SLOT_PROMPT_SIMILARITY": env.fraction("CROSSBAR_SLOT_PROMPT_SIMILARITY", default=0.1),
     # With CROSSBAR_REDIS_URL: how long a process's slots outlive it (routing/shared/state.py).
     "REDIS_HOLD_TTL": env.float("CROSSBAR_REDIS_HOLD_TTL", default=5.0),
     # Set: slots, queues, leases and client counts are shared by every process through Redis.
