@@ -386,7 +386,8 @@ def test_the_writer_reconnects_after_postgresql_restarts(
     assert recorder.flush()
 
     pg_ctl = f"{os.environ['CROSSBAR_PG_BIN']}/pg_ctl -D {os.environ['CROSSBAR_PG_DATA']}"
-    restart = f"{pg_ctl} -m fast -w restart >/dev/null"
+    # -t 300: a stop's checkpoint on two busy cores may take longer than pg_ctl's own minute.
+    restart = f"{pg_ctl} -m fast -w -t 300 restart >/dev/null"
     command = ["su", "postgres", "-s", "/bin/sh", "-c", restart] if os.getuid() == 0 else restart
     subprocess.run(command, shell=os.getuid() != 0, check=True)
     for n in range(2, 12):

@@ -57,8 +57,9 @@ def test_requests_flow_while_another_writer_holds_sqlite_and_their_rows_follow(
 
 
 def _postgres(command: str) -> None:
-    """Run a pg_ctl command as the PostgreSQL superuser."""
-    pg_ctl = f"{os.environ['CROSSBAR_PG_BIN']}/pg_ctl -D {os.environ['CROSSBAR_PG_DATA']}"
+    """Run a pg_ctl command as the PostgreSQL superuser, waiting up to 300 s: a stop's
+    checkpoint on two busy cores may take longer than pg_ctl's own minute."""
+    pg_ctl = f"{os.environ['CROSSBAR_PG_BIN']}/pg_ctl -D {os.environ['CROSSBAR_PG_DATA']} -t 300"
     line = f"{pg_ctl} {command} >/dev/null"
     if os.getuid() == 0:
         subprocess.run(["su", "postgres", "-s", "/bin/sh", "-c", line], check=True)
