@@ -187,7 +187,7 @@ class HostAdmin(admin.ModelAdmin):
 
     def _drain(self, request: HttpRequest, queryset: QuerySet[Host], draining: bool) -> None:
         changed = set_draining(queryset.values_list("name", flat=True), draining)
-        text = f"{_hosts(changed)} {'started' if draining else 'stopped'} draining"
+        text = f"{_counted(changed, 'host')} {'started' if draining else 'stopped'} draining"
         if unchanged := queryset.count() - changed:
             text += f" ({unchanged} unchanged)"
         self.message_user(request, text + ".", messages.SUCCESS)
@@ -223,8 +223,9 @@ def describe_live(states: HostStates, host: Host) -> str:
         if m.slot_naming is False
     ]  # fmt: skip
     lines += [
-        (f"⚠ {m.name}: {_turns(m.shared_slot_lost)} on a shared slot got back only the part "
-         "their conversations share (start llama-server with --slot-prompt-similarity 0.95)", "")
+        (f"⚠ {m.name}: {_counted(m.shared_slot_lost, 'turn')} on a shared slot got back only "
+         "the part their conversations share (start llama-server with "
+         "--slot-prompt-similarity 0.95)", "")
         for m in live.models
         if m.shared_slot_lost
     ]  # fmt: skip
@@ -239,9 +240,5 @@ def describe_live(states: HostStates, host: Host) -> str:
     )
 
 
-def _hosts(count: int) -> str:
-    return f"{count} host" if count == 1 else f"{count} hosts"
-
-
-def _turns(count: int) -> str:
-    return f"{count} turn" if count == 1 else f"{count} turns"
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

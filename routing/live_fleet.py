@@ -189,7 +189,11 @@ class LiveFleet:
         # turn finding nothing there does not say the host empties its slots.
         holds = last is not None and last.answered and last.described is described
         filled = holds and last is not None and last.told
-        told = holds or running is not None or not self._lands_in_empty(where, prefix, slots)
+        told = (
+            holds
+            or running is not None
+            or not self._lands_in_empty(where, prefix, slots, described)
+        )
         took = last.prefix if last is not None and holds and last.key != key else None
         named = NamedSlot(
             number, key, slot, described, filled, prefix, running, took=took, told=told
@@ -197,7 +201,9 @@ class LiveFleet:
         self._named[where] = named  # one entry per slot of the fleet at most
         return named
 
-    def _lands_in_empty(self, where: tuple[str, str, int], prefix: Prefix, slots: int) -> bool:
+    def _lands_in_empty(
+        self, where: tuple[str, str, int], prefix: Prefix, slots: int, described: Described
+    ) -> bool:
         """Whether a request for the slot `where`, which holds nothing this process knows of,
         would be put there by llama-server if it named none (`chooses_the_empty_slot`).
 
@@ -206,11 +212,12 @@ class LiveFleet:
         unknown one may be empty too, and of two empty slots llama-server takes the one with
         the higher number (its least recently used, on a tie, is the last it looks at)."""
         host, model, number = where
-        described = self.health.get(host).described
         idle: list[Prefix] = []
         for n in range(slots):
-            other = self._named.get((host, model, n)) if n != number else None
-            if n == number or (other is not None and not other.slot.released):
+            if n == number:
+                continue
+            other = self._named.get((host, model, n))
+            if other is not None and not other.slot.released:
                 continue
             if other is None or not other.answered or other.described is not described:
                 return False

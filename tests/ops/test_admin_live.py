@@ -20,6 +20,7 @@ def test_the_host_list_shows_health_and_requests_running(gateway, fake, admin_us
     fake.token_delay = 0.1
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 4)})])
     gateway.sync()
+    wait_for_health_poll(fake)  # a request may reach a host before its first poll is in
     admin = signed_in(gateway)
     url = f"{gateway.url}/chat/v1/chat/completions"
     body = chat(stream=True, max_tokens=20)
