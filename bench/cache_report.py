@@ -206,10 +206,15 @@ def done_when(
             continue
         best = min(fixed, key=lambda key: _number(main[key], "ttfb_p95_ms"))
         auto, other = main[auto_key], main[best]
+        spills = _spills(auto), _spills(other)
+        # Patience acts only on a request that would wait: where neither spilled, the two
+        # placed every request alike, and what parts them is the machine, not the policy.
+        twins = " (neither spilled: patience decided nothing)" if spills == (0, 0) else ""
         checks.append(Check(
             "on the fixed patiences' frontier (TTFB p95 <= the best fixed's, tokens <= its)",
             auto_key,
-            f"p95 {_ms(auto)} vs {best}'s {_ms(other)}; tokens {_tokens(auto)} vs {_tokens(other)}",
+            f"p95 {_ms(auto)} vs {best}'s {_ms(other)}; tokens {_tokens(auto)} vs "
+            f"{_tokens(other)}; spills {spills[0]} vs {spills[1]}{twins}",
             _number(auto, "ttfb_p95_ms") <= _number(other, "ttfb_p95_ms")
             and _number(auto, "prompt_tokens_evaluated")
             <= _number(other, "prompt_tokens_evaluated"),
@@ -274,6 +279,12 @@ def _fewest_counted(rounds: Sequence[Mapping[str, object]]) -> int:
         if "recovery" not in r or _count(_record(r, "recovery"), "conversations") > 0
     ]
     return min(counted, default=0)
+
+
+def _spills(figures: Mapping[str, object]) -> int:
+    """Requests a phase placed `spilled` (X-Crossbar-Placement)."""
+    placements = _record(figures, "placements")
+    return _count(placements, "spilled") if "spilled" in placements else 0
 
 
 def _record(figures: Mapping[str, object], key: str) -> Mapping[str, object]:

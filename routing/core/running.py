@@ -36,7 +36,7 @@ class RunningRequest:
 
     __slots__ = (
         "number", "route", "model", "client", "host", "queued_ms", "tokens", "t0", "table",
-        "line",
+        "line", "granted", "holds",
     )  # fmt: skip
 
     def __init__(
@@ -52,6 +52,8 @@ class RunningRequest:
         self.tokens = 0
         self.t0 = t0
         self.line: Line | None = None  # the place it waits in, while it waits
+        self.granted = 0.0  # the table's clock when it was placed
+        self.holds: tuple[str, str] | None = None  # (host, model) of its slot, once placed
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,6 +79,8 @@ class RunningTable:
         self._clock = clock
         self._numbers = itertools.count(1)
         self._entries: dict[int, RunningRequest] = {}
+        # (host, model) -> the requests placed there, by number: what `holding` reads.
+        self._placed: dict[tuple[str, str], dict[int, RunningRequest]] = {}
         self._lock = threading.Lock()
 
     def add(self, route: str, model: str, client: str) -> RunningRequest:
@@ -90,16 +94,42 @@ class RunningTable:
         """The request waits for a slot, in `line` (its host "" when it only watches)."""
         entry.line = line
 
-    def placed(self, entry: RunningRequest, host: str, queued_ms: int) -> None:
-        """The request holds a slot on `host`, after waiting `queued_ms` for it."""
+    def placed(self, entry: RunningRequest, host: str, queued_ms: int, model: str) -> None:
+        """The request holds a slot of `model` on `host`, after waiting `queued_ms` for it (a
+        request asked again elsewhere, after a failure, is placed again)."""
         entry.host = host
         entry.queued_ms = queued_ms
         entry.line = None
+        with self._lock:
+            self._unplace(entry)
+            entry.granted = self._clock()
+            entry.holds = (host, model)
+            self._placed.setdefault(entry.holds, {})[entry.number] = entry
 
     def finish(self, entry: RunningRequest) -> None:
         """The request ended, however; calling it again does nothing."""
         with self._lock:
             self._entries.pop(entry.number, None)
+            self._unplace(entry)
+
+    def holding(self, host: str, model: str) -> list[float]:
+        """How long each request placed on `host` for `model`, and not finished, has been
+        there, in seconds (priced patience's `line_wait`)."""
+        now = self._clock()
+        with self._lock:
+            there = list(self._placed.get((host, model), {}).values())
+        return [now - entry.granted for entry in there]
+
+    def _unplace(self, entry: RunningRequest) -> None:
+        """Take the request out of where it was placed (under the lock)."""
+        if entry.holds is None:
+            return
+        there = self._placed.get(entry.holds)
+        if there is not None:
+            there.pop(entry.number, None)
+            if not there:
+                del self._placed[entry.holds]
+        entry.holds = None
 
     def __len__(self) -> int:
         return len(self._entries)

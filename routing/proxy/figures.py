@@ -30,7 +30,10 @@ def pricing(runtime: Runtime, route: RouteConfig, ask: Ask) -> Pricing | None:
         spec = config.models.get(model) if config is not None else None
         return spec.parallel if spec is not None else 1
 
-    return Pricing(runtime.figures, runtime.prefixes, model, ask.prefix, slots)
+    def running(host: str) -> list[float]:
+        return runtime.running.holding(host, model)
+
+    return Pricing(runtime.figures, runtime.prefixes, model, ask.prefix, slots, running=running)
 
 
 def held(trail: Trail, runtime: Runtime) -> None:

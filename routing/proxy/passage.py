@@ -166,7 +166,7 @@ class Passage:
     async def _ask(self, host: str) -> Answered:
         trail = self.trail = self.trail._replace(host=host)
         if trail.running is not None:
-            trail.running.table.placed(trail.running, host, 0)
+            trail.running.table.placed(trail.running, host, 0, self.ask.model or "")
         upstream = await self.forward(self.runtime, self.ask, self.ask.model, host, None)
         return Answered(upstream, None, self._answered(trail))
 

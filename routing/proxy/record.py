@@ -72,7 +72,9 @@ class Trail(NamedTuple):
     def placed(self, placement: Placement) -> Trail:
         """Where the request runs. `route` stays the route the client asked for."""
         if self.running is not None:
-            self.running.table.placed(self.running, placement.host, int(placement.waited * 1000))
+            self.running.table.placed(
+                self.running, placement.host, int(placement.waited * 1000), placement.model
+            )
         return self._replace(
             host=placement.host,
             lease=str(placement.lease),

@@ -57,6 +57,23 @@ def test_the_wait_in_line_is_the_place_times_the_service_time_over_the_slots():
     assert line_wait(2, 4.0, 0) == 8.0  # a host counts at least one slot
 
 
+def test_a_running_request_known_to_be_near_its_end_frees_its_slot_for_the_line_sooner():
+    # Two slots held 4 s on average: one request has held its slot 3.5 s, the other 1 s.
+    assert line_wait(1, 4.0, 2, [3.5, 1.0]) == 0.5
+    assert line_wait(2, 4.0, 2, [3.5, 1.0]) == 3.0
+    # The third place waits for the first slot to free twice: its end, then a whole service.
+    assert line_wait(3, 4.0, 2, [3.5, 1.0]) == 4.5
+    assert line_wait(1, 4.0, 2, [9.0, 1.0]) == 0.0  # past its mean: expected to end now
+
+
+def test_a_busy_slot_whose_request_is_not_known_here_frees_as_if_evenly_spread():
+    # One slot of two held by a request this process knows (1 s in), one by another process's.
+    assert line_wait(1, 4.0, 2, [1.0]) == 2.0
+    assert line_wait(2, 4.0, 2, [1.0]) == 3.0
+    # More known than slots (parallel lowered): a slot frees as the last two of three end.
+    assert line_wait(1, 4.0, 2, [3.9, 3.0, 1.0]) == 1.0
+
+
 def test_a_prefill_evaluates_what_the_host_does_not_hold_at_its_speed():
     assert prefill(3000, 1000, 1000) == 2.0
     assert prefill(3000, 0, 500) == 6.0
@@ -188,6 +205,19 @@ def test_staying_is_the_wait_in_line_then_what_home_does_not_hold():
     assert prices.stay("gpu1", 3) == pytest.approx(6.0 + (TOKENS - 40 * BLOCK) / 1000)
     index.correct("gpu1", MODEL, PROMPT.blocks, 20)  # it lost half
     assert prices.stay("gpu1", 3) == pytest.approx(6.0 + (TOKENS - 20 * BLOCK) / 1000)
+
+
+def test_staying_behind_requests_near_their_end_is_priced_by_what_they_have_left():
+    index = PrefixIndex(10_000)
+    index.learn("gpu1", MODEL, PROMPT.blocks)
+    known = figures(gpu1=(4.0, 1000.0))
+    held = {"gpu1": [3.0, 2.0]}
+    prices = Pricing(known, index, MODEL, PROMPT, lambda host: 2, running=held.__getitem__)
+    home = (TOKENS - 40 * BLOCK) / 1000
+
+    assert prices.stay("gpu1", 1) == pytest.approx(1.0 + home)
+    held["gpu1"] = [0.5, 0.0]  # the slot freed and two new requests began
+    assert prices.stay("gpu1", 1) == pytest.approx(3.5 + home)
 
 
 def test_no_measurements_no_price():

@@ -33,7 +33,7 @@ def test_a_waiting_request_has_no_host_and_no_queue_time_until_it_is_placed() ->
 
     clock.now += 1.5
     [waiting] = table.snapshot()
-    table.placed(entry, "gpu1", 1500)
+    table.placed(entry, "gpu1", 1500, "llama3")
     clock.now += 2.0
     [running] = table.snapshot()
 
@@ -58,7 +58,7 @@ def test_a_queued_request_shows_whose_line_it_is_in_and_its_place_until_it_is_pl
     [third] = table.snapshot()
     line.position = 1
     [first] = table.snapshot()
-    table.placed(entry, "gpu2", 800)
+    table.placed(entry, "gpu2", 800, "llama3")
     [running] = table.snapshot()
 
     assert (third.host, third.line, third.place) == ("", "gpu2", 3)
@@ -125,3 +125,38 @@ def test_data_events_counts_each_sse_event_once_and_not_the_end_marker() -> None
     assert data_events(b"data: [DONE]\n\n") == 0
     # An event per chunk, as llama-server sends them.
     assert sum(data_events(part + b"\n\n") for part in stream.split(b"\n\n") if part) == 2
+
+
+def test_the_requests_holding_a_hosts_slots_say_how_long_they_have_held_them() -> None:
+    clock = Clock()
+    table = RunningTable(clock)
+    first, second, other = (table.add("chat", "llama3", "") for _ in range(3))
+
+    table.placed(first, "gpu1", 0, "llama3")
+    clock.now += 2.0
+    table.placed(second, "gpu1", 0, "llama3")
+    table.placed(other, "gpu1", 0, "mistral")
+    clock.now += 1.0
+
+    assert sorted(table.holding("gpu1", "llama3")) == [1.0, 3.0]
+    assert table.holding("gpu1", "mistral") == [1.0]
+    assert table.holding("gpu2", "llama3") == []
+    table.finish(first)
+    assert table.holding("gpu1", "llama3") == [1.0]
+
+
+def test_a_request_asked_again_elsewhere_holds_only_its_new_slot() -> None:
+    clock = Clock()
+    table = RunningTable(clock)
+    entry = table.add("chat", "llama3", "")
+
+    table.placed(entry, "gpu1", 0, "llama3")
+    clock.now += 1.0
+    table.placed(entry, "gpu2", 0, "llama3")  # gpu1 failed before answering
+    clock.now += 0.5
+
+    assert table.holding("gpu1", "llama3") == []
+    assert table.holding("gpu2", "llama3") == [0.5]
+    table.finish(entry)
+    table.finish(entry)  # again: nothing
+    assert table.holding("gpu2", "llama3") == []

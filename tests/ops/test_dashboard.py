@@ -414,7 +414,7 @@ async def test_running_requests_show_with_their_host_wait_and_tokens_until_they_
     runtime = await get_runtime()
     waiting = runtime.running.add("chat", MODEL, "team-b")
     streaming = runtime.running.add("chat", MODEL, "")
-    runtime.running.placed(streaming, "gpu-run", 250)
+    runtime.running.placed(streaming, "gpu-run", 250, MODEL)
     streaming.tokens = 7  # as the relay counts them
 
     shown = await receive_until(communicator, lambda m: len(m.get("running", [])) == 2)

@@ -9,6 +9,7 @@ gateway keeps the figures of every host it has served.
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import httpx
@@ -112,6 +113,38 @@ def test_a_busy_homes_request_stays_when_the_cold_start_elsewhere_is_priced_long
     assert stayed.headers["x-crossbar-patience"] == (
         f"stay stay_ms={row.patience_stay_ms} spill_ms={row.patience_spill_ms}"
     )
+
+
+def test_a_busy_homes_request_stays_behind_a_request_near_its_end(gateway, fake, fake2):
+    # A slot at home is held 2 s (its first answer), the other host would evaluate the
+    # conversation cold in 1.2 s: behind a request just begun, spilling is sooner; behind one
+    # 1.3 s into its slot, staying is (some 0.7 s left of the 2 s it is expected to take).
+    home, other = fresh_hosts(fake, fake2)
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    document = " ".join(f"clause{i}" for i in range(12_000))  # 1.2 s to evaluate cold
+    fake.token_delay = 0.1
+    first = httpx.post(url, json=chat("near", system=document, max_tokens=20), timeout=10)
+    assert first.headers["x-crossbar-host"] == home
+    theirs = httpx.post(url, json=chat("theirs", max_tokens=2), timeout=10)
+    assert theirs.headers["x-crossbar-host"] == other
+    since = timezone.now()
+
+    # It runs 3 s, longer than home's 2 s: the request below finds it still running.
+    busy = chat("near", system=document, stream=True, max_tokens=30)
+    with holding(url, busy, fake):
+        time.sleep(1.3)
+        stayed = httpx.post(url, json=chat("near", system=document, max_tokens=2), timeout=10)
+
+    assert stayed.status_code == 200
+    assert stayed.headers["x-crossbar-host"] == home
+    rows = Request.objects.filter(started__gte=since, host=home, queued_ms__gt=0)
+    wait_until(rows.exists, what="the row of the request that waited")
+    row = rows.get()
+    assert row.patience == "stay"
+    assert row.patience_spill_ms is not None and row.patience_spill_ms >= 1000
+    # Not the 2 s a whole service would price it at: what the running request has left.
+    assert row.patience_stay_ms is not None and row.patience_stay_ms < 1000
 
 
 def test_a_host_moved_to_another_machine_is_priced_afresh(gateway, fake, fake2):
