@@ -1,4 +1,6 @@
-"""The requests running right now, for the dashboard's live table. Pure: standard library only.
+"""The requests running right now: the dashboard's live table, and how long each request
+placed on a host has held its slot there (`holding`, for priced patience's wait in line).
+Pure: standard library only.
 
 The proxy adds a request once its route is known, notes the line it waits in (if it must)
 and where it was placed once it holds a slot, counts the SSE `data:` events it passes on (one
@@ -106,6 +108,12 @@ class RunningTable:
             entry.holds = (host, model)
             self._placed.setdefault(entry.holds, {})[entry.number] = entry
 
+    def freed(self, entry: RunningRequest) -> None:
+        """The request gave its slot back; its answer may still be on its way to the client,
+        and it shows until it finishes. Calling it again does nothing."""
+        with self._lock:
+            self._unplace(entry)
+
     def finish(self, entry: RunningRequest) -> None:
         """The request ended, however; calling it again does nothing."""
         with self._lock:
@@ -113,8 +121,8 @@ class RunningTable:
             self._unplace(entry)
 
     def holding(self, host: str, model: str) -> list[float]:
-        """How long each request placed on `host` for `model`, and not finished, has been
-        there, in seconds (priced patience's `line_wait`)."""
+        """How long each request placed on `host` for `model` has held its slot there, in
+        seconds, for those that hold it still (priced patience's `line_wait`)."""
         now = self._clock()
         with self._lock:
             there = list(self._placed.get((host, model), {}).values())

@@ -347,6 +347,8 @@ class Relay:
         """The host is done with: its slot back (and how long it was held, to the figures)."""
         if self._slot is not None:
             held(self._trail, self._runtime)
+            if (running := self._trail.running) is not None:
+                running.table.freed(running)  # what a slow reader still reads holds no slot
             self._slot.release()
             self._slot = None
 

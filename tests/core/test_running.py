@@ -143,6 +143,9 @@ def test_the_requests_holding_a_hosts_slots_say_how_long_they_have_held_them() -
     assert table.holding("gpu2", "llama3") == []
     table.finish(first)
     assert table.holding("gpu1", "llama3") == [1.0]
+    table.freed(second)  # its slot given back while the client still reads its answer
+    assert table.holding("gpu1", "llama3") == []
+    assert [row.host for row in table.snapshot()] == ["gpu1", "gpu1"]  # shown till it ends
 
 
 def test_a_request_asked_again_elsewhere_holds_only_its_new_slot() -> None:
