@@ -70,6 +70,8 @@ def test_a_busy_slot_whose_request_is_not_known_here_frees_as_if_evenly_spread()
     # One slot of two held by a request this process knows (1 s in), one by another process's.
     assert line_wait(1, 4.0, 2, [1.0]) == 2.0
     assert line_wait(2, 4.0, 2, [1.0]) == 3.0
+    # Three slots, two of them another process's: theirs free after 1 s and 2 s of a 3 s service.
+    assert [line_wait(p, 3.0, 3, [2.5]) for p in (1, 2, 3)] == [0.5, 1.0, 2.0]
     # More known than slots (parallel lowered): a slot frees as the last two of three end.
     assert line_wait(1, 4.0, 2, [3.9, 3.0, 1.0]) == 1.0
 
