@@ -117,8 +117,9 @@ class Request(models.Model):
         "patience spill ms",
         null=True,
         blank=True,
-        help_text="The expected ms to the first token on the other host's free slot (its "
-        "prefill of what it does not hold); empty when a figure was missing or nothing was free.",
+        help_text="The expected delay of a spill: ms to the first token on the other host's "
+        "free slot (its prefill of what it does not hold), once more for each request running "
+        "there; empty when a figure was missing or nothing was free.",
     )
 
     class Meta:

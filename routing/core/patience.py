@@ -2,14 +2,21 @@
 another host with a free slot, whichever gives the first token sooner (a route's
 `lease_patience = "auto"`).
 
-Both ways are priced in seconds until the request's first token:
+Both ways are priced in seconds of delay: to the request's first token, and, for a spill, to
+the next tokens of the requests it runs beside:
 
 - **stay** at place `p` in the line of host `h`, which has `s` slots:
   `line_wait(p) + prefill(h)`. Each request running there is expected to end once it has held
   its slot `service(h)` seconds, so the `p`-th slot to free comes as the running requests end
   (after `p x service / s` where how far they have got is unknown: `line_wait`); then `h`
   still evaluates what it does not hold of the prompt (the new turn, at home).
-- **spill** to host `g` with a free slot now: `prefill(g)`, the prompt less what `g` holds.
+- **spill** to host `g` with a free slot now: `prefill(g) x (1 + r)`, the prompt less what
+  `g` holds, evaluated while `r` requests known to this process run there. llama-server
+  evaluates a prompt in the same batches as the running requests' next tokens, so each of them
+  waits as long as the spilled request does: a spill is taken only where it saves this request
+  more than it costs them. On bench-cache with 96-token answers (bench/README.md, "5 Dec
+  2026") the spills priced by the request's own wait alone cost more than they saved: more
+  tokens and a worse TTFB p95 than never spilling.
 
 `prefill(h) = (prompt tokens - tokens h holds) / h's prompt speed`. The prompt's tokens are its
 length in the prefix index's units (canonical characters, or token ids) over the model's
@@ -261,14 +268,23 @@ class Pricing:
     def stay(self, host: str, position: int) -> float | None:
         """Seconds to the first token staying at place `position` of the host's line."""
         service = self.figures.service(host, self.model)
-        evaluate = self.spill(host)
+        evaluate = self.prefill_on(host)
         if service is None or evaluate is None:
             return None
         wait = line_wait(position, service, self.slots(host), self.running(host))
         return wait + evaluate
 
     def spill(self, host: str) -> float | None:
-        """Seconds to the first token on a free slot of the host: its prefill of the prompt."""
+        """The delay a spill to a free slot of the host costs: its prefill of the prompt, which
+        this request waits for its first token, and so does each request running there
+        (llama-server evaluates a prompt in the same batches as their next tokens)."""
+        evaluate = self.prefill_on(host)
+        if evaluate is None:
+            return None
+        return evaluate * (1 + len(self.running(host)))
+
+    def prefill_on(self, host: str) -> float | None:
+        """Seconds the host takes to evaluate what it does not hold of the prompt."""
         prefix = self.prefix
         speed = self.figures.speed(host)
         per_token = self.figures.units_per_token(self.model, prefix.block_size)

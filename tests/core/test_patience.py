@@ -191,6 +191,25 @@ def test_a_cold_start_is_the_whole_prompt_at_the_hosts_speed():
     assert prices.spill("gpu2") == pytest.approx(TOKENS / 1280)
 
 
+def test_a_spill_costs_its_prefill_to_each_request_running_where_it_goes_too():
+    running = {"gpu2": [0.5, 0.2]}  # two requests run on gpu2: the prefill delays them too
+    prices = Pricing(figures(gpu2=(1.0, 1280.0)), PrefixIndex(10_000), MODEL, PROMPT,
+                     lambda host: 3, running=lambda host: running.get(host, []))  # fmt: skip
+
+    assert prices.spill("gpu2") == pytest.approx(3 * TOKENS / 1280)
+    running["gpu2"] = []
+    assert prices.spill("gpu2") == pytest.approx(TOKENS / 1280)
+
+
+def test_staying_counts_the_homes_prefill_once_whoever_runs_there():
+    index = PrefixIndex(10_000)
+    index.learn("gpu1", MODEL, PROMPT.blocks[:30])
+    prices = Pricing(figures(gpu1=(4.0, 1000.0)), index, MODEL, PROMPT, lambda host: 2,
+                     running=lambda host: [3.0, 2.0])  # fmt: skip
+
+    assert prices.stay("gpu1", 1) == pytest.approx(1.0 + (TOKENS - 30 * BLOCK) / 1000)
+
+
 def test_a_host_that_holds_the_prompts_start_evaluates_only_the_rest():
     index = PrefixIndex(10_000)
     index.learn("gpu2", MODEL, PROMPT.blocks[:30])  # 30 of the 40 blocks
