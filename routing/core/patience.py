@@ -1,6 +1,6 @@
 """Priced patience: wait in line for the host that holds the conversation, or start cold on
-another host with a free slot, whichever gives the first token sooner (a route's
-`lease_patience = "auto"`).
+another host with a free slot, whichever costs less delay (a route's `lease_patience =
+"auto"`).
 
 Both ways are priced in seconds of delay: to the request's first token, and, for a spill, to
 the next tokens of the requests it runs beside:
@@ -30,7 +30,7 @@ a decayed ratio of sums: an answer adds its own numbers and the earlier ones kee
 their weight, so a figure follows a change within a handful of answers, and a small
 evaluation (one token after a cache hit, its time mostly overhead) weighs little in a speed.
 
-The choice (`decide`): a free slot elsewhere is taken when it is priced sooner than staying
+The choice (`decide`): a free slot elsewhere is taken when it is priced lower than staying
 and no other host with a free slot now is priced lower. Without a figure it needs (a host
 that has not answered yet, an engine that reports no `timings`), the fixed default applies
 to that slot: it may take the request once the request has waited `DEFAULT_PATIENCE`.
@@ -102,8 +102,8 @@ def prefill(tokens: float, held: float, speed: float) -> float:
 class Choice(StrEnum):
     """What priced patience chose for a request that waits: the row's `patience`."""
 
-    STAY = "stay"  # staying is sooner (or no other host had a free slot)
-    SPILL = "spill"  # the cold start elsewhere is sooner
+    STAY = "stay"  # staying costs less (or no other host had a free slot)
+    SPILL = "spill"  # the cold start elsewhere costs less
     DEFAULT = "default"  # a figure was missing: the fixed default patience decided
 
 

@@ -8,7 +8,7 @@ atomic script in Redis), so no other request can take the place meanwhile:
 - home busy, room in its queue: the request queues at home; after the route's
   `lease_patience` it also watches the route's other hosts and takes the first slot freed there
   (`spilled`, the lease stays home). With `lease_patience` auto (None), it watches them at
-  once, and a free slot there takes it only when its cold start is priced sooner than the wait
+  once, and a free slot there takes it only when its cold start is priced lower than the wait
   in line (`routing.core.patience`): priced when the wait begins, again at each slot freed
   there and each move of its line, and by the fixed default for a host without figures;
 - home's queue full: the first other usable host with a free slot, else with room in its queue
@@ -323,7 +323,7 @@ class Placer(Generic[RouteT]):
 
     async def _granted(self, waiter: InLine) -> Held:
         """The slot `waiter` is handed. A priced wait is priced now (a free slot elsewhere
-        that is sooner takes it at once) and again each time its place in line moves; a slot
+        priced lower takes it at once) and again each time its place in line moves; a slot
         freed elsewhere is priced by `_accepts` as it frees."""
         if self._priced is None:
             slot: Held = await waiter.granted
@@ -370,8 +370,8 @@ class Placer(Generic[RouteT]):
         return pricing.stay(waiter.host, waiter.position) if pricing is not None else None
 
     def _takes(self, host: str) -> bool:
-        """Priced patience: whether a free slot on `host` is sooner than the wait in line (and
-        than the other hosts' free slots). The choice is kept for the row."""
+        """Priced patience: whether a free slot on `host` is priced lower than the wait in
+        line (and than the other hosts' free slots). The choice is kept for the row."""
         waiter, pricing = self._priced, self._pricing
         if waiter is None:
             return True  # patience was spent: any free slot
