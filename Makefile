@@ -79,7 +79,7 @@ bench-scale: $(BENCH_INSTALLED)
 	$(PY) bench/bench_scale.py $(BENCH_ARGS)
 
 # Placement policies on real llama-servers (the `make llama-server` build, a tiny model made
-# for the run): one host, random, least loaded, crossbar at each patience; about 11 minutes.
+# for the run): one host, random, least loaded, crossbar at each patience; about 15 minutes.
 # Without the build it says how to make one and exits non-zero.
 bench-cache: $(VENV)/.installed
 	$(PY) bench/bench_cache.py $(BENCH_ARGS)

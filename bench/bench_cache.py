@@ -1,12 +1,13 @@
 """Cache-aware placement on real llama-servers, policy against policy: `make bench-cache`.
 
-    .venv/bin/python bench/bench_cache.py                        # everything, about 11 minutes
-    .venv/bin/python bench/bench_cache.py --patience 0 2 600 auto --seed 1
+    .venv/bin/python bench/bench_cache.py                        # everything, about 15 minutes
+    .venv/bin/python bench/bench_cache.py --patience 0 2 600 auto --seed 1 --rounds 1
     .venv/bin/python bench/bench_cache.py --policies one-host crossbar --conversations 8
-    .venv/bin/python bench/bench_cache.py --hosts 3 --patience 600 auto --prefix-margins 0 1 2
-    .venv/bin/python bench/bench_cache.py --policies one-host random crossbar --rounds 3
+    .venv/bin/python bench/bench_cache.py --patience 600 auto --prefix-margins 0 1 2
+    .venv/bin/python bench/bench_cache.py --hosts 2 --conversations 16 --bursts 4 \
+        --task-words 60 --max-tokens 24                          # the workload before 5 Dec 2026
 
-Runs two (`--hosts`) real llama-servers with `--parallel` slots each (the binary of `make
+Runs three (`--hosts`) real llama-servers with `--parallel` slots each (the binary of `make
 llama-server`, the tiny random model of tests/e2e/llama/tiny_model.py; `-sps 0.95`, as
 docs/config.md advises for hosts behind crossbar) and sends each policy
 the same agent-like workload (bench/cache_workload.py: more conversations than slots, a long
@@ -256,13 +257,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--rounds",
         type=int,
-        default=1,
+        default=2,
         help="every policy's phases this many times, round after round; the figures and checks "
         "are of all rounds together (TTFB percentiles over every request, tokens each round's "
         "mean): which request gets which slot depends on timing, and one round's verdict can "
         "go either way",
     )
-    add("--hosts", type=int, default=2, choices=(2, 3))
+    add("--hosts", type=int, default=3, choices=(2, 3))
     add("--parallel", type=int, default=2, help="slots per host")
     add(
         "--cache-ram",
@@ -289,9 +290,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         help="more llama-server arguments for every host, as one string (e.g. '-kvu')",
     )
-    add("--conversations", type=int, default=16)
+    add("--conversations", type=int, default=24)
     add("--turns", type=int, default=6)
-    add("--bursts", type=int, default=4, help="new conversations arrive in this many bursts")
+    add("--bursts", type=int, default=6, help="new conversations arrive in this many bursts")
     add("--burst-gap", type=float, default=5.0, help="seconds between bursts")
     add(
         "--pause",
@@ -304,9 +305,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--instruction-words", type=int, default=400)
     add("--tools", type=int, default=8)
     add("--tool-words", type=int, default=30)
-    add("--task-words", type=int, default=60)
+    add("--task-words", type=int, default=600)
     add("--result-words", type=int, nargs=2, default=[100, 250], metavar=("MIN", "MAX"))
-    add("--max-tokens", type=int, default=24)
+    add("--max-tokens", type=int, default=96)
     add(
         "--calm-conversations",
         type=int,
