@@ -34,8 +34,8 @@ class Request(models.Model):
         NONE = "none", "none"  # no conversation (e.g. a GET) or no host reached
 
     class Patience(models.TextChoices):
-        STAY = "stay", "stay"  # the wait in line was priced sooner (or nothing else was free)
-        SPILL = "spill", "spill"  # the cold start on another host was priced sooner
+        STAY = "stay", "stay"  # the wait in line was priced lower (or nothing else was free)
+        SPILL = "spill", "spill"  # the cold start on another host was priced lower
         DEFAULT = "default", "default"  # a figure was missing: the fixed default decided
         NONE = "", "none"  # not priced: no wait, or a route with a fixed lease_patience
 

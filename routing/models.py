@@ -76,8 +76,9 @@ class Route(models.Model):
         validators=[validate_seconds],
         help_text="Seconds a conversation waits for its own (cache-warm) host before it goes "
         "to another host with a free slot. 0: never wait while another host is free. Empty: "
-        "auto, whichever is sooner: the wait in line at home, or the prompt evaluated cold "
-        "on the other host, as the hosts' recent answers price them.",
+        "auto, whichever costs less: the wait in line at home, or the prompt evaluated cold "
+        "on the other host (which the requests running there wait for too), as the hosts' "
+        "recent answers price them.",
     )
     fallback = models.ForeignKey(
         "self",
