@@ -6,6 +6,7 @@
     .venv/bin/python bench/bench_cache.py --patience 600 auto --prefix-margins 0 1 2
     .venv/bin/python bench/bench_cache.py --hosts 2 --conversations 16 --bursts 4 \
         --task-words 60 --max-tokens 24                          # the workload before 5 Dec 2026
+    .venv/bin/python bench/bench_cache.py --hosts 2 --pin --rev HEAD  # a core each; a commit
 
 Runs three (`--hosts`) real llama-servers with `--parallel` slots each (the binary of `make
 llama-server`, the tiny random model of tests/e2e/llama/tiny_model.py; `-sps 0.95`, as
@@ -64,6 +65,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -266,6 +268,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--hosts", type=int, default=3, choices=(2, 3))
     add("--parallel", type=int, default=2, help="slots per host")
     add(
+        "--pin",
+        action="store_true",
+        help="each host on a core of its own (taskset; host n on core n - 1, the one host on "
+        "the first), as separate machines would be: a request on one host then takes no CPU "
+        "from another. Needs at least as many cores as hosts",
+    )
+    add("--rev", help="benchmark this commit (default: the working tree, as it is when it starts)")
+    add(
         "--cache-ram",
         type=int,
         default=7,
@@ -353,6 +363,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, not {args.rounds}")
+    cores = len(os.sched_getaffinity(0))
+    if args.pin and args.hosts > cores:
+        parser.error(f"--pin needs a core for each of the {args.hosts} hosts; this has {cores}")
     return args
 
 
@@ -368,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
         model = write_tiny_model(args.work / "tiny.gguf", vocab)
     except MissingDependency as exc:
         sys.exit(f"bench-cache: {exc}")
-    source, provenance = source_tree(args.work, None)
+    source, provenance = source_tree(args.work, args.rev)
     shape = shape_of(args)
     workload = make_workload(shape, args.seed)
     slots = args.hosts * args.parallel
@@ -386,12 +399,12 @@ def main(argv: list[str] | None = None) -> None:
 
     similarity = ("--slot-prompt-similarity", f"{args.slot_prompt_similarity:g}")
     launch = Launch(binary, model, args.work, (*similarity, *args.llama_args))
-    fleet = [Host(f"h{n + 1}", args.parallel, 1, args.cache_ram, launch)
+    fleet = [Host(f"h{n + 1}", args.parallel, 1, args.cache_ram, launch, n if args.pin else None)
              for n in range(args.hosts)]  # fmt: skip
     # One thread, as each host has: with two, on this busy 2-core machine, its prompts took 4x
     # as long a token as the fleet's (a trial run, 2 Dec 2026). Its times are then one core's
     # against the fleet's: compare its tokens.
-    ideal = Host("one", slots, 1, args.cache_ram * args.hosts, launch)
+    ideal = Host("one", slots, 1, args.cache_ram * args.hosts, launch, 0 if args.pin else None)
     policies = [p for p in args.policies if p != "crossbar"]
     if "crossbar" in args.policies:
         margins = [f"/m{margin}" for margin in args.prefix_margins or ()]

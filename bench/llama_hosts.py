@@ -36,11 +36,18 @@ class Host:
     """One llama-server with `slots` slots, `threads` threads and `cache_ram_mib` of prompt
     cache in memory (--cache-ram) on a port it keeps for the whole run, so that a restart
     (`stop`, then `start`) brings it back where crossbar and the bench know it; every other
-    setting is llama-server's default. One caller at a time (a restart runs in a thread while
-    nothing else starts or stops the host)."""
+    setting is llama-server's default. `cpu`: the core it runs on (taskset), as a machine of
+    its own would; None, wherever the kernel puts it. One caller at a time (a restart runs in
+    a thread while nothing else starts or stops the host)."""
 
     def __init__(
-        self, name: str, slots: int, threads: int, cache_ram_mib: int, launch: Launch
+        self,
+        name: str,
+        slots: int,
+        threads: int,
+        cache_ram_mib: int,
+        launch: Launch,
+        cpu: int | None = None,
     ) -> None:
         self.name = name
         self.slots = slots
@@ -50,6 +57,7 @@ class Host:
                       "-c", str(slots * CTX_PER_SLOT), "--cache-ram", str(cache_ram_mib),
                       "--no-ui", *launch.extra]  # fmt: skip
         self._launch = launch
+        self._wrapper = () if cpu is None else ("taskset", "-c", str(cpu))
         self._running: contextlib.ExitStack | None = None
         self._server: LlamaServer | None = None
 
@@ -58,7 +66,8 @@ class Host:
         stack = contextlib.ExitStack()
         launch = self._launch
         self._server = stack.enter_context(running_llama_server(
-            launch.binary, launch.model, launch.work, base=self._args, port=self.port
+            launch.binary, launch.model, launch.work, base=self._args, port=self.port,
+            wrapper=self._wrapper,
         ))  # fmt: skip
         self._running = stack
 

@@ -74,16 +74,19 @@ def running_llama_server(
     alias: str | None = ALIAS,
     timeout: float = 120,
     port: int | None = None,
+    wrapper: Sequence[str] = (),
 ) -> Iterator[LlamaServer]:
     """llama-server serving `model` with `base` + `extra` arguments, healthy, then stopped.
 
     `alias=None` leaves the model's id to llama-server (its file name). `port`: a free one
-    unless given (bench/bench_cache.py restarts a host where it was). The server's output is
-    appended to `log_dir/llama-server-<port>.log`.
+    unless given (bench/bench_cache.py restarts a host where it was). `wrapper`: a command that
+    runs the server in its own process (`taskset -c 1`: the bench pins a host to a core). The
+    server's output is appended to `log_dir/llama-server-<port>.log`.
     """
     port = port or free_port()
     log_path = log_dir / f"llama-server-{port}.log"
-    args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *base]
+    args = [*wrapper, str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    args += base
     if alias:
         args += ["--alias", alias]
     args += list(extra)
