@@ -7,6 +7,7 @@
     .venv/bin/python bench/bench_cache.py --hosts 2 --conversations 16 --bursts 4 \
         --task-words 60 --max-tokens 24                          # the workload before 5 Dec 2026
     .venv/bin/python bench/bench_cache.py --hosts 2 --pin --rev HEAD  # a core each; a commit
+    sudo .venv/bin/python bench/bench_cache.py --cpu-cap 0.55  # each host held to 0.55 of a core
 
 Runs three (`--hosts`) real llama-servers with `--parallel` slots each (the binary of `make
 llama-server`, the tiny random model of tests/e2e/llama/tiny_model.py; `-sps 0.95`, as
@@ -90,6 +91,7 @@ from cache_report import (  # noqa: E402
     tables,
 )
 from cache_workload import Shape, Workload, make_workload  # noqa: E402
+from cpu_caps import CpuCap, CpuCapError  # noqa: E402
 from llama_hosts import MODEL, Host, Launch  # noqa: E402
 from processes import RESULTS, crossbar, fleet_problems, machine, source_tree  # noqa: E402
 
@@ -236,6 +238,12 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def wrapper(args: argparse.Namespace, n: int, caps: Sequence[CpuCap]) -> tuple[str, ...]:
+    """What host `n` (from 0) runs under: its core (`--pin`), then its CPU cap (`--cpu-cap`)."""
+    pinned = ("taskset", "-c", str(n)) if args.pin else ()
+    return (*pinned, *caps[n].wrapper) if caps else pinned
+
+
 def shape_of(args: argparse.Namespace) -> Shape:
     return Shape(
         conversations=args.conversations,
@@ -273,6 +281,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="each host on a core of its own (taskset; host n on core n - 1, the one host on "
         "the first), as separate machines would be: a request on one host then takes no CPU "
         "from another. Needs at least as many cores as hosts",
+    )
+    add(
+        "--cpu-cap",
+        type=float,
+        metavar="CORES",
+        help="each host held to this share of the CPU (a cgroup's quota: bench/cpu_caps.py), "
+        "as a machine of its own: with three hosts on two cores, 0.55 leaves the gateway and "
+        "the bench a third of a core. Needs root",
     )
     add("--rev", help="benchmark this commit (default: the working tree, as it is when it starts)")
     add(
@@ -399,12 +415,17 @@ def main(argv: list[str] | None = None) -> None:
 
     similarity = ("--slot-prompt-similarity", f"{args.slot_prompt_similarity:g}")
     launch = Launch(binary, model, args.work, (*similarity, *args.llama_args))
-    fleet = [Host(f"h{n + 1}", args.parallel, 1, args.cache_ram, launch, n if args.pin else None)
+    try:
+        caps = [CpuCap(f"h{n + 1}", args.cpu_cap) for n in range(args.hosts if args.cpu_cap else 0)]
+    except CpuCapError as exc:
+        sys.exit(f"bench-cache: {exc}")
+    fleet = [Host(f"h{n + 1}", args.parallel, 1, args.cache_ram, launch, wrapper(args, n, caps))
              for n in range(args.hosts)]  # fmt: skip
     # One thread, as each host has: with two, on this busy 2-core machine, its prompts took 4x
     # as long a token as the fleet's (a trial run, 2 Dec 2026). Its times are then one core's
     # against the fleet's: compare its tokens.
-    ideal = Host("one", slots, 1, args.cache_ram * args.hosts, launch, 0 if args.pin else None)
+    # Neither pinned nor capped with the fleet: only its tokens are compared.
+    ideal = Host("one", slots, 1, args.cache_ram * args.hosts, launch)
     policies = [p for p in args.policies if p != "crossbar"]
     if "crossbar" in args.policies:
         margins = [f"/m{margin}" for margin in args.prefix_margins or ()]
@@ -447,6 +468,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for host in [*fleet, ideal]:
             host.stop()
+        for cap in caps:
+            cap.remove()
     names = {policy: [host.name for host in ([ideal] if policy == IDEAL else fleet)]
              for policy in policies}  # fmt: skip
     results = {

@@ -36,9 +36,9 @@ class Host:
     """One llama-server with `slots` slots, `threads` threads and `cache_ram_mib` of prompt
     cache in memory (--cache-ram) on a port it keeps for the whole run, so that a restart
     (`stop`, then `start`) brings it back where crossbar and the bench know it; every other
-    setting is llama-server's default. `cpu`: the core it runs on (taskset), as a machine of
-    its own would; None, wherever the kernel puts it. One caller at a time (a restart runs in
-    a thread while nothing else starts or stops the host)."""
+    setting is llama-server's default. `wrapper`: a command it runs under (`taskset -c 1`, a
+    CPU cap: bench/cpu_caps.py). One caller at a time (a restart runs in a thread while nothing
+    else starts or stops the host)."""
 
     def __init__(
         self,
@@ -47,7 +47,7 @@ class Host:
         threads: int,
         cache_ram_mib: int,
         launch: Launch,
-        cpu: int | None = None,
+        wrapper: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.slots = slots
@@ -57,7 +57,7 @@ class Host:
                       "-c", str(slots * CTX_PER_SLOT), "--cache-ram", str(cache_ram_mib),
                       "--no-ui", *launch.extra]  # fmt: skip
         self._launch = launch
-        self._wrapper = () if cpu is None else ("taskset", "-c", str(cpu))
+        self._wrapper = wrapper
         self._running: contextlib.ExitStack | None = None
         self._server: LlamaServer | None = None
 
