@@ -6,10 +6,14 @@ Both ways are priced in seconds of delay: to the request's first token, and, for
 the next tokens of the requests it runs beside:
 
 - **stay** at place `p` in the line of host `h`, which has `s` slots:
-  `line_wait(p) + prefill(h)`. Each request running there is expected to end once it has held
-  its slot `service(h)` seconds, so the `p`-th slot to free comes as the running requests end
-  (after `p x service / s` where how far they have got is unknown: `line_wait`); then `h`
-  still evaluates what it does not hold of the prompt (the new turn, at home).
+  `line_wait(p) x lateness(h) + prefill(h)`. Each request running there is expected to end
+  once it has held its slot `service(h)` seconds, so the `p`-th slot to free comes as the
+  running requests end (after `p x service / s` where how far they have got is unknown:
+  `line_wait`); then `h` still evaluates what it does not hold of the prompt (the new turn, at
+  home). `lateness(h)` closes the loop: each request that stayed compares the wait it was
+  priced as it joined the line with the wait it had, and the recent ratio corrects the next
+  prices. On bench-cache (bench/README.md, "5 Dec 2026") staying was priced 21-420 ms where
+  the requests waited 47-903 ms.
 - **spill** to host `g` with a free slot now: `prefill(g) x (1 + r)`, the prompt less what
   `g` holds, evaluated while `r` requests known to this process run there. llama-server
   evaluates a prompt in the same batches as the running requests' next tokens, so each of them
@@ -24,7 +28,7 @@ measured units per token; the tokens a host holds are its matched blocks
 (`PrefixIndex.match`), converted the same way.
 
 The figures (`Figures`) come from the answers themselves: per host and model the seconds a
-slot was held (service), per host the prompt tokens it evaluated per second (llama-server's
+slot was held (service) and the waits in line over their prices (lateness), per host the prompt tokens it evaluated per second (llama-server's
 `timings.prompt_n` over `prompt_ms`), per model and unit the prompt's units per token. Each is
 a decayed ratio of sums: an answer adds its own numbers and the earlier ones keep `DECAY` of
 their weight, so a figure follows a change within a handful of answers, and a small
@@ -63,6 +67,9 @@ DEFAULT_PATIENCE = 2.0  # seconds: the fixed patience that applies while a figur
 # The weight the earlier answers keep at each new one: the newest carries a quarter, and
 # after five more answers one carries less than a quarter of that.
 DECAY = 0.75
+# How far the waits that followed may correct the line's price (`Figures.lateness`): a few
+# requests that waited behind a stall do not make every wait look four times as long.
+LATENESS_BOUNDS = (0.5, 4.0)
 # Keys per table (hosts x models, hosts, models): hosts and models come from configuration,
 # so this is a bound against mistakes, not a cache size.
 MAX_ENTRIES = 1024
@@ -183,10 +190,11 @@ class Figures:
     `max_entries` keys per kind of figure. Each process keeps its own.
     """
 
-    __slots__ = ("_service", "_speed", "_units")
+    __slots__ = ("_service", "_speed", "_units", "_lateness")
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self._service: _Table[tuple[str, str]] = _Table(max_entries)
+        self._lateness: _Table[tuple[str, str]] = _Table(max_entries)
         self._speed: _Table[str] = _Table(max_entries)
         self._units: _Table[tuple[str, int]] = _Table(max_entries)
 
@@ -194,6 +202,12 @@ class Figures:
         """A slot of (host, model) was held `seconds`, from the grant to its release."""
         if seconds >= 0:
             self._service.add((host, model), seconds, 1.0)
+
+    def waited(self, host: str, model: str, priced: float, actual: float) -> None:
+        """A request priced to wait `priced` seconds in the line of (host, model), before
+        `lateness` corrected the price, was given a slot there after `actual` seconds."""
+        if priced > 0 and actual >= 0:
+            self._lateness.add((host, model), actual, priced)
 
     def prompted(
         self,
@@ -223,11 +237,21 @@ class Figures:
         gone = set(hosts)
         if gone:
             self._service.drop(lambda key: key[0] in gone)
+            self._lateness.drop(lambda key: key[0] in gone)
             self._speed.drop(lambda key: key in gone)
 
     def service(self, host: str, model: str) -> float | None:
         """Recent seconds a slot of (host, model) is held; None before any answer."""
         return self._service.get((host, model))
+
+    def lateness(self, host: str, model: str) -> float:
+        """The recent waits in the line of (host, model) over what they were priced
+        (`waited`), within `LATENESS_BOUNDS`; 1 before any."""
+        ratio = self._lateness.get((host, model))
+        if ratio is None:
+            return 1.0
+        low, high = LATENESS_BOUNDS
+        return min(max(ratio, low), high)
 
     def speed(self, host: str) -> float | None:
         """Recent prompt tokens the host evaluates a second; None before any timings."""
@@ -266,13 +290,23 @@ class Pricing:
         self.running = running
 
     def stay(self, host: str, position: int) -> float | None:
-        """Seconds to the first token staying at place `position` of the host's line."""
-        service = self.figures.service(host, self.model)
+        """Seconds to the first token staying at place `position` of the host's line: the
+        wait, corrected by how the recent waits there compared with their prices
+        (`Figures.lateness`), then the host's prefill."""
+        wait = self.line(host, position)
         evaluate = self.prefill_on(host)
-        if service is None or evaluate is None:
+        if wait is None or evaluate is None:
             return None
-        wait = line_wait(position, service, self.slots(host), self.running(host))
-        return wait + evaluate
+        return wait * self.figures.lateness(host, self.model) + evaluate
+
+    def line(self, host: str, position: int) -> float | None:
+        """Seconds until the slot for place `position` of the host's line frees, from the
+        service time and the running requests alone (`line_wait`): what `Figures.waited`
+        compares the wait that follows with."""
+        service = self.figures.service(host, self.model)
+        if service is None:
+            return None
+        return line_wait(position, service, self.slots(host), self.running(host))
 
     def spill(self, host: str) -> float | None:
         """The delay a spill to a free slot of the host costs: its prefill of the prompt, which

@@ -181,6 +181,9 @@ class Placer(Generic[RouteT]):
         self._spent = False  # priced patience: the fixed default has passed
         self._choices: dict[str, Priced] = {}  # the last choice about each host's free slot
         self._last: Priced | None = None  # the last choice of the wait
+        # Priced patience: when the wait in line began and what it was priced then, for
+        # `Figures.waited` once home gives it its slot.
+        self._line: tuple[float, float] | None = None
 
     async def now(self) -> Placement | Waiting:
         """A placement, or a `Waiting` holding the request's place, taken in one step.
@@ -245,6 +248,7 @@ class Placer(Generic[RouteT]):
         waiter = waiting.waiter
         timers = [loop.call_at(self.started + self.route.queue_timeout, self._time_out, waiter)]
         self._priced, self._spent, self._choices, self._last = None, False, {}, None
+        self._line = None
         if waiting.host and len(self._ranking().listed) > 1:
             patience = self.route.lease_patience
             if patience is None:
@@ -270,6 +274,8 @@ class Placer(Generic[RouteT]):
         placement = await self._placed_after(waiting, slot, fallback)
         if self._priced is None:
             return placement
+        if (slot.host, slot.model) == (waiting.host, self.model):
+            self._waited(slot.host, loop.time())
         return replace(placement, patience=self._choices.get(slot.host, self._last))
 
     async def _placed_after(
@@ -328,6 +334,10 @@ class Placer(Generic[RouteT]):
         if self._priced is None:
             slot: Held = await waiter.granted
             return slot
+        pricing = self._pricing
+        line = pricing.line(waiter.host, waiter.position) if pricing is not None else None
+        if line is not None:
+            self._line = (asyncio.get_running_loop().time(), line)
         moved = waiter.changes()
         while not waiter.granted.done():
             moved.clear()  # before pricing: a move from here on wakes the wait below
@@ -341,6 +351,14 @@ class Placer(Generic[RouteT]):
                 moving.cancel()
         granted: Held = waiter.granted.result()  # raises as awaiting it would
         return granted
+
+    def _waited(self, home: str, now: float) -> None:
+        """Priced patience: home gave the request its slot; the wait it had been priced at
+        when it joined the line is compared with the wait it had (`Figures.waited`). Only the
+        requests that stayed are compared: a spilled one's wait at home is never known."""
+        if self._line is not None and self._pricing is not None:
+            began, priced = self._line
+            self._pricing.figures.waited(home, self.model, priced, now - began)
 
     def _spill(self, waiter: InLine) -> None:
         """Patience spent (or priced): a slot freed on another usable host of the route may

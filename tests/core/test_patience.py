@@ -241,6 +241,40 @@ def test_staying_behind_requests_near_their_end_is_priced_by_what_they_have_left
     assert prices.stay("gpu1", 1) == pytest.approx(3.5 + home)
 
 
+def test_a_line_whose_waits_ran_long_prices_its_waits_as_long_as_they_ran():
+    index = PrefixIndex(10_000)
+    index.learn("gpu1", MODEL, PROMPT.blocks)
+    known = figures(gpu1=(4.0, 1000.0))
+    prices = pricing(known, index, slots=2)
+    home = (TOKENS - 40 * BLOCK) / 1000
+    assert known.lateness("gpu1", MODEL) == 1.0  # no wait compared yet
+    assert prices.line("gpu1", 3) == 6.0
+
+    known.waited("gpu1", MODEL, priced=1.0, actual=2.5)
+    known.waited("gpu1", MODEL, priced=3.0, actual=4.5)
+
+    # Two waits priced 4 s in all took 7 s (the newer weighs more: 4.5 + 0.75 x 2.5 over 3.75).
+    assert known.lateness("gpu1", MODEL) == pytest.approx(6.375 / 3.75)
+    assert prices.stay("gpu1", 3) == pytest.approx(6.0 * 6.375 / 3.75 + home)
+    assert prices.line("gpu1", 3) == 6.0  # what the next wait is compared with: uncorrected
+    assert known.lateness("gpu2", MODEL) == known.lateness("gpu1", "other model") == 1.0
+
+
+def test_the_correction_from_the_waits_that_followed_is_bounded_and_forgotten_with_its_host():
+    known = Figures()
+    known.waited("gpu1", MODEL, priced=0.1, actual=60.0)  # behind a stall
+    known.waited("gpu2", MODEL, priced=10.0, actual=0.0)  # the slot freed at once
+    known.waited("gpu3", MODEL, priced=0.0, actual=1.0)  # nothing to compare: no wait priced
+    known.waited("gpu3", MODEL, priced=1.0, actual=-1.0)  # a clock gone backwards
+
+    assert known.lateness("gpu1", MODEL) == 4.0
+    assert known.lateness("gpu2", MODEL) == 0.5
+    assert known.lateness("gpu3", MODEL) == 1.0
+    known.forget(["gpu1"])
+    assert known.lateness("gpu1", MODEL) == 1.0
+    assert known.lateness("gpu2", MODEL) == 0.5
+
+
 def test_no_measurements_no_price():
     index = PrefixIndex(10_000)
     prices = pricing(Figures(), index)

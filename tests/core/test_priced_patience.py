@@ -106,6 +106,9 @@ async def test_home_wait_longer_than_cold_start_spills_at_once() -> None:
     assert got.patience.spill == pytest.approx(1.0)
     assert lease_of(fleet, AUTO) == "gpu1"  # the lease stays with the cache-warm host
     assert fleet.limiter.queued("gpu1", MODEL) == 0
+    # Its wait at home is never known: the line's prices are not corrected by it.
+    assert prices.figures.lateness("gpu1", MODEL) == 1.0
+    assert prices.figures.lateness("gpu2", MODEL) == 1.0  # nor gpu2's: it never waited there
     running.release()
     got.slot.release()
     assert_nothing_held(fleet)
@@ -130,6 +133,35 @@ async def test_cold_start_longer_than_home_wait_stays_in_line() -> None:
     assert got.patience.stay == pytest.approx(1.0, abs=0.01)
     assert got.patience.spill == pytest.approx(5.0)
     got.slot.release()
+    assert_nothing_held(fleet)
+
+
+async def test_a_wait_at_home_longer_than_its_price_makes_the_next_wait_there_priced_longer(
+) -> None:
+    fleet, running = home_busy()
+    prices = Prices(fleet, home_service=0.1)
+    prices.cold_start("gpu2", 5.0)
+    request, waiting = await waiting_at_home(prices)
+    task = asyncio.create_task(request.wait(waiting))
+    await asyncio.sleep(0.25)  # the running request takes longer than home's 0.1 s service
+    assert not task.done()
+
+    running.release()
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert (got.host, got.reason) == ("gpu1", Reason.HOME)
+    assert got.patience is not None and got.patience.stay == pytest.approx(0.1, abs=0.01)
+    lateness = prices.figures.lateness("gpu1", MODEL)
+    assert lateness >= 2.5  # waited at least 0.25 s where 0.1 s was priced
+    # The next request of the conversation, behind this one, is priced by what the wait took.
+    request, waiting = await waiting_at_home(prices)
+    task = asyncio.create_task(request.wait(waiting))
+    await settle()
+    got.slot.release()
+    again = await asyncio.wait_for(task, WAIT)
+    assert again.patience is not None
+    assert again.patience.stay == pytest.approx(0.1 * lateness, abs=0.01)
+    again.slot.release()
     assert_nothing_held(fleet)
 
 
