@@ -27,12 +27,13 @@ length in the prefix index's units (canonical characters, or token ids) over the
 measured units per token; the tokens a host holds are its matched blocks
 (`PrefixIndex.match`), converted the same way.
 
-The figures (`Figures`) come from the answers themselves: per host and model the seconds a
-slot was held (service) and the waits in line over their prices (lateness), per host the
-prompt tokens it evaluated per second (llama-server's `timings.prompt_n` over `prompt_ms`),
-per model and unit the prompt's units per token. Each is a decayed ratio of sums: an answer adds its own numbers and the earlier ones keep `DECAY` of
-their weight, so a figure follows a change within a handful of answers, and a small
-evaluation (one token after a cache hit, its time mostly overhead) weighs little in a speed.
+The figures (`Figures`) come from the answers themselves: per host and model the seconds a slot
+was held (service) and the waits in line over their prices (lateness), per host the prompt
+tokens it evaluated per second (llama-server's `timings.prompt_n` over `prompt_ms`), per model
+and unit the prompt's units per token. Each is a decayed ratio of sums: an answer adds its own
+numbers and the earlier ones keep `DECAY` of their weight, so a figure follows a change within
+a handful of answers, and a small evaluation (one token after a cache hit, its time mostly
+overhead) weighs little in a speed.
 
 The choice (`decide`): a free slot elsewhere is taken when it is priced lower than staying
 and no other host with a free slot now is priced lower. Without a figure it needs (a host
