@@ -136,8 +136,7 @@ async def test_cold_start_longer_than_home_wait_stays_in_line() -> None:
     assert_nothing_held(fleet)
 
 
-async def test_a_wait_at_home_longer_than_its_price_makes_the_next_wait_there_priced_longer(
-) -> None:
+async def test_a_wait_at_home_longer_than_priced_makes_the_next_one_priced_longer() -> None:
     fleet, running = home_busy()
     prices = Prices(fleet, home_service=0.1)
     prices.cold_start("gpu2", 5.0)
