@@ -186,6 +186,14 @@ def _variant(key: str) -> str:
     return key.split("@", 1)[1].partition("/")[2]
 
 
+def _dominates(one: Mapping[str, object], other: Mapping[str, object]) -> bool:
+    """`one` has no worse a TTFB p95 and no more prompt tokens than `other`, and is better on
+    at least one of them."""
+    counts = ("ttfb_p95_ms", "prompt_tokens_evaluated")
+    mine, theirs = [_number(one, c) for c in counts], [_number(other, c) for c in counts]
+    return all(a <= b for a, b in zip(mine, theirs, strict=True)) and mine != theirs
+
+
 def done_when(
     main: Mapping[str, Mapping[str, object]],
     calm: Mapping[str, Mapping[str, object]],
@@ -210,11 +218,15 @@ def done_when(
         # Patience acts only on a request that would wait: where neither spilled, the two
         # placed every request alike, and what parts them is the machine, not the policy.
         twins = " (neither spilled: patience decided nothing)" if spills == (0, 0) else ""
+        # Beside the check, the frontier itself: a fixed patience at least as good on both
+        # counts, and better on one, leaves auto behind it; none, and auto is on the frontier.
+        ahead = [key for key in fixed if _dominates(main[key], auto)]
+        frontier = f"; behind {', '.join(ahead)} on both" if ahead else "; on the frontier"
         checks.append(Check(
             "on the fixed patiences' frontier (TTFB p95 <= the best fixed's, tokens <= its)",
             auto_key,
             f"p95 {_ms(auto)} vs {best}'s {_ms(other)}; tokens {_tokens(auto)} vs "
-            f"{_tokens(other)}; spills {spills[0]} vs {spills[1]}{twins}",
+            f"{_tokens(other)}; spills {spills[0]} vs {spills[1]}{twins}{frontier}",
             _number(auto, "ttfb_p95_ms") <= _number(other, "ttfb_p95_ms")
             and _number(auto, "prompt_tokens_evaluated")
             <= _number(other, "prompt_tokens_evaluated"),
