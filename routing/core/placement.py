@@ -400,6 +400,8 @@ class Placer(Generic[RouteT]):
         if pricing is not None and spill is not None:
             rivals = [pricing.spill(other) for other in self._free_elsewhere(host, waiter.host)]
         priced = self._choices[host] = decide(self._stay(waiter), spill, rivals, self._spent)
+        if not priced.takes:
+            self._last = priced  # the row of a request that stays says what it turned down
         return priced.takes
 
     def _free_elsewhere(self, *besides: str) -> list[str]:

@@ -213,6 +213,30 @@ async def test_a_slot_freed_elsewhere_is_priced_as_it_frees() -> None:
     assert_nothing_held(fleet)
 
 
+async def test_a_slot_freed_elsewhere_and_turned_down_is_the_choice_a_stay_records() -> None:
+    fleet, running = home_busy()
+    prices = Prices(fleet, home_service=1.0)
+    prices.cold_start("gpu2", 5.0)
+    other = fleet.occupy("gpu2")
+    request, waiting = await waiting_at_home(prices)
+    task = asyncio.create_task(request.wait(waiting))
+    await settle()
+    other.release()  # priced as it frees: 5 s cold against a 1 s wait, turned down
+    await settle()
+    assert not task.done()
+    assert fleet.limiter.free_for("gpu2", MODEL) == 1
+
+    running.release()
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert (got.host, got.reason) == ("gpu1", Reason.HOME)
+    assert got.patience is not None and got.patience.choice is Choice.STAY
+    assert got.patience.stay == pytest.approx(1.0, abs=0.01)
+    assert got.patience.spill == pytest.approx(5.0)  # not None: a free slot was priced
+    got.slot.release()
+    assert_nothing_held(fleet)
+
+
 async def test_a_spill_takes_the_free_host_with_the_soonest_cold_start() -> None:
     route = Route(hosts=("gpu1", "gpu2", "gpu3"), lease_patience=None)
     fleet = MemoryFleet({name: host(queue_max=2) for name in route.hosts}, route)
