@@ -193,15 +193,24 @@ async def test_line_moves_re_decided() -> None:
     assert_nothing_held(fleet)
 
 
-async def test_a_slot_freed_elsewhere_is_priced_as_it_frees() -> None:
+async def waiting_while_gpu2_is_busy(
+    home_service: float, cold_start: float
+) -> tuple[MemoryFleet, Slot, Slot, asyncio.Task[Placement]]:
+    """A request waiting at its busy home, gpu1, while gpu2's one slot is held too: the
+    fleet, the slots held on gpu1 and on gpu2 (to release), and the wait."""
     fleet, running = home_busy()
-    prices = Prices(fleet, home_service=10.0)
-    prices.cold_start("gpu2", 1.0)
+    prices = Prices(fleet, home_service=home_service)
+    prices.cold_start("gpu2", cold_start)
     other = fleet.occupy("gpu2")
     request, waiting = await waiting_at_home(prices)
     task = asyncio.create_task(request.wait(waiting))
     await settle()
     assert not task.done()  # nothing is free elsewhere
+    return fleet, running, other, task
+
+
+async def test_a_slot_freed_elsewhere_is_priced_as_it_frees() -> None:
+    fleet, running, other, task = await waiting_while_gpu2_is_busy(10.0, cold_start=1.0)
 
     other.release()
     got = await asyncio.wait_for(task, WAIT)
@@ -214,13 +223,8 @@ async def test_a_slot_freed_elsewhere_is_priced_as_it_frees() -> None:
 
 
 async def test_a_slot_freed_elsewhere_and_turned_down_is_the_choice_a_stay_records() -> None:
-    fleet, running = home_busy()
-    prices = Prices(fleet, home_service=1.0)
-    prices.cold_start("gpu2", 5.0)
-    other = fleet.occupy("gpu2")
-    request, waiting = await waiting_at_home(prices)
-    task = asyncio.create_task(request.wait(waiting))
-    await settle()
+    fleet, running, other, task = await waiting_while_gpu2_is_busy(1.0, cold_start=5.0)
+
     other.release()  # priced as it frees: 5 s cold against a 1 s wait, turned down
     await settle()
     assert not task.done()
