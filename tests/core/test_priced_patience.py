@@ -90,6 +90,12 @@ async def waiting_at_home(
     return request, waiting
 
 
+async def waiting_at_home_in_a_task(prices: Prices) -> asyncio.Task[Placement]:
+    """The conversation's request, waiting in its home's line (as `waiting_at_home`)."""
+    request, waiting = await waiting_at_home(prices)
+    return asyncio.create_task(request.wait(waiting))
+
+
 async def test_home_wait_longer_than_cold_start_spills_at_once() -> None:
     fleet, running = home_busy()
     prices = Prices(fleet, home_service=10.0)
@@ -118,8 +124,7 @@ async def test_cold_start_longer_than_home_wait_stays_in_line() -> None:
     fleet, running = home_busy()
     prices = Prices(fleet, home_service=1.0)
     prices.cold_start("gpu2", 5.0)
-    request, waiting = await waiting_at_home(prices)
-    task = asyncio.create_task(request.wait(waiting))
+    task = await waiting_at_home_in_a_task(prices)
     await settle()
     assert not task.done()
     assert fleet.limiter.free_for("gpu2", MODEL) == 1  # priced, and left free
@@ -140,8 +145,7 @@ async def test_a_wait_at_home_longer_than_priced_makes_the_next_one_priced_longe
     fleet, running = home_busy()
     prices = Prices(fleet, home_service=0.1)
     prices.cold_start("gpu2", 5.0)
-    request, waiting = await waiting_at_home(prices)
-    task = asyncio.create_task(request.wait(waiting))
+    task = await waiting_at_home_in_a_task(prices)
     await asyncio.sleep(0.25)  # the running request takes longer than home's 0.1 s service
     assert not task.done()
 
@@ -153,8 +157,7 @@ async def test_a_wait_at_home_longer_than_priced_makes_the_next_one_priced_longe
     lateness = prices.figures.lateness("gpu1", MODEL)
     assert lateness >= 2.5  # waited at least 0.25 s where 0.1 s was priced
     # The next request of the conversation, behind this one, is priced by what the wait took.
-    request, waiting = await waiting_at_home(prices)
-    task = asyncio.create_task(request.wait(waiting))
+    task = await waiting_at_home_in_a_task(prices)
     await settle()
     got.slot.release()
     again = await asyncio.wait_for(task, WAIT)
@@ -202,8 +205,7 @@ async def waiting_while_gpu2_is_busy(
     prices = Prices(fleet, home_service=home_service)
     prices.cold_start("gpu2", cold_start)
     other = fleet.occupy("gpu2")
-    request, waiting = await waiting_at_home(prices)
-    task = asyncio.create_task(request.wait(waiting))
+    task = await waiting_at_home_in_a_task(prices)
     await settle()
     assert not task.done()  # nothing is free elsewhere
     return fleet, running, other, task
@@ -323,8 +325,7 @@ async def test_a_cancelled_priced_wait_leaves_its_line_and_every_watch() -> None
     fleet, running = home_busy()
     prices = Prices(fleet, home_service=1.0)
     prices.cold_start("gpu2", 5.0)
-    request, waiting = await waiting_at_home(prices)
-    task = asyncio.create_task(request.wait(waiting))
+    task = await waiting_at_home_in_a_task(prices)
     await settle()
 
     task.cancel()
