@@ -271,11 +271,11 @@ class Placer(Generic[RouteT]):
         finally:
             for timer in timers:
                 timer.cancel()
+        if self._priced is not None and (slot.host, slot.model) == (waiting.host, self.model):
+            self._waited(slot.host, loop.time())  # the grant's time, before any placing I/O
         placement = await self._placed_after(waiting, slot, fallback)
         if self._priced is None:
             return placement
-        if (slot.host, slot.model) == (waiting.host, self.model):
-            self._waited(slot.host, loop.time())
         return replace(placement, patience=self._choices.get(slot.host, self._last))
 
     async def _placed_after(
