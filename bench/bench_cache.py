@@ -240,7 +240,7 @@ def uptime() -> str:
 
 def wrapper(args: argparse.Namespace, n: int, caps: Sequence[CpuCap]) -> tuple[str, ...]:
     """What host `n` (from 0) runs under: its core (`--pin`), then its CPU cap (`--cpu-cap`)."""
-    pinned = ("taskset", "-c", str(n)) if args.pin else ()
+    pinned = ("taskset", "-c", str(sorted(os.sched_getaffinity(0))[n])) if args.pin else ()
     return (*pinned, *caps[n].wrapper) if caps else pinned
 
 
@@ -278,8 +278,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--pin",
         action="store_true",
-        help="each host on a core of its own (taskset; host n on core n - 1, the one host on "
-        "the first), as separate machines would be: a request on one host then takes no CPU "
+        help="each host on a core of its own (taskset; host n on the n-th core this process "
+        "may use), as separate machines would be: a request on one host then takes no CPU "
         "from another. Needs at least as many cores as hosts",
     )
     add(
