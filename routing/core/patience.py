@@ -6,12 +6,11 @@ Both ways are priced in seconds of delay: to the request's first token, and, for
 the next tokens of the requests it runs beside:
 
 - **stay** at place `p` in the line of host `h`, which has `s` slots:
-  `line_wait(p) x lateness(h) + prefill(h)`. A request running there is expected to hold its
-  slot what the recent holds there that lasted longer than it has so far had left at that
-  point (their mean residual: `Figures.left`), so the `p`-th slot to free comes as the running
-  requests end (after `p x service / s` where how far they have got is unknown: `line_wait`);
-  then `h` still evaluates what it does not hold of the prompt (the new turn, at home).
-  `lateness(h)` closes the loop: each request that stayed compares the wait it was
+  `line_wait(p) x lateness(h) + prefill(h)`. Each request running there is expected to end
+  once it has held its slot `service(h)` seconds, so the `p`-th slot to free comes as the
+  running requests end (after `p x service / s` where how far they have got is unknown:
+  `line_wait`); then `h` still evaluates what it does not hold of the prompt (the new turn, at
+  home). `lateness(h)` closes the loop: each request that stayed compares the wait it was
   priced as it joined the line with the wait it had, and the recent ratio corrects the next
   prices. On bench-cache (bench/README.md, "5 Dec 2026") staying was priced 21-420 ms where
   the requests waited 47-903 ms.
@@ -29,8 +28,7 @@ measured units per token; the tokens a host holds are its matched blocks
 (`PrefixIndex.match`), converted the same way.
 
 The figures (`Figures`) come from the answers themselves: per host and model the seconds a slot
-was held (the recent holds: service, and what a running request has left) and the waits in
-line over their prices (lateness), per host the prompt
+was held (service) and the waits in line over their prices (lateness), per host the prompt
 tokens it evaluated per second (llama-server's `timings.prompt_n` over `prompt_ms`), per model
 and unit the prompt's units per token. Each is a decayed ratio of sums: an answer adds its own
 numbers and the earlier ones keep `DECAY` of their weight, so a figure follows a change within
@@ -47,8 +45,7 @@ Pure: standard library only; no I/O, no event loop. Not thread-safe: call from o
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -77,27 +74,28 @@ LATENESS_BOUNDS = (0.5, 4.0)
 # Keys per table (hosts x models, hosts, models): hosts and models come from configuration,
 # so this is a bound against mistakes, not a cache size.
 MAX_ENTRIES = 1024
-# The holds kept per host and model (`_Holds`): at DECAY the 17th newest weighs under 1% of
-# the newest, so older ones would change nothing but the memory.
-HOLDS_KEPT = 32
 
 K = TypeVar("K", bound=Hashable)
 
 
-def line_wait(position: int, service: float, slots: int, left: Sequence[float] = ()) -> float:
+def line_wait(position: int, service: float, slots: int, running: Sequence[float] = ()) -> float:
     """Seconds until the slot for place `position` (1-based) of a line frees, on a host with
     `slots` slots, each held `service` seconds on average.
 
-    `left`: the seconds each request known to hold a slot there is expected to hold it still
-    (`Figures.left`). A busy slot not known so (another process's) is taken as the slots are
-    when nothing is known: freeing one after another, evenly through a service time, the k-th
-    after `k x service / slots`. Place `p` gets the slot that frees ((p - 1) mod slots)-th,
-    after (p - 1) // slots full services of the places ahead of it on that slot."""
+    `running`: how long each request known to hold a slot there has held it so far; each is
+    expected to end once it has held it `service` seconds (one past that, now). A busy slot
+    not known so (another process's) is taken as the slots are when nothing is known: freeing
+    one after another, evenly through a service time, the k-th after `k x service / slots`.
+    Place `p` gets the slot that frees ((p - 1) mod slots)-th, after (p - 1) // slots full
+    services of the places ahead of it on that slot. Known to be near their end, the running
+    requests free a slot sooner than the even spread says: on bench-cache with 96-token
+    answers, the spread alone priced a wait at 180-420 ms, where the requests that waited at
+    patience 600 waited 120 ms at the median (bench/README.md, "5 Dec 2026")."""
     slots = max(1, slots)
     if position <= 0:
         return 0.0
     # More running than slots (a parallel lowered since): a slot frees as the last `slots` end.
-    ends = sorted(max(0.0, seconds) for seconds in left)[-slots:]
+    ends = sorted(max(0.0, service - held) for held in running)[-slots:]
     ends += [k * service / slots for k in range(1, slots - len(ends) + 1)]
     ends.sort()
     return ends[(position - 1) % slots] + (position - 1) // slots * service
@@ -144,9 +142,6 @@ def decide(
     return Priced(Choice.STAY, stay, spill)
 
 
-F = TypeVar("F")
-
-
 class _Ratio:
     """A decayed ratio of sums: `top / bottom` over the answers added, the older fading."""
 
@@ -160,88 +155,33 @@ class _Ratio:
         self.top = self.top * DECAY + top
         self.bottom = self.bottom * DECAY + bottom
 
-    @property
-    def value(self) -> float:
-        return self.top / self.bottom  # `add`ed bottoms are > 0
 
+class _Table(Generic[K]):
+    """Ratios by key, at most `max_entries`, the least recently added to going first."""
 
-class _Holds:
-    """The last `HOLDS_KEPT` seconds a slot was held, each weighing DECAY times the next one:
-    their mean is the service time, and the mean residual (`left`) what a request still
-    running is expected to hold its slot for."""
+    __slots__ = ("max_entries", "_ratios")
 
-    __slots__ = ("_recent", "_ends", "_weights", "_weighted")
-
-    def __init__(self) -> None:
-        self._recent: deque[float] = deque(maxlen=HOLDS_KEPT)
-        # Built on the first read after an add: the holds sorted, and from each one on, the
-        # sums of their weights and of their weighted seconds.
-        self._ends: list[float] = []
-        self._weights: list[float] = []
-        self._weighted: list[float] = []
-
-    def add(self, seconds: float) -> None:
-        self._recent.append(seconds)
-        self._ends = []
-
-    def mean(self) -> float:
-        self._sums()
-        return self._weighted[0] / self._weights[0]
-
-    def left(self, held: float) -> float:
-        """Seconds a request that has held its slot `held` is expected to hold it still: the
-        weighted mean of what the recent holds longer than that had left at `held`. One held
-        past every recent hold is running slower than any of them; it is taken to have half
-        a service left, not to end now: so priced, the line behind a host slowed down (a cold
-        prompt in its batches) cost nothing, and requests waited there 4-5x what they were
-        priced (bench/README.md, "5 Dec 2026, 20:30 UTC")."""
-        self._sums()
-        longer = bisect_right(self._ends, held)
-        if longer == len(self._ends):
-            return self.mean() / 2
-        return self._weighted[longer] / self._weights[longer] - held
-
-    def _sums(self) -> None:
-        if self._ends:
-            return
-        count = len(self._recent)
-        pairs = sorted((s, DECAY ** (count - 1 - n)) for n, s in enumerate(self._recent))
-        weights, weighted = [0.0] * (count + 1), [0.0] * (count + 1)
-        for n in range(count - 1, -1, -1):
-            seconds, weight = pairs[n]
-            weights[n] = weights[n + 1] + weight
-            weighted[n] = weighted[n + 1] + weight * seconds
-        self._ends = [seconds for seconds, _ in pairs]
-        self._weights, self._weighted = weights, weighted
-
-
-class _Table(Generic[K, F]):
-    """Figures by key, at most `max_entries`, the least recently fed going first."""
-
-    __slots__ = ("max_entries", "make", "_figures")
-
-    def __init__(self, max_entries: int, make: Callable[[], F]) -> None:
+    def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        self.make = make
-        self._figures: OrderedDict[K, F] = OrderedDict()
+        self._ratios: OrderedDict[K, _Ratio] = OrderedDict()
 
-    def feed(self, key: K) -> F:
-        """The key's figure, to add to: made if new, and now the most recently fed."""
-        figure = self._figures.get(key)
-        if figure is None:
-            figure = self._figures[key] = self.make()
-            if len(self._figures) > self.max_entries:
-                self._figures.popitem(last=False)
+    def add(self, key: K, top: float, bottom: float) -> None:
+        ratio = self._ratios.get(key)
+        if ratio is None:
+            ratio = self._ratios[key] = _Ratio()
+            if len(self._ratios) > self.max_entries:
+                self._ratios.popitem(last=False)
         else:
-            self._figures.move_to_end(key)
-        return figure
+            self._ratios.move_to_end(key)
+        ratio.add(top, bottom)
 
-    def get(self, key: K) -> F | None:
-        return self._figures.get(key)
+    def get(self, key: K) -> float | None:
+        ratio = self._ratios.get(key)
+        return None if ratio is None else ratio.top / ratio.bottom  # `add`ed bottoms are > 0
 
     def drop(self, gone: Callable[[K], bool]) -> None:
-        for key in [key for key in self._figures if gone(key)]:
-            del self._figures[key]
+        for key in [key for key in self._ratios if gone(key)]:
+            del self._ratios[key]
 
 
 class Figures:
@@ -251,24 +191,24 @@ class Figures:
     `max_entries` keys per kind of figure. Each process keeps its own.
     """
 
-    __slots__ = ("_holds", "_speed", "_units", "_lateness")
+    __slots__ = ("_service", "_speed", "_units", "_lateness")
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._holds: _Table[tuple[str, str], _Holds] = _Table(max_entries, _Holds)
-        self._lateness: _Table[tuple[str, str], _Ratio] = _Table(max_entries, _Ratio)
-        self._speed: _Table[str, _Ratio] = _Table(max_entries, _Ratio)
-        self._units: _Table[tuple[str, int], _Ratio] = _Table(max_entries, _Ratio)
+        self._service: _Table[tuple[str, str]] = _Table(max_entries)
+        self._lateness: _Table[tuple[str, str]] = _Table(max_entries)
+        self._speed: _Table[str] = _Table(max_entries)
+        self._units: _Table[tuple[str, int]] = _Table(max_entries)
 
     def held(self, host: str, model: str, seconds: float) -> None:
         """A slot of (host, model) was held `seconds`, from the grant to its release."""
         if seconds >= 0:
-            self._holds.feed((host, model)).add(seconds)
+            self._service.add((host, model), seconds, 1.0)
 
     def waited(self, host: str, model: str, priced: float, actual: float) -> None:
         """A request priced to wait `priced` seconds in the line of (host, model), before
         `lateness` corrected the price, was given a slot there after `actual` seconds."""
         if priced > 0 and actual >= 0:
-            self._lateness.feed((host, model)).add(actual, priced)
+            self._lateness.add((host, model), actual, priced)
 
     def prompted(
         self,
@@ -285,32 +225,25 @@ class Figures:
         if prompt_tokens is None or prompt_tokens <= 0:
             return
         if prefix.length > 0:
-            self._units.feed((model, prefix.block_size)).add(prefix.length, prompt_tokens)
+            self._units.add((model, prefix.block_size), prefix.length, prompt_tokens)
         if cached_tokens is None or prompt_ms is None or prompt_ms <= 0:
             return
         evaluated = prompt_tokens - cached_tokens
         if evaluated > 0:
-            self._speed.feed(host).add(evaluated, prompt_ms / 1000)
+            self._speed.add(host, evaluated, prompt_ms / 1000)
 
     def forget(self, hosts: Iterable[str]) -> None:
         """Forget what the hosts' answers said (gone, or another machine under the same name).
         Costs a pass over every figure: for a reload, not for a request."""
         gone = set(hosts)
         if gone:
-            self._holds.drop(lambda key: key[0] in gone)
+            self._service.drop(lambda key: key[0] in gone)
             self._lateness.drop(lambda key: key[0] in gone)
             self._speed.drop(lambda key: key in gone)
 
     def service(self, host: str, model: str) -> float | None:
         """Recent seconds a slot of (host, model) is held; None before any answer."""
-        holds = self._holds.get((host, model))
-        return None if holds is None else holds.mean()
-
-    def left(self, host: str, model: str, held: float) -> float | None:
-        """Seconds a request that has held a slot of (host, model) `held` seconds is expected
-        to hold it still (`_Holds.left`); None before any answer."""
-        holds = self._holds.get((host, model))
-        return None if holds is None else holds.left(held)
+        return self._service.get((host, model))
 
     def lateness(self, host: str, model: str) -> float:
         """The recent waits in the line of (host, model) over what they were priced
@@ -319,18 +252,16 @@ class Figures:
         if ratio is None:
             return 1.0
         low, high = LATENESS_BOUNDS
-        return min(max(ratio.value, low), high)
+        return min(max(ratio, low), high)
 
     def speed(self, host: str) -> float | None:
         """Recent prompt tokens the host evaluates a second; None before any timings."""
-        speed = self._speed.get(host)
-        return None if speed is None else speed.value
+        return self._speed.get(host)
 
     def units_per_token(self, model: str, block_size: int) -> float | None:
         """Recent prompt units (characters, or token ids: told by the block size) per token of
         the model; None before any answer with a prompt of that unit."""
-        units = self._units.get((model, block_size))
-        return None if units is None else units.value
+        return self._units.get((model, block_size))
 
 
 class Pricing:
@@ -356,7 +287,7 @@ class Pricing:
         self.slots = slots
         self.default = default  # the fixed patience while a figure is missing
         # `running(host)`: the seconds each request known to hold a slot of the host for the
-        # model has held it (what each has left: `Figures.left`).
+        # model has held it (`line_wait`).
         self.running = running
 
     def stay(self, host: str, position: int) -> float | None:
@@ -373,12 +304,10 @@ class Pricing:
         """Seconds until the slot for place `position` of the host's line frees, from the
         service time and the running requests alone (`line_wait`): what `Figures.waited`
         compares the wait that follows with."""
-        figures, model = self.figures, self.model
-        service = figures.service(host, model)
+        service = self.figures.service(host, self.model)
         if service is None:
             return None
-        left = [figures.left(host, model, held) or 0.0 for held in self.running(host)]
-        return line_wait(position, service, self.slots(host), left)
+        return line_wait(position, service, self.slots(host), self.running(host))
 
     def spill(self, host: str) -> float | None:
         """The delay a spill to a free slot of the host costs: its prefill of the prompt, which

@@ -122,7 +122,7 @@ class RunningTable:
 
     def holding(self, host: str, model: str) -> list[float]:
         """How long each request placed on `host` for `model` has held its slot there, in
-        seconds, for those that hold it still (priced patience's wait in line: `Figures.left`)."""
+        seconds, for those that hold it still (priced patience's `line_wait`)."""
         now = self._clock()
         with self._lock:
             there = list(self._placed.get((host, model), {}).values())

@@ -58,59 +58,22 @@ def test_the_wait_in_line_is_the_place_times_the_service_time_over_the_slots():
 
 
 def test_a_running_request_known_to_be_near_its_end_frees_its_slot_for_the_line_sooner():
-    # Two slots held 4 s on average: one request has 0.5 s left, the other 3 s.
-    assert line_wait(1, 4.0, 2, [0.5, 3.0]) == 0.5
-    assert line_wait(2, 4.0, 2, [0.5, 3.0]) == 3.0
+    # Two slots held 4 s on average: one request has held its slot 3.5 s, the other 1 s.
+    assert line_wait(1, 4.0, 2, [3.5, 1.0]) == 0.5
+    assert line_wait(2, 4.0, 2, [3.5, 1.0]) == 3.0
     # The third place waits for the first slot to free twice: its end, then a whole service.
-    assert line_wait(3, 4.0, 2, [0.5, 3.0]) == 4.5
+    assert line_wait(3, 4.0, 2, [3.5, 1.0]) == 4.5
+    assert line_wait(1, 4.0, 2, [9.0, 1.0]) == 0.0  # past its mean: expected to end now
 
 
 def test_a_busy_slot_whose_request_is_not_known_here_frees_as_if_evenly_spread():
-    # One slot of two held by a request this process knows (3 s left), one by another process's.
-    assert line_wait(1, 4.0, 2, [3.0]) == 2.0
-    assert line_wait(2, 4.0, 2, [3.0]) == 3.0
+    # One slot of two held by a request this process knows (1 s in), one by another process's.
+    assert line_wait(1, 4.0, 2, [1.0]) == 2.0
+    assert line_wait(2, 4.0, 2, [1.0]) == 3.0
     # Three slots, two of them another process's: theirs free after 1 s and 2 s of a 3 s service.
-    assert [line_wait(p, 3.0, 3, [0.5]) for p in (1, 2, 3)] == [0.5, 1.0, 2.0]
+    assert [line_wait(p, 3.0, 3, [2.5]) for p in (1, 2, 3)] == [0.5, 1.0, 2.0]
     # More known than slots (parallel lowered): a slot frees as the last two of three end.
-    assert line_wait(1, 4.0, 2, [0.1, 1.0, 3.0]) == 1.0
-
-
-def test_a_running_request_has_left_what_the_recent_holds_longer_than_its_own_had_left():
-    known = Figures()
-    for seconds in (1.0, 1.0, 3.0, 5.0):  # equal weights would leave 2 s at 2 s; these decay
-        known.held("gpu1", MODEL, seconds)
-
-    service = known.service("gpu1", MODEL)
-    assert service == pytest.approx(
-        (1 * 0.75**3 + 1 * 0.75**2 + 3 * 0.75 + 5) / (0.75**3 + 0.75**2 + 0.75 + 1)
-    )
-    assert known.left("gpu1", MODEL, 0.0) == pytest.approx(service)  # just granted: a service
-    # Held 2 s: only the 3 s and 5 s holds lasted that long, with 1 s and 3 s left then.
-    assert known.left("gpu1", MODEL, 2.0) == pytest.approx((1 * 0.75 + 3) / (0.75 + 1))
-    assert known.left("gpu1", MODEL, 4.0) == pytest.approx(1.0)
-    assert known.left("gpu2", MODEL, 1.0) is None
-
-
-def test_a_request_held_past_every_recent_hold_has_half_a_service_left_not_none():
-    known = Figures()
-    for seconds in (1.0, 2.0):
-        known.held("gpu1", MODEL, seconds)
-    service = known.service("gpu1", MODEL)
-
-    assert service is not None
-    assert known.left("gpu1", MODEL, 2.0) == pytest.approx(service / 2)
-    assert known.left("gpu1", MODEL, 60.0) == pytest.approx(service / 2)
-
-
-def test_the_holds_kept_are_the_recent_ones():
-    known = Figures()
-    known.held("gpu1", MODEL, 100.0)  # one long hold, then many short ones
-    for _ in range(40):
-        known.held("gpu1", MODEL, 1.0)
-
-    assert known.service("gpu1", MODEL) == pytest.approx(1.0)
-    # The long hold has left the window: past a second, half a service is left, not 99 s.
-    assert known.left("gpu1", MODEL, 1.0) == pytest.approx(0.5)
+    assert line_wait(1, 4.0, 2, [3.9, 3.0, 1.0]) == 1.0
 
 
 def test_a_prefill_evaluates_what_the_host_does_not_hold_at_its_speed():
@@ -276,9 +239,6 @@ def test_staying_behind_requests_near_their_end_is_priced_by_what_they_have_left
     assert prices.stay("gpu1", 1) == pytest.approx(1.0 + home)
     held["gpu1"] = [0.5, 0.0]  # the slot freed and two new requests began
     assert prices.stay("gpu1", 1) == pytest.approx(3.5 + home)
-    # Both past every recent hold: running slower than any did, not about to end.
-    held["gpu1"] = [5.0, 4.5]
-    assert prices.stay("gpu1", 1) == pytest.approx(2.0 + home)
 
 
 def test_a_line_whose_waits_ran_long_prices_its_waits_as_long_as_they_ran():
