@@ -5,11 +5,13 @@
 For each request that waited in its host's line (any patience: the fixed ones wait too), the
 wait is priced as the placer would have priced it as it joined the line, from the rows alone:
 the holds that had ended on that host before (each row's grant to its end), the requests
-running there then, and its place in the line. Priced twice, side by side: by what each
-running request has left as `Figures.left` says today (the mean residual of the recent holds),
-and by the rule before it (a running request ends once it has held its slot the mean service
-time, and at once past it). Printed: the wait it had over the price (median and quartiles)
-and the mean error. A figure, not a test: the rows' times are the gateway's, to the
+running there then, and its place in the line. Priced twice, side by side: as
+routing/core/patience.py prices it (a running request ends once it has held its slot the
+mean service time, and at once past it), and by the mean residual of the recent holds (a
+running request has left what the holds that lasted longer than it has so far had left at
+that point; half a service when none did), tried on 5 Dec 2026 and not kept (bench/README.md,
+"5 Dec 2026, 20:19-20:54 UTC"). Printed: the wait it had over the price (median and
+quartiles) and the mean error. A figure, not a test: the rows' times are the gateway's, to the
 millisecond, and the grant is taken as the arrival plus the time queued.
 """
 
@@ -19,16 +21,17 @@ import argparse
 import sqlite3
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from routing.core.patience import Figures, line_wait  # noqa: E402
+from routing.core.patience import DECAY, Figures, line_wait  # noqa: E402
 
 MODEL = "replayed"
+KEPT = 32  # the recent holds the mean residual weighs (DECAY makes older ones negligible)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,32 +56,42 @@ def rows(path: Path) -> list[Row]:
     return out
 
 
-def before(service: float, held: float) -> float:
-    """What a running request had left by the rule before `Figures.left`."""
-    return max(0.0, service - held)
+def residual(holds: Sequence[float], held: float) -> float:
+    """What a request that has held its slot `held` seconds has left, by the mean residual of
+    `holds` (oldest first, each weighing DECAY times the next); half their mean past them all."""
+    recent = holds[-KEPT:]
+    weights = [DECAY ** (len(recent) - 1 - n) for n in range(len(recent))]
+    longer = [(hold, weight) for hold, weight in zip(recent, weights, strict=True) if hold > held]
+    if not longer:
+        return sum(h * w for h, w in zip(recent, weights, strict=True)) / sum(weights) / 2
+    return sum((hold - held) * weight for hold, weight in longer) / sum(w for _, w in longer)
 
 
 def replay(found: Sequence[Row], slots: int) -> list[tuple[float, float, float]]:
-    """(the wait it had, priced today, priced by the rule before) for each wait in line."""
+    """(the wait it had, priced as patience.py does, priced by the mean residual) for each
+    wait in line."""
     waits = []
     for row in found:
         if row.granted - row.arrived < 0.005 or row.spilled:
             continue  # no wait, or one whose wait at home is not in its row
         now, there = row.arrived, [r for r in found if r.host == row.host]
+        ended = sorted((r for r in there if r.ended <= now), key=lambda r: r.ended)
+        holds = [r.ended - r.granted for r in ended]
         figures = Figures()
-        for ended in sorted((r for r in there if r.ended <= now), key=lambda r: r.ended):
-            figures.held(row.host, MODEL, ended.ended - ended.granted)
+        for hold in holds:
+            figures.held(row.host, MODEL, hold)
         service = figures.service(row.host, MODEL)
         if service is None:
             continue
         running = [now - r.granted for r in there if r.granted <= now < r.ended]
         position = 1 + sum(1 for r in there if r.arrived < now < r.granted)
-
-        def priced(left: Callable[[float], float]) -> float:
-            return line_wait(position, service, slots, [left(held) for held in running])
-
-        today = priced(lambda held: figures.left(row.host, MODEL, held) or 0.0)
-        waits.append((row.granted - row.arrived, today, priced(lambda h: before(service, h))))
+        today = line_wait(position, service, slots, running)
+        # line_wait takes how long each has held its slot and expects `service - held` left:
+        # a request with `left` to go is passed as having held `service - left`.
+        held_as = [service - residual(holds, held) for held in running]
+        waits.append(
+            (row.granted - row.arrived, today, line_wait(position, service, slots, held_as))
+        )
     return waits
 
 
@@ -104,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     had = [wait for wait, _, _ in waits]
     print(f"{len(waits)} waits in line, median {1000 * statistics.median(had):.0f} ms")
-    print(describe("today (mean residual)", had, [today for _, today, _ in waits]))
-    print(describe("before (past the mean: now)", had, [old for _, _, old in waits]))
+    print(describe("patience.py (past the mean: now)", had, [today for _, today, _ in waits]))
+    print(describe("mean residual", had, [residual for _, _, residual in waits]))
     return 0
 
 
