@@ -22,6 +22,7 @@ import sqlite3
 import statistics
 import sys
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -44,10 +45,11 @@ class Row:
 
 
 def rows(path: Path) -> list[Row]:
-    found = sqlite3.connect(path).execute(
-        "select host, started, queued_ms, total_ms, placement from accounting_request"
-        " where status < 400 and host != '' order by started"
-    )
+    with closing(sqlite3.connect(path)) as db:
+        found = db.execute(
+            "select host, started, queued_ms, total_ms, placement from accounting_request"
+            " where status < 400 and host != '' order by started"
+        ).fetchall()
     out = []
     for host, started, queued, total, placement in found:
         arrived = datetime.fromisoformat(started).timestamp()
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     had = [wait for wait, _, _ in waits]
     print(f"{len(waits)} waits in line, median {1000 * statistics.median(had):.0f} ms")
     print(describe("patience.py (past the mean: now)", had, [today for _, today, _ in waits]))
-    print(describe("mean residual", had, [residual for _, _, residual in waits]))
+    print(describe("mean residual", had, [by_residual for _, _, by_residual in waits]))
     return 0
 
 
