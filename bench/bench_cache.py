@@ -91,7 +91,7 @@ from cache_report import (  # noqa: E402
     tables,
 )
 from cache_workload import Shape, Workload, make_workload  # noqa: E402
-from cpu_caps import CpuCap, CpuCapError  # noqa: E402
+from cpu_caps import CpuCap, CpuCapError, cpu_caps  # noqa: E402
 from llama_hosts import MODEL, Host, Launch  # noqa: E402
 from processes import RESULTS, crossbar, fleet_problems, machine, source_tree  # noqa: E402
 
@@ -416,7 +416,8 @@ def main(argv: list[str] | None = None) -> None:
     similarity = ("--slot-prompt-similarity", f"{args.slot_prompt_similarity:g}")
     launch = Launch(binary, model, args.work, (*similarity, *args.llama_args))
     try:
-        caps = [CpuCap(f"h{n + 1}", args.cpu_cap) for n in range(args.hosts if args.cpu_cap else 0)]
+        capped = [f"h{n + 1}" for n in range(args.hosts)] if args.cpu_cap else []
+        caps = cpu_caps(capped, args.cpu_cap or 0.0)
     except CpuCapError as exc:
         sys.exit(f"bench-cache: {exc}")
     fleet = [Host(f"h{n + 1}", args.parallel, 1, args.cache_ram, launch, wrapper(args, n, caps))

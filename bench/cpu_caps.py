@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["CpuCap", "CpuCapError"]
+__all__ = ["CpuCap", "CpuCapError", "cpu_caps"]
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 10_000  # a short period: a capped prefill waits at most 10 ms for its next turn
@@ -61,3 +61,17 @@ class CpuCap:
             self.group.rmdir()
         except OSError:
             pass  # a process still in it (a kill not yet reaped): the kernel keeps it empty
+
+
+def cpu_caps(names: list[str], cores: float) -> list[CpuCap]:
+    """A cap of `cores` for each of `names`; if one cannot be made, those made are removed
+    before the error goes on, so a failed start leaves no group behind."""
+    caps: list[CpuCap] = []
+    try:
+        for name in names:
+            caps.append(CpuCap(name, cores))
+    except CpuCapError:
+        for cap in caps:
+            cap.remove()
+        raise
+    return caps
