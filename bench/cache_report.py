@@ -186,12 +186,18 @@ def _variant(key: str) -> str:
     return key.split("@", 1)[1].partition("/")[2]
 
 
+# What the frontier weighs, lower better on both.
+FRONTIER_COUNTS = ("ttfb_p95_ms", "prompt_tokens_evaluated")
+
+
+def _no_worse(one: Mapping[str, object], other: Mapping[str, object]) -> bool:
+    """`one` has no worse a TTFB p95 and no more prompt tokens than `other`."""
+    return all(_number(one, count) <= _number(other, count) for count in FRONTIER_COUNTS)
+
+
 def _dominates(one: Mapping[str, object], other: Mapping[str, object]) -> bool:
-    """`one` has no worse a TTFB p95 and no more prompt tokens than `other`, and is better on
-    at least one of them."""
-    counts = ("ttfb_p95_ms", "prompt_tokens_evaluated")
-    mine, theirs = [_number(one, c) for c in counts], [_number(other, c) for c in counts]
-    return all(a <= b for a, b in zip(mine, theirs, strict=True)) and mine != theirs
+    """`one` is no worse than `other` on both counts, and better on at least one of them."""
+    return _no_worse(one, other) and not _no_worse(other, one)
 
 
 def done_when(
@@ -227,9 +233,7 @@ def done_when(
             auto_key,
             f"p95 {_ms(auto)} vs {best}'s {_ms(other)}; tokens {_tokens(auto)} vs "
             f"{_tokens(other)}; spills {spills[0]} vs {spills[1]}{twins}{frontier}",
-            _number(auto, "ttfb_p95_ms") <= _number(other, "ttfb_p95_ms")
-            and _number(auto, "prompt_tokens_evaluated")
-            <= _number(other, "prompt_tokens_evaluated"),
+            _no_worse(auto, other),
         ))  # fmt: skip
     limit = 1 / hosts + SPREAD_MARGIN
     for key in crossbars:
