@@ -60,13 +60,13 @@ class StatusStream:
                 granted.release()
         task = self._task
         if task is not None:
-            if not task.done():
-                task.cancel()  # the passage gives back its place, or the slot it got
-            elif not task.cancelled() and task.exception() is None:
-                answered = task.result()  # a host answered just as the client left
-                if answered.placement is not None:
-                    answered.placement.slot.release()
-                close_soon(answered.upstream)
+            if task.done():
+                _give_back(task)  # a host may have answered just as the client left
+            else:
+                task.cancel()  # the passage gives back its place, or the slot it got ...
+                # ... unless the cancellation is lost on its way (a library that swallows
+                # one, as Python 3.11's asyncio.wait_for can) and the passage answers anyway.
+                task.add_done_callback(_give_back)
         finish(self._passage.trail, 499, "client disconnected while queued", "client_disconnected")
 
     async def _run(self) -> AsyncIterator[bytes]:
@@ -151,3 +151,13 @@ class StatusStream:
         frames = [sse.comment(f"fallback {fallback}")] if fallback else []
         frames.append(sse.comment("running"))
         return frames
+
+
+def _give_back(task: asyncio.Task[Answered]) -> None:
+    """What a passage answered to a client that has left: its slot and the host's response."""
+    if task.cancelled() or task.exception() is not None:
+        return  # the passage gave back what it held itself
+    answered = task.result()
+    if answered.placement is not None:
+        answered.placement.slot.release()
+    close_soon(answered.upstream)

@@ -172,13 +172,22 @@ class Shared:
         registered = self.redis.register_script(lua)
 
         async def call(*args: EncodableT) -> Any:
+            task = asyncio.current_task()
+            cancels = task.cancelling() if task is not None else 0
             try:
-                return await registered(args=[self.prefix, *args])
+                reply = await registered(args=[self.prefix, *args])
             except UNREACHABLE as exc:
                 self._down(exc)
                 raise StateUnavailable(
                     f"shared state unavailable: Redis at {self.where} cannot be reached"
                 ) from exc
+            if task is not None and task.cancelling() > cancels:
+                # Cancelled during the call, which returned anyway: redis-py sends through
+                # asyncio.wait_for, which on Python 3.11 drops a cancellation that comes as
+                # the send ends. Delivered here, as if it had come a moment sooner (every
+                # caller settles a script whose reply a cancellation cut off).
+                raise asyncio.CancelledError
+            return reply
 
         return call
 
@@ -199,8 +208,8 @@ class Shared:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            # The flag too: redis-py (8.1) can swallow a cancellation that arrives during a
-            # call, which then returns normally, and the beat would go on forever.
+            # The flag too: a cancellation lost on its way (`script` delivers the ones its
+            # calls lose; an awaited hook might lose another) would keep the beat going.
             self._stopping = True
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

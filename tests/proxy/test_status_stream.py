@@ -70,6 +70,23 @@ class _AnswerOnCue:
         await self._answered.wait()
 
 
+class _AnswerThoughCancelled(_AnswerOnCue):
+    """A passage that loses its cancellation and answers anyway, as one whose Redis call ended
+    as the cancellation came did on Python 3.11 (its asyncio.wait_for drops it)."""
+
+    def __init__(self, placement: Placement, trail: Trail) -> None:
+        super().__init__(placement, trail)
+        self.asking = asyncio.Event()
+
+    async def through(self) -> Answered:
+        self.asking.set()
+        try:
+            await self._head.wait()
+        except asyncio.CancelledError:
+            pass
+        return Answered(httpx.Response(200, stream=self.body), self._placement, self.trail)
+
+
 def _fleet() -> Fleet:
     host = HostConfig(
         name="gpu1",
@@ -128,6 +145,40 @@ def test_a_client_leaving_as_the_hosts_head_arrives_gives_back_the_slot_and_clos
     assert [(row.status, row.host, row.error) for row in rows] == [
         (499, "gpu1", "client disconnected while queued")
     ]
+
+
+async def _leave_a_passage_that_answers_anyway() -> int:
+    """The slots in flight once the client left a passage that answered after all."""
+    runtime = Runtime(_fleet(), 0)
+    try:
+        slot = await runtime.state.place([("gpu1", MODEL)])
+        assert isinstance(slot, Slot)
+        placement = Placement(slot, Reason.NEW, LeaseOutcome.NEW, ROUTE, MODEL, waited=0.5)
+        trail = Trail(Arrival(), route=ROUTE, model=MODEL, streamed=True)
+        passage = _AnswerThoughCancelled(placement, trail)
+        stream = StatusStream(cast(Passage, passage), runtime)
+
+        await anext(aiter(stream))  # "running"
+        await passage.asking.wait()
+        stream.close()  # the client is gone while the passage asks the host
+
+        await asyncio.wait_for(passage.body.closed.wait(), timeout=10)
+        return runtime.state.in_flight("gpu1", MODEL)
+    finally:
+        await runtime.aclose()
+
+
+def test_a_client_leaving_a_passage_that_answers_anyway_gets_its_slot_and_answer_given_back(
+    settings,
+):
+    settings.CROSSBAR = {**settings.CROSSBAR, "REDIS_URL": ""}  # the local limiter
+
+    in_flight = asyncio.run(_leave_a_passage_that_answers_anyway())
+
+    assert in_flight == 0
+    assert get_recorder().flush()
+    rows = Request.objects.filter(route=ROUTE)
+    assert [(row.status, row.error) for row in rows] == [(499, "client disconnected while queued")]
 
 
 async def _running_after_a_grant_while_the_client_reads() -> list[bytes]:
