@@ -270,6 +270,7 @@ class SharedState:
         self._limits: dict[Pair, tuple[int, int]] = {}  # as configured here
         self._others: dict[Pair, PairSnapshot] = {}  # other processes' slots, and the queues
         self._others_read: list[PairSnapshot] = []  # the snapshot `_others` was made from
+        self._own_read: dict[Pair, int] = {}  # this process's slots as that snapshot came
         self._lease_counts: dict[str, int] = {}
         # This process's leases that the counts may not have yet, by host: (a number of this
         # process's, in order, the leases' version the write left) each.
@@ -431,8 +432,16 @@ class SharedState:
         return others.queued if others is not None else 0
 
     def in_flight(self, host: str, model: str) -> int:
-        others = self._others.get((host, model))
-        return (others.in_flight if others is not None else 0) + self.slots.held_on(host, model)
+        pair = (host, model)
+        snapshot = self._others.get(pair)
+        others = snapshot.in_flight if snapshot is not None else 0
+        counted = others + self.slots.held_on(host, model)
+        # Other processes' counts are a tick old: a slot one of them gave back since, that
+        # this process then took, is counted twice (busy hosts read "6/4 running"). Redis
+        # grants none past `parallel`, so the pair holds at most that, or what it held as the
+        # tick read it if more (`parallel` lowered under running requests).
+        parallel, _ = self._limits.get(pair, (1, 0))
+        return min(counted, max(parallel, others + self._own_read.get(pair, 0)))
 
     def snapshot(self) -> list[PairSnapshot]:
         return [
@@ -471,13 +480,15 @@ class SharedState:
     async def _refresh(self) -> None:
         made_before = self._leases_made
         pairs = await self.slots.snapshot(others_only=True)
+        fresh = pairs is not self._others_read  # the same list: nothing changed in Redis
+        own = {pair: self.slots.held_on(*pair) for pair in self._limits} if fresh else {}
         leases = await self.leases.held_by_host()
         changed: set[str] = set()
-        if pairs is not self._others_read:  # the same list: nothing changed in Redis
+        if fresh:
             others = {(snap.host, snap.model): snap for snap in pairs}
             changed.update(pair[0] for pair in others.keys() ^ self._others.keys())
             changed.update(p[0] for p, snap in others.items() if self._others.get(p) != snap)
-            self._others, self._others_read = others, pairs
+            self._others, self._others_read, self._own_read = others, pairs, own
         if leases is not self._lease_counts or self._new_leases:
             hosts = leases.keys() | self._new_leases.keys() | self._lease_counts.keys()
             held_before = {host: self.leases_held(host) for host in hosts}

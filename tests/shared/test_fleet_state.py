@@ -293,6 +293,41 @@ async def test_a_tick_tells_the_rankings_of_the_hosts_other_processes_changed_an
         await watched.aclose()
 
 
+async def test_a_slot_another_process_gave_back_and_this_one_took_counts_once_before_a_tick(
+    redis_url,
+):
+    # b reads a's two slots at a tick; a gives one back, b takes it: b's count of a's is a
+    # tick old, and read "3/2 running" in refusals and /metrics.
+    async with fleet(redis_url, {H1: (2, 0)}, beating=False) as (a, b):
+        held = [await slot_of(a, [H1]), await slot_of(a, [H1])]
+        await b.shared.beat()
+        held.pop().release()
+        await eventually(lambda: _counted(a, 1), "a's slot given back")
+        held.append(await slot_of(b, [H1]))
+
+        assert b.in_flight(*H1) == 2
+        assert [(s.in_flight, s.parallel) for s in b.snapshot()] == [(2, 2)]
+        for slot in held:
+            slot.release()
+
+
+async def test_requests_running_past_a_lowered_parallel_are_all_counted(redis_url):
+    async with fleet(redis_url, {H1: (2, 0)}, beating=False) as (a, b):
+        held = [await slot_of(a, [H1]), await slot_of(b, [H1])]
+        for state in (a, b):
+            state.configure(*H1, 1, 0)
+        await a.slots.configure(*H1, 1, 0)
+        await b.shared.beat()
+
+        assert b.in_flight(*H1) == 2  # both run on until they end
+        for slot in held:
+            slot.release()
+
+
+async def _counted(state: SharedState, slots: int) -> bool:
+    return await in_flight(state) == slots
+
+
 async def test_a_lease_written_while_a_tick_reads_the_counts_is_counted_once(redis_url):
     """A new conversation's lease lands in Redis while the tick's read is on its way: the read
     may count it, and the process counts it too until a read surely has it. Counted twice, a
