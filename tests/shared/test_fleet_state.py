@@ -85,6 +85,11 @@ async def in_flight(state: SharedState, pair: Pair = H1) -> int:
     return next(s.in_flight for s in await state.slots.snapshot() if (s.host, s.model) == pair)
 
 
+async def counted(state: SharedState, slots: int, pair: Pair = H1) -> bool:
+    """Whether Redis counts `slots` of the pair's slots held, over every process."""
+    return await in_flight(state, pair) == slots
+
+
 async def slot_of(state: SharedState, pairs: list[Pair]) -> SharedSlot:
     got = await state.place(pairs)
     assert isinstance(got, SharedSlot), got
@@ -158,7 +163,7 @@ async def test_a_new_conversation_is_leased_to_the_host_it_is_placed_on_and_foun
         assert (first.home, first.at_home) == (None, False)
         assert isinstance(first.got, SharedSlot) and first.got.host == "h2"
         first.got.release()
-        await eventually(lambda: _none_held(a, H2), "the first turn's slot released")
+        await eventually(lambda: counted(a, 0, H2), "the first turn's slot released")
 
         again = await b.open(opening([H1, H2]))  # another process, another order
 
@@ -242,7 +247,7 @@ async def test_a_home_redis_offers_but_this_process_refuses_is_given_back_and_mo
 
         assert (opened.home, opened.at_home) == ("h1", False)
         assert isinstance(opened.got, SharedSlot) and opened.got.host == "h2"
-        await eventually(lambda: _none_held(a, H1), "the slot taken at h1 given back")
+        await eventually(lambda: counted(a, 0, H1), "the slot taken at h1 given back")
         assert await a.find_lease(KEY, 60.0) == "h2"
         opened.got.release()
 
@@ -257,10 +262,6 @@ async def test_a_new_conversation_on_a_big_route_whose_head_is_full_goes_past_th
         assert await a.find_lease(KEY, 60.0) == ROW[10][0]
         for slot in [*taken, opened.got]:
             slot.release()
-
-
-async def _none_held(state: SharedState, pair: Pair) -> bool:
-    return await in_flight(state, pair) == 0
 
 
 # -- other processes' counts, read at each tick -----------------------------------------
@@ -302,7 +303,7 @@ async def test_a_slot_another_process_gave_back_and_this_one_took_counts_once_be
         held = [await slot_of(a, [H1]), await slot_of(a, [H1])]
         await b.shared.beat()
         held.pop().release()
-        await eventually(lambda: _counted(a, 1), "a's slot given back")
+        await eventually(lambda: counted(a, 1), "a's slot given back")
         held.append(await slot_of(b, [H1]))
 
         assert b.in_flight(*H1) == 2
@@ -322,10 +323,6 @@ async def test_requests_running_past_a_lowered_parallel_are_all_counted(redis_ur
         assert b.in_flight(*H1) == 2  # both run on until they end
         for slot in held:
             slot.release()
-
-
-async def _counted(state: SharedState, slots: int) -> bool:
-    return await in_flight(state) == slots
 
 
 async def test_a_lease_written_while_a_tick_reads_the_counts_is_counted_once(redis_url):
@@ -592,7 +589,7 @@ async def test_a_slot_released_before_the_loss_is_learned_is_never_reported_lost
 
         assert await in_flight(other) == 1
         taken.release()
-        await eventually(lambda: _idle(other), "the slot free")
+        await eventually(lambda: counted(other, 0), "the slot free")
         assert told == []
 
 
@@ -617,10 +614,6 @@ async def _free_slot_despite_outage(state: SharedState) -> SharedSlot | None:
 
 async def _queued(state: SharedState, pair: Pair) -> bool:
     return any(s.queued for s in await state.slots.snapshot() if (s.host, s.model) == pair)
-
-
-async def _idle(state: SharedState) -> bool:
-    return await in_flight(state) == 0
 
 
 async def test_a_shared_slot_says_whether_it_was_released(redis_url):
