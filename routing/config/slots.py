@@ -3,7 +3,8 @@
 `crossbar_config check` and `load` (its dry run too) ask each host they judge for its `/props`,
 all at once and each for at most `TIMEOUT` seconds, and judge what it says by
 `hosts.slots.slot_fit()`: the host's `parallel` above its slots is an error (E011), below them a
-warning (W002). A host that does not answer, or says no slot count (router mode), is not
+warning (W002). A host that does not answer is a warning naming its URL (W003): every request
+placed there would fail until it does. A host that says no slot count (router mode) is not
 compared, and a note says so and why. Blocking I/O, in threads: call from a management command,
 outside any transaction (a slow host must not hold the database's lock).
 """
@@ -19,6 +20,7 @@ from routing.config.validation import HostSpec, Problem, entry_key
 
 PARALLEL_ABOVE_SLOTS = "E011"
 PARALLEL_BELOW_SLOTS = "W002"
+HOST_NOT_ANSWERING = "W003"
 
 # Seconds to wait for each host (to connect, then to answer): an answer from a host on the
 # network takes milliseconds, and a check must not hang on a host that is down.
@@ -29,8 +31,8 @@ _AT_ONCE = 16
 def compare_slots(
     hosts: Sequence[HostSpec], api_keys: Mapping[str, str]
 ) -> tuple[list[Problem], list[str]]:
-    """The problems of each host's `parallel` against the slots it says it has, and a note per
-    host not compared. `api_keys` holds the key to send each host ({name: key}), if it has one;
+    """The problems of each host's `parallel` against the slots it says it has (or of its not
+    answering), and a note per host that answered without a slot count. `api_keys` holds the key to send each host ({name: key}), if it has one;
     a host's key in its problems is its position in `hosts` when it has no name."""
     asked = [(index, host) for index, host in enumerate(hosts) if host.url and host.models]
     if not asked:
@@ -41,6 +43,9 @@ def compare_slots(
     notes: list[str] = []
     for (index, host), answer in zip(asked, answers, strict=True):
         key = entry_key("hosts", host.name, index)
+        if isinstance(answer, Unreachable):
+            problems.append(Problem(key, _not_answering(answer), HOST_NOT_ANSWERING))
+            continue
         if isinstance(answer, str):
             notes.append(f"note: {key}: parallel not compared with the host's slots: {answer}")
             continue
@@ -57,12 +62,20 @@ def compare_slots(
     return problems, notes
 
 
-def _ask(host: HostSpec, api_keys: Mapping[str, str]) -> int | str:
-    """The host's slots, or why there are none to compare with."""
+def _not_answering(failure: Unreachable) -> str:
+    # The failure names the URL asked (`http://10.0.0.5:8080/props: ConnectError: ...`).
+    return (
+        f"the host did not answer: {failure}. Requests placed on it fail until it does; its "
+        "parallel was not compared with its slots."
+    )
+
+
+def _ask(host: HostSpec, api_keys: Mapping[str, str]) -> int | str | Unreachable:
+    """The host's slots, why there are none to compare with, or how it failed to answer."""
     try:
         described: Described = read_props(host.url, api_keys.get(host.name, ""), TIMEOUT)
     except Unreachable as exc:
-        return f"it did not answer ({exc})"
+        return exc
     if described.router:
         return ROUTER_SAYS_NO_SLOTS
     return described.slots or "its /props says no total_slots"

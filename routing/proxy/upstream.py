@@ -56,11 +56,13 @@ def _headers(request: HttpRequest, api_key: str, credentials: bool) -> list[tupl
 
 async def _send(runtime: Runtime, host: str, request: httpx.Request) -> httpx.Response:
     """Send and wait for the response head; one retry when a pooled connection was stale.
+    A host that cannot be reached is named with its URL, where the operator's fix often is.
 
     llama-server closes the connection after each streamed response while advertising
     keep-alive, so a pooled connection can die between requests. A failure before any response
     byte is retried once; a refused connection is not (the host is down).
     """
+    who = f"host {host} ({runtime.fleet.hosts[host].url})"
     for attempt in (1, 2):
         try:
             async with asyncio.timeout(runtime.headers_timeout):
@@ -72,18 +74,18 @@ async def _send(runtime: Runtime, host: str, request: httpx.Request) -> httpx.Re
         except httpx.ConnectTimeout:
             reason = f"no connection within {runtime.connect_timeout:g} s"
             runtime.health.mark_down(host, reason)
-            raise HostDown(f"host {host} unreachable: {reason}") from None
+            raise HostDown(f"{who} unreachable: {reason}") from None
         except httpx.ConnectError as exc:
             reason = failure(exc)
             runtime.health.mark_down(host, reason)
-            raise HostDown(f"host {host} unreachable: {reason}") from None
+            raise HostDown(f"{who} unreachable: {reason}") from None
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             if attempt == 2:
                 reason = f"closed the connection before answering: {failure(exc)}"
                 runtime.health.mark_down(host, reason)
-                raise HostDown(f"host {host} {reason}") from None
+                raise HostDown(f"{who} {reason}") from None
         except httpx.HTTPError as exc:
-            raise UpstreamUnreachable(f"host {host} failed: {failure(exc)}") from None
+            raise UpstreamUnreachable(f"{who} failed: {failure(exc)}") from None
     raise AssertionError("unreachable")
 
 

@@ -40,8 +40,8 @@ def only_row(ledger):
 @pytest.mark.parametrize(
     ("fault", "status", "code", "message"),
     [
-        ("refuse", 502, "upstream_unreachable", "host gpu1 unreachable"),
-        ("reset_before_headers", 502, "upstream_unreachable", "host gpu1 closed the connection"),
+        ("refuse", 502, "upstream_unreachable", "host gpu1 ({url}) unreachable"),
+        ("reset_before_headers", 502, "upstream_unreachable", "host gpu1 ({url}) closed the"),
         ("hang", 504, "upstream_timeout", "host gpu1 sent no response head within 3 s"),
     ],
 )
@@ -49,6 +49,7 @@ def test_a_host_that_fails_before_its_head_gets_the_gateways_own_answer(
     chat_route, fake, ledger, fault, status, code, message
 ):
     fake.fail_mode = fault
+    message = message.format(url=fake.url)  # a host that cannot be reached is named by its URL
 
     response = ledger.client.post(URL, json=chat())
 

@@ -108,6 +108,7 @@ def test_a_refused_connect_reads_the_same_plain_words_on_either_transport(one_ho
     error = response.json()["error"]
     assert response.status_code == 502 and error["code"] == "upstream_unreachable"
     assert error["message"] == (
-        "host gpu1 unreachable: connection refused (nothing listens at the host's address and port)"
+        f"host gpu1 ({fake.url}) unreachable: connection refused (nothing listens at the host's "
+        "address and port)"
     )
     assert only_row(ledger).error == error["message"]
