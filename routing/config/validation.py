@@ -125,6 +125,17 @@ class Problem:
         return f"{level}: {self.key}: {self.message}"
 
 
+def without_echoes(said: Sequence[Problem], judged: Sequence[Problem]) -> list[Problem]:
+    """`judged` but for the problems at or above a key `said` already has: a value the file got
+    wrong stands in as its default, and judging that default (`parallel 4, but the host has 2
+    slots`) would quote a number the operator never wrote."""
+    return [
+        problem
+        for problem in judged
+        if not any(s.key == problem.key or s.key.startswith(problem.key + ".") for s in said)
+    ]
+
+
 def config_problems(hosts: list[HostSpec], routes: list[RouteSpec]) -> list[Problem]:
     """Everything wrong with a whole configuration, errors and warnings, rule by rule."""
     hosts_by_name = {host.name: host for host in hosts}

@@ -53,6 +53,10 @@ hosts = ["gpu2", "gpu1"]
 """
 
 
+# Its hosts are made up: nothing would answer there.
+pytestmark = pytest.mark.usefixtures("hosts_not_asked")
+
+
 @pytest.fixture(autouse=True)
 def gpu2_key(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("GPU2_KEY", "sk-gpu2-0123456789")

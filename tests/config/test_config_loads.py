@@ -15,7 +15,7 @@ from django.test import Client
 from hosts.models import Host, HostModel
 from routing.models import ConfigFileLoad, Route
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("hosts_not_asked")]
 
 FLEET = """
 [[hosts]]

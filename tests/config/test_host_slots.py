@@ -28,7 +28,7 @@ url = "{url}"
 """
 
 
-def write(tmp_path: Path, url: str, parallel: int, extra: str = "") -> str:
+def write(tmp_path: Path, url: str, parallel: int | str, extra: str = "") -> str:
     path = tmp_path / "fleet.toml"
     path.write_text(HOST.format(url=url, parallel=parallel, extra=extra))
     return str(path)
@@ -197,4 +197,16 @@ def test_a_router_mode_host_says_no_slots_so_a_note_says_it_was_not_compared(
     assert err.splitlines() == [
         "note: hosts.gpu1: parallel not compared with the host's slots: a router-mode host "
         "says no slot count (each model it loads has its own)"
+    ]
+
+
+def test_a_parallel_of_the_wrong_type_is_one_error_not_a_second_about_the_default(
+    tmp_path: Path,
+) -> None:
+    with FakeLlamaServer(slots=2, models=("llama3",)) as fake:
+        text = refusal("check", write(tmp_path, fake.url, parallel='"2"'))
+
+    assert text.splitlines() == [
+        f"{tmp_path / 'fleet.toml'}; 1 error, 0 warnings:",
+        "  error: hosts.gpu1.models.llama3.parallel: Expected an integer.",
     ]

@@ -12,7 +12,7 @@ from hosts.address import address
 from hosts.models import Host
 from tests.fleet import add_host
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("hosts_not_asked")]
 
 TWO_AT_ONE_URL = """
 [[hosts]]

@@ -38,6 +38,7 @@ from routing.config.validation import (
     config_from_db,
     config_problems,
     single_values,
+    without_echoes,
 )
 from routing.models import ConfigFileLoad, Route, RouteHost
 
@@ -114,17 +115,18 @@ class Command(BaseCommand):
         last = ConfigFileLoad.last_of(where) if if_changed and not dry_run else None
         if last is not None and last.sha256 == digest:
             return f"{path} unchanged since {last.loaded:%Y-%m-%d %H:%M:%S} UTC: not loaded"
-        hosts, routes, problems = _parse(path, data)
-        problems += api_key_problems(hosts, os.environ)
+        hosts, routes, said = _parse(path, data)
+        judged = api_key_problems(hosts, os.environ)
         # Asked before the transaction, so a slow host never holds the database; with the
         # models the load keeps, since the host gets the sum of them all.
         loaded_hosts = _merged(config_from_db(), hosts, routes, prune)[0][: len(hosts)]
-        problems += self.compare_slots(loaded_hosts, _api_keys(hosts))
+        judged += self.compare_slots(loaded_hosts, _api_keys(hosts))
         with transaction.atomic():
             current = config_from_db()
             # Judge what the database will hold afterwards, not the file alone: a file may
             # name hosts it does not define, and without --prune what it leaves out stays.
-            problems += config_problems(*_merged(current, hosts, routes, prune))
+            judged += config_problems(*_merged(current, hosts, routes, prune))
+            problems = [*said, *without_echoes(said, judged)]
             _refuse_errors(f"{path}: nothing was changed", problems)
             changes = config_diff(current, hosts, routes, prune, _key_changes(hosts))
             notes = kept_draining(current, hosts)
@@ -157,17 +159,19 @@ class Command(BaseCommand):
         return dump_config(hosts, [], header=DISCOVER_HEADER)
 
     def check_config(self, path: str | None) -> str:
+        said: list[Problem] = []
         if path:
-            hosts, routes, problems = _read_config(path)
-            problems += config_problems(hosts, routes)
+            hosts, routes, said = _read_config(path)
+            judged = config_problems(hosts, routes)
             keys = {h.name: os.environ.get(h.api_key_env, "") for h in hosts if h.api_key_env}
         else:
             hosts, routes = config_from_db()
-            problems = config_problems(hosts, routes)
-            problems += client_key_problems(client_keys_from_db(), routes)
+            judged = config_problems(hosts, routes)
+            judged += client_key_problems(client_keys_from_db(), routes)
             keys = dict(Host.objects.exclude(api_key="").values_list("name", "api_key"))
             path = "the database"
-        problems += self.compare_slots(hosts, keys)
+        judged += self.compare_slots(hosts, keys)
+        problems = [*said, *without_echoes(said, judged)]
         _refuse_errors(path, problems)
         return "\n".join([*map(str, problems), f"{path}: {_count(problems)}"])
 
