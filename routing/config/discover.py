@@ -16,15 +16,27 @@ import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from hosts.address import address
-from hosts.describe import Described
-from hosts.models import HostModel
+from hosts.describe import Described, Unreachable, read_host
+from hosts.models import HostModel, validate_base_url
 from routing.config.shape import ModelConfig
 from routing.config.validation import HostSpec
 
 _NOT_A_SLUG = re.compile(r"[^-a-zA-Z0-9_]+")
+
+
+def discovered(url: str, api_key: str, known: Iterable[HostSpec]) -> HostSpec:
+    """The host at `url`, as `proposed_host` makes it from what the host says, under the name of
+    the first of `known` at its address. Raises Unreachable, saying why (a URL ending in `/v1`
+    gets the admin's words for it: the host answers 404 there, which says nothing)."""
+    try:
+        validate_base_url(url)
+    except ValidationError as invalid:
+        raise Unreachable(" ".join(invalid.messages)) from None
+    return proposed_host(url, read_host(url, api_key), host_at(url, known))
 
 
 def proposed_host(url: str, described: Described, known: HostSpec | None = None) -> HostSpec:

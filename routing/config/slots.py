@@ -32,8 +32,9 @@ def compare_slots(
     hosts: Sequence[HostSpec], api_keys: Mapping[str, str]
 ) -> tuple[list[Problem], list[str]]:
     """The problems of each host's `parallel` against the slots it says it has (or of its not
-    answering), and a note per host that answered without a slot count. `api_keys` holds the key to send each host ({name: key}), if it has one;
-    a host's key in its problems is its position in `hosts` when it has no name."""
+    answering), and a note per host that answered without a slot count. `api_keys` holds the
+    key to send each host ({name: key}), if it has one; a host's key in its problems is its
+    position in `hosts` when it has no name."""
     asked = [(index, host) for index, host in enumerate(hosts) if host.url and host.models]
     if not asked:
         return [], []

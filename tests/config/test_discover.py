@@ -3,6 +3,8 @@ itself."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from django.core.management import CommandError, call_command
 
@@ -50,6 +52,33 @@ def test_a_url_that_answers_nothing_is_a_clear_error():
 
     with pytest.raises(CommandError, match=f"cannot discover {url}: .*ConnectError"):
         call_command("crossbar_config", "discover", url)
+
+
+def test_an_unreachable_url_does_not_keep_discover_from_the_others():
+    first, last = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    out = io.StringIO()
+    with FakeLlamaServer(slots=2, models=("qwen-7b",)) as fake:
+        with pytest.raises(CommandError) as refused:
+            call_command("crossbar_config", "discover", first, fake.url, last, stdout=out)
+
+    (host,), _, _ = parse_config(out.getvalue())
+    assert host.url == fake.url
+    said = str(refused.value).splitlines()
+    assert said[0] == "2 of 3 URLs not discovered (the hosts above are the others):"
+    assert said[1].startswith(f"  cannot discover {first}: {first}/props: ConnectError")
+    assert said[2].startswith(f"  cannot discover {last}: {last}/props: ConnectError")
+
+
+def test_a_url_ending_in_v1_gets_the_admins_hint():
+    with FakeLlamaServer() as fake:
+        with pytest.raises(CommandError) as refused:
+            call_command("crossbar_config", "discover", f"{fake.url}/v1")
+
+    assert str(refused.value) == (
+        f"cannot discover {fake.url}/v1: Leave out the /v1: crossbar adds each endpoint's own "
+        "path (/v1/chat/completions, /health), so this URL would send requests to "
+        f"/v1/v1/... Use {fake.url}."
+    )
 
 
 def test_discover_says_it_wrote_the_hosts_itself():

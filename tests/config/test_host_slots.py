@@ -172,8 +172,7 @@ def test_a_host_where_nothing_listens_is_a_warning_naming_its_url(tmp_path: Path
         f"warning: hosts.gpu1: the host did not answer: {url}/props: ConnectError: "
     )
     assert warning.endswith(
-        "Requests placed on it fail until it does; its parallel was not compared with its "
-        "slots."
+        "Requests placed on it fail until it does; its parallel was not compared with its slots."
     )
     assert err == ""
 

@@ -15,7 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import models, transaction
 
-from hosts.describe import Unreachable, read_host
+from hosts.describe import Unreachable
 from hosts.models import Host, HostModel
 from routing.config.diff import (
     OPERATIONAL,
@@ -25,7 +25,7 @@ from routing.config.diff import (
     kept_draining,
     not_named,
 )
-from routing.config.discover import host_at, proposed_host
+from routing.config.discover import discovered
 from routing.config.shape import ModelConfig
 from routing.config.slots import compare_slots
 from routing.config.toml import DISCOVER_HEADER, api_key_problems, dump_config, parse_config
@@ -147,16 +147,25 @@ class Command(BaseCommand):
         api_key = os.environ.get(api_key_env, "") if api_key_env else ""
         # The file's hosts first: the output goes into it, so its names are the ones to keep.
         known = (_read_config(config)[0] if config else []) + config_from_db()[0]
-        hosts = []
-        for url in urls:
+        hosts, failures = [], []
+        for url in urls:  # each URL, whatever the others did: one down box hides no other
             try:
-                described = read_host(url, api_key)
+                host = discovered(url, api_key, known)
             except Unreachable as exc:
-                raise CommandError(f"cannot discover {url}: {exc}") from None
-            host = proposed_host(url, described, host_at(url, known))
+                failures.append(f"cannot discover {url}: {exc}")
+                continue
             host.api_key_env = api_key_env or host.api_key_env
             hosts.append(host)
-        return dump_config(hosts, [], header=DISCOVER_HEADER)
+        toml = dump_config(hosts, [], header=DISCOVER_HEADER)
+        if not failures:
+            return toml
+        if hosts:
+            self.stdout.write(toml)
+        if len(urls) == 1:
+            raise CommandError(failures[0])
+        others = " (the hosts above are the others)" if hosts else ""
+        title = f"{len(failures)} of {len(urls)} URLs not discovered{others}:"
+        raise CommandError("\n".join([title, *(f"  {failure}" for failure in failures)]))
 
     def check_config(self, path: str | None) -> str:
         said: list[Problem] = []
