@@ -107,14 +107,32 @@ def test_loading_the_same_file_again_changes_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.django_db
+def test_a_load_of_a_file_that_dropped_a_host_says_the_host_stays(tmp_path: Path) -> None:
+    spare = '[[hosts]]\nname = "spare"\nurl = "http://10.0.0.9:8080"\n'
+    crossbar_config("load", write(tmp_path, spare + FLEET))
+
+    said = crossbar_config("load", write(tmp_path, FLEET)).splitlines()
+
+    assert said == [
+        f"loaded {tmp_path / 'fleet.toml'}: nothing changed",
+        "kept what the file does not name (--prune removes it): host spare",
+    ]
+    assert Host.objects.filter(name="spare").exists()
+
+
+@pytest.mark.django_db
 def test_load_updates_by_name_and_keeps_what_the_file_leaves_out(tmp_path: Path) -> None:
     spare = add_host("spare", "http://10.0.0.9:8080", models={"llama3": (1, 0)})
     add_route("batch", [spare], default_model="llama3")
     add_host("gpu1", "http://10.0.0.1:8080", models={"mistral": (1, 0)})
 
-    summary = crossbar_config("load", write(tmp_path, FLEET))
+    summary, kept = crossbar_config("load", write(tmp_path, FLEET)).splitlines()
 
     assert summary.endswith(": 1 host added, 1 host changed, 3 models added, 1 route added")
+    assert kept == (
+        "kept what the file does not name (--prune removes it): model gpu1/mistral, host spare, "
+        "route batch"
+    )
     assert Host.objects.get(name="gpu1").url == "http://10.0.0.5:8080"
     assert set(Host.objects.values_list("name", flat=True)) == {"gpu1", "gpu2", "spare"}
     assert set(HostModel.objects.filter(host__name="gpu1").values_list("name", flat=True)) == {
@@ -248,7 +266,8 @@ def test_a_route_may_name_a_host_the_database_already_has(tmp_path: Path) -> Non
     add_host("spare", "http://10.0.0.9:8080", models={"llama3": (1, 0)})
     text = '[[routes]]\nname = "batch"\ndefault_model = "llama3"\nhosts = ["spare"]\n'
 
-    assert crossbar_config("load", write(tmp_path, text)).endswith(": 1 route added")
+    summary, kept = crossbar_config("load", write(tmp_path, text)).splitlines()
+    assert summary.endswith(": 1 route added") and kept.endswith(": host spare")
 
 
 @pytest.mark.django_db

@@ -42,6 +42,8 @@ from routing.config.validation import (
 )
 from routing.models import ConfigFileLoad, Route, RouteHost
 
+KEPT = "kept what the file does not name (--prune removes it)"
+
 
 class Command(BaseCommand):
     help = "Load, dump or check the hosts and routes as TOML (see docs/config.md)."
@@ -130,12 +132,15 @@ class Command(BaseCommand):
             _refuse_errors(f"{path}: nothing was changed", problems)
             changes = config_diff(current, hosts, routes, prune, _key_changes(hosts))
             notes = kept_draining(current, hosts)
+            kept = [] if prune else not_named(current, hosts, routes)
             if dry_run:
-                kept = [] if prune else not_named(current, hosts, routes)
                 return _dry_run_report(path, changes, kept, [*notes, *map(str, problems)])
             _apply(hosts, routes, prune)
             summary = change_summary(changes)
             ConfigFileLoad.objects.create(path=where, sha256=digest, summary=summary)
+        # A host left out of the file still serves: "nothing changed" alone would hide it.
+        if kept:
+            notes.insert(0, f"{KEPT}: {', '.join(kept)}")
         return "\n".join([f"loaded {path}: {summary}", *notes, *map(str, problems)])
 
     def dump_database(self) -> str:
