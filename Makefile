@@ -26,7 +26,7 @@ setup: $(VENV)/.installed
 NOT_STARTED := { echo "make run: the gateway was not started (the error is above)" >&2; exit 1; }
 run: $(VENV)/.installed
 	$(PY) manage.py crossbar_serve --check --server $(SERVER) || $(NOT_STARTED)
-	$(PY) manage.py migrate --noinput || $(NOT_STARTED)
+	$(PY) manage.py migrate --noinput --skip-checks || $(NOT_STARTED)
 	$(PY) manage.py crossbar_setup || $(NOT_STARTED)
 	$(PY) manage.py crossbar_serve --server $(SERVER) --bind $(HOST) --port $(PORT)
 

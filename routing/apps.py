@@ -10,7 +10,7 @@ class RoutingConfig(AppConfig):
         from routing import signals  # noqa: F401  (connects the live-reload receivers)
         from routing.checks import check_configuration
 
-        checks.register(check_configuration, "crossbar")
+        checks.register(check_configuration, "crossbar", checks.Tags.database)
 
         from hosts import live, routes_left
         from routing.config.validation import config_from_db, routes_left_without

@@ -5,7 +5,10 @@ rows, not the code. Every problem is reported at Warning level, the ones `crossb
 treats as errors included (their ids keep the E: `crossbar.E004`). An Error would make Django
 refuse to run `migrate`, `runserver` and every other command until the rows are fixed, so one
 route with a bad default model would keep the whole gateway, and the admin that could fix it,
-from starting. `manage.py check --fail-level WARNING` exits non-zero on them.
+from starting. As Django's own checks that read a database, it runs only when asked for one:
+`manage.py check --database default` (`--fail-level WARNING` exits non-zero on them) and
+`migrate`; otherwise every command would repeat them (`make run` runs four). `make run` says
+them once, through `crossbar_setup`.
 """
 
 from __future__ import annotations
@@ -20,9 +23,14 @@ from routing.config.validation import config_from_db, config_problems
 
 
 def check_configuration(
-    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: object,
 ) -> list[CheckMessage]:
-    """One Warning per configuration problem, with the problem's code: `crossbar.E004`."""
+    """One Warning per configuration problem, with the problem's code: `crossbar.E004`; none
+    unless `databases` are given."""
+    if not databases:
+        return []
     if app_configs is not None and not {"hosts", "routing"} & {a.label for a in app_configs}:
         return []
     try:

@@ -12,6 +12,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from routing.config.validation import config_from_db, config_problems
+
 
 class Command(BaseCommand):
     help = (
@@ -28,13 +30,16 @@ class Command(BaseCommand):
             shown = (
                 os.path.relpath(config) if config.resolve().is_relative_to(Path.cwd()) else config
             )
-            lines.append(
-                call_command(
-                    "crossbar_config", "load", "--if-changed", str(shown), stdout=io.StringIO()
-                )
+            loaded = call_command(
+                "crossbar_config", "load", "--if-changed", str(shown), stdout=io.StringIO()
             )
+            lines.append(loaded)
         else:
             lines.append(f"No {config.name}: add hosts and routes in the admin.")
+        # Said here, once per `make run`: a load says them itself, and the system checks do
+        # not (they would at each of its commands).
+        if not lines[-1].startswith("loaded "):
+            lines += map(str, config_problems(*config_from_db()))
         return "\n".join(lines)
 
     def _ensure_admin(self) -> str:
