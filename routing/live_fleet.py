@@ -152,8 +152,9 @@ class LiveFleet:
         that holds `slot` on its lease's host, whose prompt is `prefix`: the number it keeps
         there (with a slot for each conversation leased to the host, a number of its own; with
         more, shared with as few as can be). None, and llama-server chooses as it does for a
-        request that names none, where no slot is named (`slot_naming`), or while another
-        request runs in that slot and waiting for it is not priced sooner (`_waits_for`).
+        request that names none, where no slot is named (`slot_naming`), while another
+        request runs in that slot and waiting for it is not priced sooner (`_waits_for`), or
+        while a request runs on the host in a slot llama-server chose (`_unplaced_by_us`).
 
         Only a host whose `/props` gave its slots (a llama-server, not in router mode) is
         told a slot. Conversations sharing a slot take turns in it: llama-server saves the
@@ -182,6 +183,8 @@ class LiveFleet:
         where = (host, model, number)
         last = self._named.get(where)
         running = last if last is not None and not last.slot.released else None
+        if running is None and self._unplaced_by_us(host, model, slots):
+            return None
         if running is not None and not self._waits_for(running, prefix, slots):
             return None
         # An answer ended there since the host was read: the slot holds its prompt, and what
@@ -200,6 +203,22 @@ class LiveFleet:
         )
         self._named[where] = named  # one entry per slot of the fleet at most
         return named
+
+    def _unplaced_by_us(self, host: str, model: str, slots: int) -> bool:
+        """Whether a request runs on the (host, model) in a slot llama-server chose (one
+        spilled there, or told no slot), besides the one being named: it may be in any slot
+        not known busy. A request naming a busy slot waits for it in llama-server however idle
+        the others are (its task is deferred until that slot is free), so a slot is named
+        free only when the slots of every other request there are known. The slots' holders
+        named here, and those waiting behind them, are known; the rest of `in_flight` (the
+        other processes' too, with shared state) is not."""
+        known = 0
+        for number in range(slots):
+            named = self._named.get((host, model, number))
+            while named is not None and not named.slot.released:
+                known += named.told
+                named = named.behind
+        return self.state.in_flight(host, model) - 1 > known
 
     def _lands_in_empty(
         self, where: tuple[str, str, int], prefix: Prefix, slots: int, described: Described

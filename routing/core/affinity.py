@@ -21,7 +21,11 @@ two-slot hosts evaluated the one host's tokens when no host held more than two, 
 when prefix affinity put a third on one.
 
 Placement takes a free slot before a place in a line, so a host put first only takes the
-request when it has a slot free or when every host is full and its line is the choice.
+request when it has a slot free or when every host is full and its line is the choice. In
+that case (neither it nor the best-ranked host has a free slot) it goes first only holding
+no more conversations than the best-ranked host: the cache saves one prefill, but each
+conversation there comes back to its line every turn, and a burst of new conversations
+sharing a system prompt would otherwise pile into the line of the host that held it first.
 
 Pure: standard library only.
 """
@@ -53,11 +57,14 @@ def prefer(
     load: Callable[[str], int],
     margin: int,
     room: Callable[[str], bool],
+    lines: Callable[[str], int | None],
 ) -> Affinity | None:
     """The host of `order` (a ranking's hosts, best first) holding more of `chain` than
     `order[0]` does, when its `load` is at most `margin` above `order[0]`'s and it has `room`
     for one more conversation's cache, or `order[0]` has none either; None when no host holds
-    more, or the one that does is too busy or too full."""
+    more, or the one that does is too busy or too full. `lines(host)`: the conversations
+    leased to a host without a free slot (a request there joins its line), None for a host
+    with one; of two such hosts, the one holding more does not go first."""
     if not chain or not order:
         return None
     first = order[0]
@@ -68,5 +75,8 @@ def prefer(
     if load(host) > load(first) + margin:
         return None
     if not room(host) and room(first):
+        return None
+    held, held_first = lines(host), lines(first)
+    if held is not None and held_first is not None and held > held_first:
         return None
     return Affinity(host, blocks)

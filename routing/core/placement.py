@@ -454,6 +454,7 @@ class Placer(Generic[RouteT]):
                 state.leases_held(host, model)
                 < state.in_flight(host, model) + state.free_for(host, model)
             ),
+            lambda host: None if state.free_for(host, model) else state.leases_held(host, model),
         )
 
     def _pairs_for(self, ranking: Ranking, affinity: Affinity | None) -> Sequence[Pair]:

@@ -362,6 +362,30 @@ async def test_a_host_whose_slots_all_hold_leased_conversations_takes_no_other_b
     assert_nothing_held(fleet)
 
 
+async def test_when_every_host_is_full_a_new_conversation_joins_the_line_of_the_host_holding_fewer() -> (
+    None
+):
+    # gpu1 holds the shared opening and one conversation more than gpu2; neither has a slot
+    # free. Its cache would save one prefill, but every turn of the conversation would wait
+    # in the longer line: it goes to gpu2, within the margin or not.
+    route = Route()
+    fleet = MemoryFleet({"gpu1": host(2, 8), "gpu2": host(2, 8)}, route)
+    fleet.prefixes.learn("gpu1", MODEL, PROMPT)
+    held = [fleet.occupy(name) for name in ("gpu1", "gpu2") for _ in range(2)]
+    for name, count in {"gpu1": 3, "gpu2": 2}.items():
+        for number in range(count):
+            fleet.leases.keep(LeaseKey(route.name, f"{name} {number}", MODEL), name, LONG)
+
+    got = await placer(fleet, route, "a new conversation", PROMPT).now()
+
+    assert isinstance(got, Waiting)
+    assert (got.host, got.reason) == ("gpu2", Reason.NEW)
+    got.waiter.cancel()
+    for slot in held:
+        slot.release()
+    assert_nothing_held(fleet)
+
+
 async def test_a_full_host_holding_the_prompt_leaves_the_request_to_a_free_one() -> None:
     route = Route()
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)

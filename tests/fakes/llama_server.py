@@ -11,7 +11,9 @@ llama-server's native `/completion`, `/infill`, `/tokenize`, `/detokenize`,
 
 What it simulates: a KV cache (`cache_n` is the longest prompt prefix, in words, shared with
 one of the last `slots` prompts: what its slots hold; `forget_cache()` empties them, as a
-restart does), `slots` requests at a time (one more gets HTTP 500), a closed connection after
+restart does), `slots` requests at a time (one more gets HTTP 500), a request naming a busy
+slot (`id_slot`) waiting for that slot however idle the others (llama-server defers its task
+until that slot is free), a closed connection after
 every stream although the headers say keep-alive, and model loads in router mode.
 
 Tests run it in a background thread with its own event loop (`with FakeLlamaServer() as fake:`)
@@ -266,6 +268,8 @@ class FakeLlamaServer:
         # Per model instance (None: the single model): recent prompts, busy slots, counters.
         self._recent: dict[str | None, deque[tuple[str, ...]]] = {}
         self._busy: dict[str | None, dict[int, _InFlight]] = {}
+        # Set, and replaced by a new one, whenever a slot is given back (`_named_slot_freed`).
+        self._slot_freed = asyncio.Event()
         self._counters: dict[str | None, docs.Counters] = {}
         self._vocabulary = docs.Vocabulary()
         self._lora_scales: dict[int, float] = {}
@@ -714,7 +718,7 @@ class FakeLlamaServer:
     ) -> bool:
         """Hold a slot while `work(hold, cut)` answers, unless a failure is injected or no slot
         is free (HTTP 500). `cut` asks the answer to break off mid-way (reset_mid_stream)."""
-        hold = _InFlight(self, call.model)
+        hold = _InFlight(self, call.model, _named_slot(call, self.slots))
         try:
             failure = self._take_failure()
             if failure == "reset_before_headers":
@@ -728,12 +732,28 @@ class FakeLlamaServer:
             if failure == "error_500":
                 hold.release()
                 return await call.error(500, "Internal server error (injected)", "server_error")
+            if hold.named is not None and not await self._named_slot_freed(call, hold):
+                return False  # the client left while its task waited for the slot it named
             if hold.slot is None:
                 hold.release()
                 return await call.error(500, "Context size has been exceeded.", "server_error")
             return await work(hold, failure == "reset_mid_stream")
         finally:
             hold.release()
+
+    async def _named_slot_freed(self, call: _Call, hold: _InFlight) -> bool:
+        """Wait until the slot `hold` names is free, and take it; False when the client left
+        first. llama-server defers a task whose `id_slot` is busy and takes it up again once
+        a slot is released (any slot, so its task counter runs on meanwhile), however idle
+        its other slots: the task waits for that slot, never takes another."""
+        while not hold.take_named():
+            if _gone(call):
+                self._count_disconnect()
+                return False
+            self._next_task += 1  # deferred, and asked again
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), _POLL)
+        return True
 
     def _take_failure(self) -> str | None:
         mode, count = self._fail_mode, self.fail_count
@@ -937,21 +957,28 @@ class FakeLlamaServer:
 class _InFlight:
     """One request's slot and place in `in_flight`, given back once.
 
-    `slot` is the slot id it runs in, None when every slot was busy (the request is refused).
-    Given back just before the response's last bytes are written, as llama-server frees the slot
-    before it sends the final result: a client that saw the end may at once send the next
-    request without meeting its own previous one in the count.
+    `slot` is the slot id it runs in, None when every slot was busy (the request is refused)
+    or, for a request that names a slot (`named`, llama-server's `id_slot`), while that one
+    is busy (it waits for it: `take_named`). Given back just before the response's last bytes
+    are written, as llama-server frees the slot before it sends the final result: a client
+    that saw the end may at once send the next request without meeting its own previous one
+    in the count.
     """
 
-    __slots__ = ("_server", "_held", "_busy", "slot", "task", "n_decoded")
+    __slots__ = ("_server", "_held", "_busy", "named", "slot", "task", "n_decoded")
 
-    def __init__(self, server: FakeLlamaServer, model: str | None) -> None:
+    def __init__(self, server: FakeLlamaServer, model: str | None, named: int | None) -> None:
         self._server = server
         self._held = True
         self._busy = server._busy.setdefault(model, {})
-        self.slot = next((i for i in range(server.slots) if i not in self._busy), None)
-        if self.slot is not None:
-            self._busy[self.slot] = self
+        self.named = named
+        self.slot: int | None = None
+        if named is None:
+            self.slot = next((i for i in range(server.slots) if i not in self._busy), None)
+            if self.slot is not None:
+                self._busy[self.slot] = self
+        else:
+            self.take_named()
         server._next_task += 1
         self.task = server._next_task
         self.n_decoded = 0
@@ -959,13 +986,32 @@ class _InFlight:
             server.in_flight += 1
             server.max_concurrent = max(server.max_concurrent, server.in_flight)
 
+    def take_named(self) -> bool:
+        """Take the slot this request names, if it is free; whether it holds it now."""
+        if self.slot is None and self.named is not None and self.named not in self._busy:
+            self.slot = self.named
+            self._busy[self.slot] = self
+        return self.slot is not None
+
     def release(self) -> None:
         if self._held:
             self._held = False
             if self.slot is not None:
                 self._busy.pop(self.slot, None)
+                freed, self._server._slot_freed = self._server._slot_freed, asyncio.Event()
+                freed.set()
             with self._server._stats_lock:
                 self._server.in_flight -= 1
+
+
+def _named_slot(call: _Call, slots: int) -> int | None:
+    """The slot the request names (llama-server's `id_slot`), when it names one of `slots`;
+    -1 or none leaves the choice to the server."""
+    body = call.body()
+    named = body.get("id_slot") if body is not None else None
+    if isinstance(named, int) and not isinstance(named, bool) and 0 <= named < slots:
+        return named
+    return None
 
 
 def _gone(call: _Call) -> bool:

@@ -9,13 +9,16 @@ the gateway sent, read here off the fake llama-server over real sockets; with
 from __future__ import annotations
 
 import json
+import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
 import pytest
 
-from tests.conftest import running_gateway
+from tests import wire
+from tests.conftest import running_gateway, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, POLLS, add_host, add_route, chat
 from tests.observe import (
@@ -146,6 +149,22 @@ def streaming(gateway, body: dict) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def sent_in_background(gateway, fake: FakeLlamaServer, body: dict) -> Iterator[None]:
+    """A turn sent from another thread, from the moment the host has it on: it may wait in
+    the host for the slot it names, before any byte of its answer. Answered when the block
+    ends."""
+    before = len(sent(fake))
+    worker = threading.Thread(target=send, args=(gateway, body, False))
+    worker.start()
+    try:
+        wait_until(lambda: len(sent(fake)) > before, what="the host to have the turn")
+        yield
+    finally:
+        worker.join(timeout=30)
+    assert not worker.is_alive(), "the turn sent in the background was never answered"
+
+
 def test_a_conversation_whose_slot_another_is_using_leaves_it_to_the_host_that_reads_it_sooner(
     gateway, fake
 ):
@@ -238,7 +257,7 @@ def test_no_request_waits_for_a_slot_behind_one_that_is_waiting_for_it(gateway, 
 
     with (
         streaming(gateway, conversation(opening("c4"), "again")),
-        streaming(gateway, conversation(opening("c1"), "again")),  # waits for slot 0
+        sent_in_background(gateway, fake, conversation(opening("c1"), "again")),  # waits for 0
     ):
         turn(gateway, opening("c7"), "again", alone=False)
         assert fake.max_concurrent == 3
@@ -495,3 +514,48 @@ def test_a_conversation_that_lost_its_own_slots_cache_is_not_counted_as_a_shared
 
     assert gauge(gateway.url, "crossbar_cache_lost_total", host="gpu1") == lost + 1
     assert shared_slot_lost(gateway) == shared
+
+
+def hanging(gateway, fake: FakeLlamaServer, body: dict) -> socket.socket:
+    """A turn sent on a socket of its own, which `fake` holds without an answer (in the slot
+    it took) until the socket is closed."""
+    before = len(sent(fake))
+    fake.fail_mode, fake.fail_count = "hang", 1
+    sock = wire.send(
+        gateway.url, b"POST", b"/chat/v1/chat/completions", json.dumps(body).encode(),
+        {b"Content-Type": b"application/json"},
+    )  # fmt: skip
+    wait_until(lambda: len(sent(fake)) > before, what="the host to hold the turn")
+    return sock
+
+
+def test_a_home_request_never_names_a_slot_that_a_request_spilled_there_may_be_running_in(
+    gateway, fake, fake2
+):
+    gpu1 = add_host("gpu1", fake.url, models={MODEL: (2, 2)})
+    gpu2 = add_host("gpu2", fake2.url, models={MODEL: (1, 2)})
+    add_route("chat", [gpu1, gpu2], lease_patience=0.0)  # a full home spills at once
+    gateway.sync()
+    wait_for_health_poll(fake)
+    wait_for_health_poll(fake2)
+    turn(gateway, "one")  # gpu1's slot 0
+    fake.token_delay = 0.05
+    with streaming(gateway, chat("two")):  # gpu1's slot 1; gpu1 now holds a lease per slot
+        x = turn(gateway, "x")
+    assert x.headers["X-Crossbar-Host"] == "gpu2"
+    fake.token_delay = 0.0
+
+    home = hanging(gateway, fake2, conversation("x", "again"))  # gpu2's one slot
+    spilled = hanging(gateway, fake, conversation("x", "and again"))  # gpu1 runs it unnamed
+    try:
+        assert sent(fake)[-1].get("id_slot") is None
+        assert fake._busy[None].keys() == {0}  # llama-server put it in slot 0, one's
+        answer = turn(gateway, "one", "again", alone=False)  # at home: gpu1 has a free slot
+    finally:
+        home.close()
+        spilled.close()
+
+    # Naming slot 0 would hold one's turn in llama-server until the spilled request ends
+    # (here: never), while slot 1 sits idle.
+    assert answer.headers["X-Crossbar-Placement"] == "home"
+    assert sent(fake)[-1].get("id_slot") is None
