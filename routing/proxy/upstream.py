@@ -37,10 +37,11 @@ _REQUEST_DROP = frozenset(
 
 _CREDENTIALS = frozenset({"authorization", "x-api-key"})
 
-# The statuses a client may be given as the host's answer. httpcore reads past a host's interim
-# answers itself (100 Continue, 102, 103 Early Hints) to its final one; a 1xx that reaches the
+# The statuses a client may be given as the host's answer. Both transports read past a host's
+# interim answers (100 Continue, 102, 103 Early Hints) to its final one; a 1xx that reaches the
 # gateway is final (101 Switching Protocols: the gateway relays HTTP, not an upgraded
-# connection), and a status past 599, or under 100, is no HTTP status Django can send.
+# connection), and a status past 599, or under 100, is no HTTP status Django can send. (On
+# httpcore, h11 refuses an unasked-for 101 and a status under 100 itself, as a malformed head.)
 RELAYABLE = range(200, 600)
 # How much of an unusable status line the client's error and the row quote: printable ASCII only.
 QUOTED_CHARS = 40
