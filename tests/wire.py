@@ -42,9 +42,15 @@ def connect(
 
 
 def request_bytes(
-    method: bytes, target: bytes, body: bytes = b"", headers: dict[bytes, bytes] | None = None
+    method: bytes,
+    target: bytes,
+    body: bytes = b"",
+    headers: dict[bytes, bytes] | None = None,
+    *,
+    keep_alive: bool = False,
 ) -> bytes:
-    head = [method + b" " + target + b" HTTP/1.1", b"Host: localhost", b"Connection: close"]
+    connection = b"Connection: keep-alive" if keep_alive else b"Connection: close"
+    head = [method + b" " + target + b" HTTP/1.1", b"Host: localhost", connection]
     head += [name + b": " + value for name, value in (headers or {}).items()]
     if body and not any(name.lower() == b"transfer-encoding" for name in headers or {}):
         head.append(b"Content-Length: %d" % len(body))
@@ -88,6 +94,53 @@ def read_one_answer(sock: socket.socket) -> Answer:
     while len(body) < length:
         body += sock.recv(65536) or _closed()
     return parse_answer(head + b"\r\n\r\n" + body)
+
+
+class KeptAlive:
+    """One client connection kept alive across requests, read answer by answer as an HTTP/1.1
+    client reads them: each by its own framing (Content-Length, or chunked), so whatever a
+    server sends past an answer's end is read as the start of the next answer."""
+
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        self.sock = connect(url, timeout=timeout)
+        self._data = b""
+
+    def ask(self, method: bytes, target: bytes, body: bytes = b"", **headers: bytes) -> Answer:
+        """Send one request on the connection and read its answer."""
+        named = {name.replace("_", "-").encode(): value for name, value in headers.items()}
+        self.sock.sendall(request_bytes(method, target, body, named, keep_alive=True))
+        return self.read()
+
+    def read(self) -> Answer:
+        """The next answer; raises AssertionError on a status line that is not one."""
+        head = self._until(b"\r\n\r\n")
+        status_line = head.split(b"\r\n", 1)[0]
+        assert status_line.startswith(b"HTTP/1.1 "), f"not a status line: {status_line[:80]!r}"
+        headers = parse_answer(head).headers
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while size := int(self._until(b"\r\n")[:-2].split(b";")[0], 16):
+                body += self._exactly(size + 2)[:-2]
+            while self._until(b"\r\n") != b"\r\n":
+                pass  # trailers
+        else:
+            body = self._exactly(int(headers.get("content-length", "0")))
+        return Answer(int(status_line.split(b" ")[1]), headers, body)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _until(self, mark: bytes) -> bytes:
+        while mark not in self._data:
+            self._data += self.sock.recv(65536) or _closed()
+        found, _, self._data = self._data.partition(mark)
+        return found + mark
+
+    def _exactly(self, n: int) -> bytes:
+        while len(self._data) < n:
+            self._data += self.sock.recv(65536) or _closed()
+        found, self._data = self._data[:n], self._data[n:]
+        return found
 
 
 def _closed() -> bytes:

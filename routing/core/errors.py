@@ -16,6 +16,7 @@
     ├── QueueTimeout                   503 queue_timeout (+ Retry-After 5)
     ├── UpstreamUnreachable            502 upstream_unreachable
     │   └── HostDown                   (refused or reset before answering: placed again)
+    ├── UpstreamFailed                 502 upstream_failed (a head no client may be given)
     └── UpstreamTimeout                504 upstream_timeout
 
 Each error carries its own status, code and Retry-After, and may carry `detail`: the refusal's
@@ -184,6 +185,15 @@ class UpstreamUnreachable(GatewayError):
 class HostDown(UpstreamUnreachable):
     """The host refused or reset the connection before any response byte: it is down, and the
     request may be placed again elsewhere, since nothing was sent to the client yet."""
+
+
+class UpstreamFailed(GatewayError):
+    """The host answered with a head the gateway cannot relay: a status outside 200-599 (a 1xx
+    as its final answer among them). Not placed again: the host may have acted on the request.
+    (The same code ends a stream the host broke after its head: the relay's error event.)"""
+
+    status = 502
+    code = "upstream_failed"
 
 
 class UpstreamTimeout(GatewayError):

@@ -24,6 +24,7 @@ from routing.proxy import upstream
 from routing.proxy.ask import Ask
 from routing.proxy.prefix_check import predicted
 from routing.proxy.record import Trail
+from routing.proxy.relay import close_soon
 from routing.runtime import Runtime
 
 Forward = Callable[[Runtime, Ask, "str | None", str, "int | None"], Awaitable[httpx.Response]]
@@ -41,6 +42,13 @@ class Answered:
     upstream: httpx.Response
     placement: Placement | None  # None for requests that take no slot
     trail: Trail
+
+    def give_back(self) -> None:
+        """Give back what the answer holds, for a request that will not relay it: its slot,
+        and the host's response (closed in a background task). Safe to call again."""
+        if self.placement is not None:
+            self.placement.slot.release()
+        close_soon(self.upstream)
 
 
 class Passage:
@@ -181,4 +189,5 @@ class Passage:
             self.trail.running.table.waits(self.trail.running, waiting.waiter)
 
     def _answered(self, trail: Trail) -> Trail:
-        return trail._replace(ttfb_ms=int((time.perf_counter() - trail.arrival.t0) * 1000))
+        self.trail = trail._replace(ttfb_ms=int((time.perf_counter() - trail.arrival.t0) * 1000))
+        return self.trail

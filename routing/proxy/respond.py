@@ -17,6 +17,7 @@ from routing.core.cors import grant
 from routing.core.errors import Answer
 from routing.proxy.passage import Answered
 from routing.proxy.record import Trail, said
+from routing.proxy.relay import Relay
 
 METHODS = ("GET", "HEAD", "POST", "DELETE", "OPTIONS")  # llama-server's; the rest is 405
 _PREFLIGHT_METHODS = "GET, POST, DELETE, OPTIONS"
@@ -24,6 +25,10 @@ _PREFLIGHT_METHODS = "GET, POST, DELETE, OPTIONS"
 _RESPONSE_DROP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "upgrade", "trailer", "proxy-authenticate"}
 )
+# An SSE stream may end with an error event of the gateway's own after the host's bytes (the
+# host broke off): a length declared for the host's bytes would send that event past it, where
+# the client reads the next answer on its connection. Sent without one, it goes out chunked.
+_STREAM_DROP = _RESPONSE_DROP | {"content-length"}
 _HOST_CORS = "access-control-"  # the host's CORS headers: the route's rule replaces them
 
 
@@ -86,15 +91,17 @@ def error_response(
     return response
 
 
-def streamed(answered: Answered, body: Body, origins: frozenset[str]) -> StreamedResponse:
-    """The host's response: its status and headers (hop-by-hop and CORS ones dropped), our
-    headers, and CORS headers by the route's rule for the origin the client sent."""
+def streamed(answered: Answered, relay: Relay, origins: frozenset[str]) -> StreamedResponse:
+    """The host's response: its status and headers (hop-by-hop and CORS ones dropped, and the
+    length of an SSE stream, which the relay may extend), our headers, and CORS headers by the
+    route's rule for the origin the client sent."""
     upstream = answered.upstream
-    response = StreamedResponse(body, status=upstream.status_code)
+    response = StreamedResponse(relay, status=upstream.status_code)
     del response["Content-Type"]
+    drop = _STREAM_DROP if relay.streamed else _RESPONSE_DROP
     for name, value in upstream.headers.multi_items():
         lowered = name.lower()
-        if lowered not in _RESPONSE_DROP and not lowered.startswith(_HOST_CORS):
+        if lowered not in drop and not lowered.startswith(_HOST_CORS):
             response.headers[name] = value
     # The Origin the host was asked with is the client's own (it is forwarded unchanged).
     allow_origin(response, origins, upstream.request.headers.get("Origin"))

@@ -10,7 +10,13 @@ from django.conf import settings
 from django.http import HttpRequest
 
 from hosts.failures import failure
-from routing.core.errors import BadBody, HostDown, UpstreamTimeout, UpstreamUnreachable
+from routing.core.errors import (
+    BadBody,
+    HostDown,
+    UpstreamFailed,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from routing.core.forwarding import FORWARDING, forwarding_headers
 from routing.proxy.ask import Ask
 from routing.runtime import Runtime
@@ -30,6 +36,15 @@ _REQUEST_DROP = frozenset(
 
 
 _CREDENTIALS = frozenset({"authorization", "x-api-key"})
+
+# The statuses a client may be given as the host's answer. Both transports read past a host's
+# interim answers (100 Continue, 102, 103 Early Hints) to its final one; a 1xx that reaches the
+# gateway is final (101 Switching Protocols: the gateway relays HTTP, not an upgraded
+# connection), and a status past 599, or under 100, is no HTTP status Django can send. (On
+# httpcore, h11 refuses an unasked-for 101 and a status under 100 itself, as a malformed head.)
+RELAYABLE = range(200, 600)
+# How much of an unusable status line the client's error and the row quote: printable ASCII only.
+QUOTED_CHARS = 40
 
 
 def _headers(request: HttpRequest, api_key: str, credentials: bool) -> list[tuple[str, str]]:
@@ -121,7 +136,8 @@ async def forward(
     `id_slot`: the host's slot to name in the body (llama-server's), if any.
 
     Raises HostDown (the host refused or reset before answering; it is marked down),
-    UpstreamUnreachable (another transport failure) or UpstreamTimeout.
+    UpstreamUnreachable (another transport failure), UpstreamTimeout, or UpstreamFailed (a
+    head no client may be given).
     """
     config = runtime.fleet.hosts[host]
     body, payload = ask.body, ask.payload
@@ -142,4 +158,17 @@ async def forward(
         headers=_headers(ask.request, config.api_key, ask.credentials),
         content=body or None,
     )
-    return await _send(runtime, host, upstream_request)
+    return await _relayable(host, await _send(runtime, host, upstream_request))
+
+
+async def _relayable(host: str, response: httpx.Response) -> httpx.Response:
+    """`response`, when its status is one a client may be given (`RELAYABLE`); otherwise it is
+    closed and UpstreamFailed raised, quoting a short, printable excerpt of the status line."""
+    if response.status_code in RELAYABLE:
+        return response
+    await response.aclose()
+    said = f"{response.status_code:03d} {response.reason_phrase}"
+    quoted = "".join(char for char in said if char.isascii() and char.isprintable())
+    if len(quoted) > QUOTED_CHARS:
+        quoted = quoted[:QUOTED_CHARS] + "..."
+    raise UpstreamFailed(f"host {host} answered an unusable status line: {quoted}")

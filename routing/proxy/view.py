@@ -42,7 +42,7 @@ from routing.proxy.ask import (
 )
 from routing.proxy.figures import pricing
 from routing.proxy.model_list import model_list
-from routing.proxy.passage import Passage
+from routing.proxy.passage import Answered, Passage
 from routing.proxy.record import Arrival, Trail, finish
 from routing.proxy.refusal import counted_where_it_happened, explained
 from routing.proxy.relay import Relay
@@ -149,7 +149,7 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             status = _waiting_response(runtime, passage, passage.waiting)
             allow_origin(status, origins, request.headers.get("Origin"))
             return status
-        answered = await passage.through()
+        return _relayed(runtime, await passage.through(), origins)
     except asyncio.CancelledError:
         ended = passage.trail if passage is not None else trail
         finish(ended, 499, "client disconnected before the response", "client_disconnected")
@@ -166,9 +166,20 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         response = error_response(answer, ended, request.headers.get("Origin"), origins)
         finish(counted_where_it_happened(ended, exc), answer.status, answer.message, answer.code)
         return response
-    placement = answered.placement
-    relay = Relay(answered.upstream, placement.slot if placement else None, answered.trail, runtime)
-    return streamed(answered, relay, origins)
+
+
+def _relayed(runtime: Runtime, answered: Answered, origins: frozenset[str]) -> StreamedResponse:
+    """The response that relays the host's answer. The answer's slot and the host's response
+    are this step's until the response is handed to the server, whose handler closes it on
+    every way out (`Relay.close` ends the request): whatever fails before gives both back, and
+    the view answers the failure, with the request's row."""
+    try:
+        placement = answered.placement
+        slot = placement.slot if placement is not None else None
+        return streamed(answered, Relay(answered.upstream, slot, answered.trail, runtime), origins)
+    except BaseException:
+        answered.give_back()
+        raise
 
 
 async def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -> Passage:

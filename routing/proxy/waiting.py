@@ -20,7 +20,7 @@ from routing.core.errors import Answer, answer_for
 from routing.proxy.passage import Answered, Passage
 from routing.proxy.record import finish
 from routing.proxy.refusal import counted_where_it_happened, explained
-from routing.proxy.relay import Relay, close_soon
+from routing.proxy.relay import Relay
 from routing.runtime import Runtime
 
 
@@ -157,7 +157,4 @@ def _give_back(task: asyncio.Task[Answered]) -> None:
     """What a passage answered to a client that has left: its slot and the host's response."""
     if task.cancelled() or task.exception() is not None:
         return  # the passage gave back what it held itself
-    answered = task.result()
-    if answered.placement is not None:
-        answered.placement.slot.release()
-    close_soon(answered.upstream)
+    task.result().give_back()

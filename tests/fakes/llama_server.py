@@ -48,6 +48,7 @@ from tests.fakes.llama_wire import (
     chunk,
     dumps,
     error_document,
+    head,
     read_request,
     reset,
     stream_head,
@@ -57,11 +58,17 @@ from tests.fakes.llama_wire import (
 
 __all__ = ["FAIL_MODES", "HEALTH_STATES", "ROUTES", "FakeLlamaServer", "SeenRequest", "main"]
 
-FAIL_MODES = (None, "refuse", "reset_before_headers", "reset_mid_stream", "error_500", "hang")
+FAIL_MODES = (
+    None, "refuse", "reset_before_headers", "reset_mid_stream", "error_500", "hang",
+    "odd_status", "short_stream",
+)  # fmt: skip
 HEALTH_STATES = ("ok", "loading", "error")
 DEFAULT_MAX_TOKENS = 8
 # reset_mid_stream cuts the connection after this many token events (or before the last one).
 RESET_AFTER_TOKENS = 3
+# short_stream sends this event of a stream whose Content-Length says this many bytes more.
+SHORT_STREAM_EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+SHORT_STREAM_MISSING = 42
 # The paths llama-server answers without an API key (besides its web UI's files).
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})
 # Long waits (first token, model loads) look this often whether the client is still there.
@@ -191,7 +198,11 @@ class FakeLlamaServer:
     Knobs, settable from any thread at any time: `health` ("ok" | "loading" | "error"),
     `fail_mode` (see `FAIL_MODES`), `fail_count` (how many slot-taking requests the fail mode
     still applies to; None = all; when it runs out the fake goes back to normal and both reset
-    to None), `token_delay`, `first_token_delay`, `prompt_token_ms` (what the timings say each
+    to None), `odd_status` (what "odd_status" answers after `HTTP/1.1 `, e.g. "999 Weird",
+    in UTF-8, a surrogate escape as its raw byte: a status no HTTP client should relay;
+    "short_stream" sends an SSE stream's head with a Content-Length, then
+    `SHORT_STREAM_EVENT`, `SHORT_STREAM_MISSING` bytes short of it, and closes),
+    `token_delay`, `first_token_delay`, `prompt_token_ms` (what the timings say each
     evaluated prompt token took: 0.1 ms, 10,000 a second; reported, not waited), `api_key`,
     `load_delay`, `models_max`, `models_autoload`, `failing_models`; `forget_cache()` empties
     its KV cache. Fail modes apply to requests that take a slot (generations, embeddings,
@@ -258,6 +269,7 @@ class FakeLlamaServer:
         self.load_on_startup = load_on_startup
         self.failing_models = set(failing_models)
         self.fail_count: int | None = None
+        self.odd_status = "999 Weird"
         self.seen: list[SeenRequest] = []
         self.in_flight = 0
         self.max_concurrent = 0
@@ -732,6 +744,10 @@ class FakeLlamaServer:
             if failure == "error_500":
                 hold.release()
                 return await call.error(500, "Internal server error (injected)", "server_error")
+            if failure in ("odd_status", "short_stream"):
+                hold.release()
+                await self._send_broken_head(call, failure)
+                return False
             if hold.named is not None and not await self._named_slot_freed(call, hold):
                 return False  # the client left while its task waited for the slot it named
             if hold.slot is None:
@@ -754,6 +770,23 @@ class FakeLlamaServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._slot_freed.wait(), _POLL)
         return True
+
+    async def _send_broken_head(self, call: _Call, failure: str) -> None:
+        """An answer no gateway may pass on as it is, then the connection closed: a head with
+        the status line `odd_status`, or an SSE stream cut short of its declared length."""
+        if failure == "odd_status":
+            body = dumps(error_document(500, "odd status (injected)", "server_error"))
+            start = head(200, JSON_TYPE, origin=call.origin, keep_alive=False, length=len(body))
+            status_line = f"HTTP/1.1 {self.odd_status}".encode("utf-8", "surrogateescape")
+            call.writer.write(status_line + start[start.index(b"\r\n") :] + body)
+        else:
+            declared = len(SHORT_STREAM_EVENT) + SHORT_STREAM_MISSING
+            start = head(
+                200, "text/event-stream", origin=call.origin, keep_alive=True, length=declared
+            )
+            call.writer.write(start + SHORT_STREAM_EVENT)
+        with contextlib.suppress(ConnectionError):
+            await call.writer.drain()
 
     def _take_failure(self) -> str | None:
         mode, count = self._fail_mode, self.fail_count

@@ -10,7 +10,9 @@ import httpx
 import pytest
 
 from tests.conftest import running_gateway, wait_until
+from tests.fakes.llama_server import SHORT_STREAM_EVENT
 from tests.fleet import MODEL, add_host, add_route, chat
+from tests.wire import KeptAlive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"
@@ -144,3 +146,68 @@ def test_a_stream_silent_past_the_idle_timeout_ends_with_one_error_event(chat_ro
     row = only_row(ledger)
     assert row.status == 504 and row.error == error["message"]
     assert row.completion_tokens is None  # the host never said how many it made
+
+
+@pytest.mark.parametrize(
+    ("status_line", "quoted"),
+    [
+        ("999 Weird", "999 Weird"),
+        ("600 Beyond", "600 Beyond"),
+        ("101 Switching Protocols", "101 Switching Protocols"),
+        ("099 Early", "099 Early"),
+        # Characters no terminal should print, and a reason as long as a head may be.
+        ("999 Weird\u2028\u00e9" + "A" * 3000, "999 WeirdAAA"),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_host_status_the_gateway_cannot_relay_is_a_502_and_gives_the_slot_back(
+    chat_route, fake, ledger, status_line, quoted, stream
+):
+    """A status outside 200-599 (or a 1xx as the final answer) is no answer a client can be
+    given: it gets the gateway's own 502 quoting a short, printable excerpt of the host's
+    status line, one row, and the slot back (gpu1 has one slot and no queue)."""
+    fake.odd_status = status_line
+    fake.fail_mode = "odd_status"
+
+    response = ledger.client.post(URL, json=chat(stream=stream))
+
+    assert response.status_code == 502
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert (error["code"], error["type"]) == ("upstream_failed", "server_error")
+    assert error["message"].startswith(f"host gpu1 answered an unusable status line: {quoted}")
+    assert error["message"].isprintable() and error["message"].isascii()
+    assert len(error["message"]) <= 160
+    row = only_row(ledger)
+    assert (row.status, row.host, row.error) == (502, "gpu1", error["message"])
+    fake.fail_mode = None
+    assert ledger.client.post(URL, json=chat(stream=stream)).status_code == 200
+
+
+def test_a_stream_the_host_declared_a_length_for_ends_on_a_connection_that_stays_usable(
+    chat_route, fake, ledger, gateway
+):
+    """A host's SSE stream with a Content-Length, cut short: the gateway's error event must not
+    go out past a length it declared (the next answer on the client's connection would start
+    inside it), so the next request on the same connection reads its own answer."""
+    fake.fail_mode = "short_stream"
+    client = KeptAlive(gateway.url)
+    body = json.dumps(chat(stream=True)).encode()
+
+    try:
+        broken = client.ask(b"POST", URL.encode(), body, content_type=b"application/json")
+        ledger.sent()
+        fake.fail_mode = None
+        served = client.ask(b"POST", URL.encode(), body, content_type=b"application/json")
+        ledger.sent()
+    finally:
+        client.close()
+
+    assert broken.status == 200
+    declared = broken.headers.get("content-length")
+    assert declared is None or int(declared) == len(broken.body)
+    assert broken.body.startswith(SHORT_STREAM_EVENT)
+    *_, last = sse_events(broken.body)
+    assert json.loads(last.removeprefix(b"data: "))["error"]["code"] == "upstream_failed"
+    assert served.status == 200 and sse_events(served.body)[-1] == b"data: [DONE]"
+    assert ledger.statuses() == [200, 502]

@@ -12,14 +12,17 @@ from typing import Any
 from unittest import mock
 
 import httpx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from routing.core.patience import Figures
 from routing.core.tee import Usage
 from routing.proxy import relay as relay_module
+from routing.proxy.passage import Answered
 from routing.proxy.record import Arrival, Trail
 from routing.proxy.relay import Relay
+from routing.proxy.view import _relayed
 from tests.core.test_tee import _streams
 
 SSE = "text/event-stream"
@@ -108,3 +111,34 @@ def test_any_chunking_of_a_whole_json_answer_reaches_the_client_unchanged_with_t
         (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
         usage["completion_tokens"],
     )
+
+
+class _Slot:
+    """A held slot that counts its releases."""
+
+    def __init__(self) -> None:
+        self.releases = 0
+
+    def release(self) -> None:
+        self.releases += 1
+
+
+def test_a_response_that_cannot_be_built_gives_back_the_slot_and_closes_the_hosts_answer():
+    """Between the slot taken and the response handed to the server, the step that builds the
+    response owns them: whatever raises there (here Django refusing the host's status, which
+    the passage lets through to no other caller) gives both back before the view answers."""
+
+    async def run() -> tuple[_Slot, bool]:
+        upstream = httpx.Response(999, headers={"content-type": SSE}, stream=_Upstream([]))
+        slot = _Slot()
+        answered = Answered(upstream, SimpleNamespace(slot=slot), Trail(Arrival(), host="gpu1"))  # type: ignore[arg-type]  # a stand-in placement: only its slot is read
+        runtime = SimpleNamespace(stream_idle_timeout=5.0, figures=Figures())
+        with pytest.raises(ValueError, match="HTTP status code"):
+            _relayed(runtime, answered, frozenset())  # type: ignore[arg-type]  # a stand-in runtime, as above
+        # The host's answer is closed in a background task: let it run.
+        await asyncio.gather(*asyncio.all_tasks() - {asyncio.current_task()})
+        return slot, upstream.is_closed
+
+    slot, closed = asyncio.run(run())
+
+    assert slot.releases == 1 and closed

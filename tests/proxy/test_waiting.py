@@ -308,3 +308,25 @@ def test_a_route_with_a_fallback_waits_while_its_host_resets_and_gives_its_slot_
     home = ledger.client.post(url, json=chat("second"))
     assert home.status_code == 200, home.text
     assert home.headers["x-crossbar-host"] == "gpu1"
+
+
+def test_a_queued_stream_whose_host_answers_an_unusable_status_ends_with_one_error_event(
+    gateway, fake, ledger
+):
+    """The head went out while the request waited: the host's unusable status becomes one
+    `upstream_failed` error event, its row a 502, and the slot comes back."""
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 4)})], wait_status=True)
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+
+    with holding(url, slow(tokens=20), fake):
+        ledger.sent()  # the holder's own request
+        fake.odd_status, fake.fail_mode, fake.fail_count = "999 Weird", "odd_status", 1
+        response = ledger.client.post(url, json=chat("next", stream=True))
+
+    data = [line for line in response.text.split("\n") if line.startswith("data: ")]
+    assert response.status_code == 200
+    assert len(data) == 1 and '"code": "upstream_failed"' in data[0]
+    assert "host gpu1 answered an unusable status line: 999 Weird" in data[0]
+    assert ledger.statuses() == [200, 502]
