@@ -59,7 +59,7 @@ def old_loop(rev: str) -> Loop:
 
     async def run(urls: list[str], table: HealthTable, interval: float) -> None:
         probes = [old.Probe(f"h{i}", url) for i, url in enumerate(urls)]
-        async with upstream_client("aiohttp", CONNECT_TIMEOUT) as client:
+        async with upstream_client(CONNECT_TIMEOUT) as client:
             await old.poll_forever(client, lambda: probes, table, interval, TIMEOUT)
 
     return run

@@ -9,8 +9,8 @@ Kinds:
 - `litellm`: LiteLLM's proxy (`make bench-compare` installs it); no server or lever applies.
 
 `@SERVER` is a key of processes.SERVERS (default: the run's `--server`). Levers:
-- `httpcore` (any but litellm): httpx's own transport instead of httpx-aiohttp's, crossbar's
-  default (`CROSSBAR_UPSTREAM_TRANSPORT`); `aiohttp` names the default explicitly.
+- `httpcore` (the floors): httpx's own transport instead of httpx-aiohttp's, crossbar's only
+  one; `aiohttp` names the default explicitly.
 - `notee`, `noaccounting` (crossbar only): bench/levers' other patches.
 - `stages` (crossbar and the floors): bench/levers' timestamps of each request's way to its
   first token, read after the run (bench/stages.py); it costs a little CPU per chunk.
@@ -26,7 +26,7 @@ Kinds:
   implies `redis` (workers need it). Its CPU, RSS and threads are those of the whole process
   tree.
 
-Examples: `crossbar`, `floor@uvicorn`, `floor+httpcore`, `crossbar@uvicorn+httpcore+notee`,
+Examples: `crossbar`, `floor@uvicorn`, `floor+httpcore`, `crossbar@uvicorn+notee`,
 `crossbar#HEAD~1`, `crossbar+redis`, `crossbar+workers2`, `crossbar@uvicorn+workers2`,
 `crossbar+stages floor+stages`.
 """
@@ -55,8 +55,7 @@ from processes import (
 
 KINDS = ("crossbar", "floor", "floor-django", "litellm")
 LEVERS = {
-    "crossbar": ("aiohttp", "httpcore", "notee", "noaccounting", "stages", "log-warning", "redis",
-                 "workers2"),
+    "crossbar": ("notee", "noaccounting", "stages", "log-warning", "redis", "workers2"),
     "floor": ("aiohttp", "httpcore", "stages"),
     "floor-django": ("aiohttp", "httpcore", "stages"),
     "litellm": (),
@@ -151,7 +150,6 @@ def start(
     if stages is not None:
         env["CROSSBAR_BENCH_STAGES"] = str(stages)
     if target.kind == "crossbar":
-        env["CROSSBAR_UPSTREAM_TRANSPORT"] = transport_of(target)
         if "log-warning" in target.levers:
             env["CROSSBAR_LOG_LEVEL"] = "WARNING"
         if target.has_redis:

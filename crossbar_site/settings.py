@@ -169,8 +169,6 @@ CROSSBAR = {
     "HEALTH_TIMEOUT": env.float("CROSSBAR_HEALTH_TIMEOUT", default=2.0),
     "CONFIG_POLL": env.float("CROSSBAR_CONFIG_POLL", default=2.0),
     "KEEPALIVE": env.float("CROSSBAR_KEEPALIVE", default=10.0),
-    # aiohttp (httpx-aiohttp: less CPU) or httpcore (httpx's own); routing/upstream_client.py.
-    "UPSTREAM_TRANSPORT": env.str("CROSSBAR_UPSTREAM_TRANSPORT", default="aiohttp"),
     # At SIGTERM, how long requests in flight may take to finish (`manage.py crossbar_serve`).
     "SHUTDOWN_GRACE": env.float("CROSSBAR_SHUTDOWN_GRACE", default=30.0),
     # Proxy requests need a client key when this is set or any enabled key exists.

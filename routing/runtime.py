@@ -85,7 +85,7 @@ class Runtime:
         self.headers_timeout: float = conf["HEADERS_TIMEOUT"]
         self.stream_idle_timeout: float = conf["STREAM_IDLE_TIMEOUT"]
         self.keepalive: float = conf["KEEPALIVE"]
-        self.client = upstream_client(conf["UPSTREAM_TRANSPORT"], self.connect_timeout)
+        self.client = upstream_client(self.connect_timeout)
         self._generation = generation
         self._reload_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []

@@ -96,8 +96,7 @@ def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
     on the server CROSSBAR_TEST_SERVER names.
 
     `settings` override the environment (e.g. CROSSBAR_HEALTH_INTERVAL="60"), which the gateway
-    otherwise inherits: `CROSSBAR_UPSTREAM_TRANSPORT=aiohttp .venv/bin/python -m pytest ...` runs
-    the tests' gateways on the aiohttp transport.
+    otherwise inherits.
     """
     port = free_port()
     log_path = log_dir / f"gateway-{port}.log"

@@ -6,7 +6,7 @@ first in PYTHONPATH and `CROSSBAR_BENCH_LEVERS=LEVER,...`; Python imports this m
 is first imported. Nothing under routing/ or crossbar_site/ changes, and no other process (the
 tests, `make run`) sees any of it: only a process started with that environment does.
 
-Levers (crossbar's `aiohttp` lever is its own setting, CROSSBAR_UPSTREAM_TRANSPORT=aiohttp):
+Levers:
 - `notee`: the tee does not look at chunks (no token counts in the rows).
 - `noaccounting`: no row to the recorder and no Prometheus series per request (the log line
   stays, as the log level decides).

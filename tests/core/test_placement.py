@@ -362,9 +362,7 @@ async def test_a_host_whose_slots_all_hold_leased_conversations_takes_no_other_b
     assert_nothing_held(fleet)
 
 
-async def test_when_every_host_is_full_a_new_conversation_joins_the_line_of_the_host_holding_fewer() -> (
-    None
-):
+async def test_when_every_host_is_full_a_new_conversation_joins_the_host_holding_fewer() -> None:
     # gpu1 holds the shared opening and one conversation more than gpu2; neither has a slot
     # free. Its cache would save one prefill, but every turn of the conversation would wait
     # in the longer line: it goes to gpu2, within the margin or not.

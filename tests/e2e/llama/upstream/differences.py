@@ -40,8 +40,7 @@ BY_DESIGN: dict[str, str] = {
     "unit/test_router.py::test_router_dedup_cache_models": _UNLISTED,
     "unit/test_proxy.py::test_mcp_proxy_no_content": (
         "transport: llama-server relays the MCP server's 204 with a chunked body (`0`), which "
-        "RFC 9112 forbids; aiohttp (the default upstream transport) rejects the response, 502; "
-        "CROSSBAR_UPSTREAM_TRANSPORT=httpcore passes it"
+        "RFC 9112 forbids; aiohttp (the upstream transport) rejects the response, 502"
     ),
     "unit/test_basic.py::test_server_multiple_addresses": (
         "harness: crossbar listens on one address (crossbar_serve --bind); the test's [::1] "
