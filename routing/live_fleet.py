@@ -24,7 +24,7 @@ from collections.abc import Callable
 from accounting.report import is_cache_lost
 from hosts.describe import Described, ModelState
 from hosts.health import HealthTable, HostHealth
-from routing.config.shape import Fleet, HostConfig, RouteConfig
+from routing.config.shape import Fleet, HostConfig, RouteConfig, renamed_hosts
 from routing.core.choose import Candidate
 from routing.core.leases import LeaseKey
 from routing.core.named_slots import (
@@ -93,18 +93,24 @@ class LiveFleet:
 
     def apply(self, config: Fleet) -> None:
         """Serve `config` from now on. A host gone, or replaced by another machine under the
-        same name, is forgotten: its caches hold nothing of ours any more."""
+        same name, is forgotten: its caches hold nothing of ours any more. A host renamed (its
+        box under another name: `renamed_hosts`) keeps its slots in flight under the new name;
+        requests waiting for a host or model gone are placed again (`FleetState.remove`)."""
         old = self.config
         replaced: list[str] = []
+        renamed = renamed_hosts(old, config)
+        for was, now in renamed.items():
+            self.state.rename(was, now)
         for host in config.hosts.values():
             for model in host.models.values():
                 self.state.configure(host.name, model.name, model.parallel, model.queue_max)
         for host in old.hosts.values():
-            current = config.hosts.get(host.name)
+            name = renamed.get(host.name, host.name)
+            current = config.hosts.get(name)
             for model_name in host.models:
                 if current is None or model_name not in current.models:
-                    self.state.remove(host.name, model_name)
-            if current is None or current.url != host.url:
+                    self.state.remove(name, model_name)
+            if current is None or name != host.name or current.url != host.url:
                 self.state.drop_host(host.name)
                 replaced.append(host.name)
         self.prefixes.forget(replaced)

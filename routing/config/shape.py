@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from hosts.address import address
 from routing.core.clients import ClientSpec
 
 
@@ -72,3 +73,26 @@ class Fleet:
             if host is not None and host.enabled:
                 seen.update(dict.fromkeys(host.models))
         return list(seen)
+
+
+def renamed_hosts(old: Fleet, new: Fleet) -> dict[str, str]:
+    """The hosts of `old` that `new` calls by another name: old name -> new name.
+
+    A host is the box its URL leads to (`hosts.address`, the rule that keeps one host per
+    box): a host gone from `new` whose address exactly one host new in `new` has, and no other
+    host gone, is that host renamed (in the admin, or a file that renames it, which deletes the
+    row and adds another). Its requests running there still run there, so the box's count of
+    them must follow the name (`FleetState.rename`)."""
+    gone: dict[str, list[str]] = {}
+    for name, host in old.hosts.items():
+        if name not in new.hosts:
+            gone.setdefault(address(host.url), []).append(name)
+    added: dict[str, list[str]] = {}
+    for name, host in new.hosts.items():
+        if name not in old.hosts:
+            added.setdefault(address(host.url), []).append(name)
+    return {
+        was[0]: now[0]
+        for where, was in gone.items()
+        if len(was) == 1 and len(now := added.get(where, [])) == 1
+    }

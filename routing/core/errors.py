@@ -14,6 +14,7 @@
     ├── NoHealthyHost                  503 no_healthy_host (+ Retry-After 2 while a host is down)
     ├── PinnedHostDown                 503 pinned_host_down (+ Retry-After 2 while it is down)
     ├── QueueTimeout                   503 queue_timeout (+ Retry-After 5)
+    ├── HostRemoved                    503 host_removed (+ Retry-After 1)
     ├── UpstreamUnreachable            502 upstream_unreachable
     │   └── HostDown                   (refused or reset before answering: placed again)
     ├── UpstreamFailed                 502 upstream_failed (a head no client may be given)
@@ -173,6 +174,36 @@ class QueueTimeout(GatewayError):
     status = 503
     code = "queue_timeout"
     retry_after = 5
+
+
+class HostRemoved(GatewayError):
+    """The host left the configuration (deleted, renamed away from its box, or no longer
+    serving the model) while the request waited in its line. The limiter ends such a wait with
+    this; the passage then places the request again on the route's other hosts, and answers
+    it only when none of them can take it (the message then says why)."""
+
+    status = 503
+    code = "host_removed"
+    retry_after = 1
+
+    def __init__(
+        self,
+        host: str,
+        model: str,
+        message: str = "",
+        *,
+        retry_after: int | None = None,
+        detail: Mapping[str, object] = _NO_DETAIL,
+    ) -> None:
+        super().__init__(
+            message
+            or f"host {host} was removed from the configuration (or no longer serves {model}) "
+            "while this request waited in its line",
+            retry_after=retry_after,
+            detail=detail,
+        )
+        self.host = host
+        self.model = model
 
 
 class UpstreamUnreachable(GatewayError):

@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from routing.core.errors import HostRemoved
+
 __all__ = ["Limiter", "PairSnapshot", "Slot", "Waiter"]
 
 Pair = tuple[str, str]  # (host, model)
@@ -238,13 +240,32 @@ class Limiter:
         self._hand_over(pair)
 
     def remove(self, host: str, model: str) -> None:
-        """Forget the pair's configuration; held slots release cleanly, waiters keep their place."""
+        """Forget the pair's configuration. Held slots release cleanly (the pair counts them
+        until then); the waits in its line end with `HostRemoved`, so that placement places
+        them again elsewhere: a slot of a pair no longer configured must go to no one."""
         pair = self._find(host, model)
         if pair is None:
             return
         pair.parallel, pair.queue_max, pair.configured = 1, 0, False
         self._changed(host)
+        for waiter in list(pair.queue):
+            waiter.fail(HostRemoved(host, model))
         self._forget_if_idle(pair)
+
+    def rename(self, old: str, new: str) -> None:
+        """The host `old` is called `new` from now on (the same box): its pairs keep their
+        slots in flight, lines and watchers under the new name. Slots held keep the name they
+        were taken under, and release into the renamed pair. No-op when `old` holds nothing
+        or `new` has pairs of its own."""
+        models = self._pairs.get(old)
+        if models is None or new in self._pairs:
+            return
+        del self._pairs[old]
+        self._pairs[new] = models
+        for pair in models.values():
+            pair.host = new
+        self._changed(old)
+        self._changed(new)
 
     def place(self, pairs: Iterable[Pair]) -> Slot | Waiter | None:
         """A free slot on the first of `pairs` that has one; else a place in the line of the

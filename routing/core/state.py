@@ -113,7 +113,16 @@ class FleetState(Protocol):
         ...
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None: ...
-    def remove(self, host: str, model: str) -> None: ...
+    def remove(self, host: str, model: str) -> None:
+        """Forget the pair's configuration: its slots held count until released, and the
+        waits in its line end with `HostRemoved` (placement places them again)."""
+        ...
+
+    def rename(self, old: str, new: str) -> None:
+        """The host `old` is the same box under the name `new`: its slots held (and, where
+        the backing can, its lines) count under `new` from now on."""
+        ...
+
     def drop_host(self, host: str) -> None: ...
 
     def free_for(self, host: str, model: str) -> int: ...
@@ -168,6 +177,9 @@ class LocalState:
 
     def remove(self, host: str, model: str) -> None:
         self.limiter.remove(host, model)
+
+    def rename(self, old: str, new: str) -> None:
+        self.limiter.rename(old, new)
 
     def drop_host(self, host: str) -> None:
         self.leases.drop_host(host)

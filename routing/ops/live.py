@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from hosts.health import HostState
 from hosts.live import HostLive, HostLoad, HostStates, ModelLive
+from routing.core.limiter import PairSnapshot
 from routing.core.refusals import Standing
 from routing.runtime import Runtime, current_runtime
 
@@ -54,6 +55,19 @@ def host_lives(runtime: Runtime) -> tuple[HostLive, ...]:
             )
         )
     return tuple(hosts)
+
+
+def departed(runtime: Runtime) -> list[PairSnapshot]:
+    """The (host, model) pairs no longer configured (a host deleted or renamed, a model
+    taken off a host) where requests still hold slots or wait: they end where they run, and
+    until then the count says so, so that a slot never given back there still shows."""
+    hosts = runtime.fleet.hosts
+    return [
+        pair
+        for pair in runtime.state.snapshot()
+        if (pair.in_flight or pair.queued)
+        and (pair.host not in hosts or pair.model not in hosts[pair.host].models)
+    ]
 
 
 def host_loads(runtime: Runtime) -> list[HostLoad]:

@@ -49,7 +49,7 @@ from hosts.health import HostState
 from routing.core.clients import bearer_token
 from routing.core.recent import RecentRequests
 from routing.ops import history
-from routing.ops.live import host_lives
+from routing.ops.live import departed, host_lives
 from routing.runtime import Runtime, current_runtime, get_runtime
 
 REGISTRY = CollectorRegistry()
@@ -359,6 +359,9 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
             state.add_metric([host.name, each.value], 1 if each == host.state else 0)
         draining.add_metric([host.name], 1 if host.draining else 0)
         leases.add_metric([host.name], host.leases)
+    for pair in departed(runtime):  # until their requests end: a leak there must show
+        in_flight.add_metric([pair.host, pair.model], pair.in_flight)
+        queued.add_metric([pair.host, pair.model], pair.queued)
     yield from (in_flight, queued, slots, queue_max, state, draining, leases, naming, shared_lost)
 
     clients = GaugeMetricFamily(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import httpx
 
 from routing.config.shape import RouteConfig
-from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown
+from routing.core.errors import HostDown, HostRemoved, NoHealthyHost, PinnedHostDown, QueueFull
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.named_slots import NamedSlot
 from routing.core.placement import Placement, Placer, Waiting
@@ -24,6 +24,7 @@ from routing.proxy import upstream
 from routing.proxy.ask import Ask
 from routing.proxy.prefix_check import predicted
 from routing.proxy.record import Trail
+from routing.proxy.refusal import explained
 from routing.proxy.relay import close_soon
 from routing.runtime import Runtime
 
@@ -91,7 +92,11 @@ class Passage:
         placer, current = self.placer, self._first
         assert current is not None
         while True:
-            placement = await self._slot(placer, current)
+            try:
+                placement = await self._slot(placer, current)
+            except HostRemoved as removed:
+                current = await self._moved_off(placer, removed)
+                continue
             trail = self.trail = predicted(self.trail.placed(placement), self.runtime)
             try:
                 named = await self._named_slot(placement)
@@ -147,6 +152,24 @@ class Passage:
             return await placer.now()
         except NoHealthyHost:
             raise down from None
+
+    async def _moved_off(
+        self, placer: Placer[RouteConfig], removed: HostRemoved
+    ) -> Placement | Waiting:
+        """Placed again after the host (or model) it waited for left the configuration; when
+        no other host of the route can take it, refused with a 503 that says so, and why."""
+        try:
+            return await placer.now()
+        except (QueueFull, NoHealthyHost, PinnedHostDown) as refusal:
+            why = explained(self.runtime, self.route, self.ask.model, refusal)
+            route = self.route.name
+            raise HostRemoved(
+                removed.host,
+                removed.model,
+                f"{removed.message}, and no other host of route {route} can take it: {why}",
+                retry_after=getattr(why, "retry_after", None),
+                detail=getattr(why, "detail", {}),
+            ) from None
 
     async def _unplaced(self) -> Answered:
         """A request that takes no slot: the best usable host (serving its model, if it names

@@ -41,6 +41,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+from routing.core.errors import HostRemoved
 from routing.core.leases import LeaseKey
 from routing.core.limiter import Pair, PairSnapshot
 from routing.core.opening import Opened, Opening, give_back, open_with
@@ -228,6 +229,7 @@ class SharedWatcher(SharedPlace):
         if not isinstance(got, Queued):
             return got
         self.queued = got
+        self._state._in_line(self)
         if self._poked.done():  # watched more during the attempt: the place watches those
             super().watch(self._pairs, self._accept)
         return await self._in_line(got)
@@ -277,6 +279,7 @@ class SharedState:
         self._new_leases: dict[str, list[tuple[int, int | None]]] = {}
         self._leases_made = 0
         self._watchers: set[SharedWatcher] = set()
+        self._places: set[SharedPlace] = set()  # those waiting in a line
         self._tasks: set[asyncio.Task[Any]] = set()
         self.shared.on_tick(self._refresh)
 
@@ -354,7 +357,23 @@ class SharedState:
             return None
         if isinstance(got, Grant):
             return SharedSlot(self, got)
-        return SharedPlace(self, got)
+        place = SharedPlace(self, got)
+        self._in_line(place)
+        return place
+
+    def _in_line(self, place: SharedPlace) -> None:
+        """Keep `place`, which waits in a line, until its wait ends (`_end_waits`)."""
+        self._places.add(place)
+        place.granted.add_done_callback(lambda _: self._places.discard(place))
+
+    def _end_waits(self, host: str, model: str) -> None:
+        """End this process's waits in the line of a pair no longer configured with
+        `HostRemoved`: placement places them again. (Every process ends its own as it
+        reloads: Redis cannot tell which of them still configure the pair.)"""
+        for place in list(self._places):
+            queued = place.queued
+            if queued is not None and (queued.host, queued.model) == (host, model):
+                place.fail(HostRemoved(host, model))
 
     def watcher(self) -> SharedWatcher:
         watcher = SharedWatcher(self)
@@ -404,7 +423,19 @@ class SharedState:
     def remove(self, host: str, model: str) -> None:
         self._limits.pop((host, model), None)
         self.slots.remove_soon(host, model)
+        self._end_waits(host, model)
         self._changed(host)
+
+    def rename(self, old: str, new: str) -> None:
+        """The slots held on `old`'s pairs count under `new` (`RedisSlots.rename_soon`); this
+        process's waits in their lines are placed again, at the end of `new`'s lines."""
+        models = [model for host, model in self._limits if host == old]
+        self.slots.rename_soon(old, new)
+        for model in models:
+            self._limits.pop((old, model), None)
+            self._end_waits(old, model)
+        self._changed(old)
+        self._changed(new)
 
     def drop_host(self, host: str) -> None:
         self._lease_counts.pop(host, None)
@@ -440,21 +471,24 @@ class SharedState:
         # this process then took, is counted twice (busy hosts read "6/4 running"). Redis
         # grants none past `parallel`, so the pair holds at most that, or what it held as the
         # tick read it if more (`parallel` lowered under running requests).
-        parallel, _ = self._limits.get(pair, (1, 0))
-        return min(counted, max(parallel, others + self._own_read.get(pair, 0)))
+        limits = self._limits.get(pair)
+        if limits is None:  # no longer configured here: whatever still runs there counts
+            return counted
+        return min(counted, max(limits[0], others + self._own_read.get(pair, 0)))
 
     def snapshot(self) -> list[PairSnapshot]:
-        return [
-            PairSnapshot(
-                host,
-                model,
-                parallel,
-                queue_max,
-                self.in_flight(host, model),
-                self.queued(host, model),
-            )  # fmt: skip
-            for (host, model), (parallel, queue_max) in sorted(self._limits.items())
-        ]
+        """The configured pairs, and those no longer configured where requests still run or
+        wait (in this process, or in others as the last tick read them)."""
+        pairs = {*self._limits, *self._others, *self.slots.held_pairs()}
+        snapshots = []
+        for host, model in sorted(pairs):
+            others = self._others.get((host, model))
+            limits = (others.parallel, others.queue_max) if others is not None else (1, 0)
+            parallel, queue_max = self._limits.get((host, model), limits)
+            in_flight, queued = self.in_flight(host, model), self.queued(host, model)
+            if (host, model) in self._limits or in_flight or queued:
+                snapshots.append(PairSnapshot(host, model, parallel, queue_max, in_flight, queued))
+        return snapshots
 
     def leases_held(self, host: str, model: str | None = None) -> int:
         # Redis counts leases per host only; per model this over-counts, which makes a

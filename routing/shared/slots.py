@@ -127,6 +127,7 @@ class RedisSlots:
         self._max_wait_ms = int(max_wait * 1000)
         self._configure = shared.script(lua.CONFIGURE)
         self._remove = shared.script(lua.REMOVE)
+        self._rename = shared.script(lua.RENAME)
         self._place = shared.script(lua.PLACE)
         self._open = shared.script(lua.OPEN)
         self._watch = shared.script(lua.WATCH)
@@ -144,6 +145,8 @@ class RedisSlots:
         self._unsent: set[str] = set()  # configure/remove calls Redis did not get
         self._held: dict[str, Grant] = {}
         self._held_per_pair: dict[tuple[str, str], int] = {}  # the same grants, counted
+        # Hosts renamed since grants were taken under their old names: old -> new (`rename`).
+        self._renamed: dict[str, str] = {}
         # Grants Redis stopped counting (this process was away) that their holders still hold,
         # and the callbacks of held grants whose holders want to hear of that.
         self._lost: set[str] = set()
@@ -222,6 +225,38 @@ class RedisSlots:
         pair = pair_id(host, model)
         self._configs.pop(pair, None)
         return pair
+
+    def rename_soon(self, old: str, new: str) -> None:
+        """The host `old` is the box `new` names now: the slots held on its pairs, this
+        process's and every other's, count under `new` from now on (the RENAME script, in a
+        task of its own; a process that has not reloaded yet releases into the new pair). Its
+        lines are not moved: the caller ends their waits, which are placed again."""
+        if not new or "/" in new or old == new:
+            return
+        self._renamed = {was: (new if now == old else now) for was, now in self._renamed.items()}
+        self._renamed.pop(new, None)  # a name back in use is its own again
+        self._renamed[old] = new
+        for (host, model), count in list(self._held_per_pair.items()):
+            if host == old:
+                del self._held_per_pair[(host, model)]
+                key = (new, model)
+                self._held_per_pair[key] = self._held_per_pair.get(key, 0) + count
+        for pair in [pair for pair in self._configs if split_pair(pair)[0] == old]:
+            del self._configs[pair]
+            target = pair_id(new, split_pair(pair)[1])
+
+            async def send(pair: str = pair, target: str = target) -> None:
+                try:
+                    await self._rename(pair, target)
+                except StateUnavailable:
+                    self._reconcile_needed = True  # the releases find the slots either way
+
+            self._spawn(send())
+
+    def _pair_of(self, host: str, model: str) -> tuple[str, str]:
+        """The pair a slot taken on (host, model) counts in now: under the host's new name
+        once renamed."""
+        return self._renamed.get(host, host), model
 
     def _send_soon(self, pair: str) -> None:
         self._unsent.add(pair)
@@ -425,7 +460,7 @@ class RedisSlots:
             await self._give_back(grant)
 
     async def _give_back(self, grant: Grant) -> None:
-        pair = pair_id(grant.host, grant.model)
+        pair = pair_id(*self._pair_of(grant.host, grant.model))
         try:
             await self._release(grant.id, pair)
         except StateUnavailable:
@@ -465,6 +500,10 @@ class RedisSlots:
         """Grants of this instance not yet released (for tests and the shutdown log)."""
         return len(self._held)
 
+    def held_pairs(self) -> list[tuple[str, str]]:
+        """The pairs this instance holds grants on (under their hosts' names now)."""
+        return list(self._held_per_pair)
+
     def held_on(self, host: str, model: str) -> int:
         """Grants of this instance on one pair not yet released: exact, no round trip."""
         return self._held_per_pair.get((host, model), 0)
@@ -488,8 +527,8 @@ class RedisSlots:
     def _hold(self, gid: str, pair: str, waited: float) -> Grant:
         host, model = split_pair(pair)
         grant = self._held[gid] = Grant(host, model, gid, waited)
-        counted = self._held_per_pair
-        counted[(host, model)] = counted.get((host, model), 0) + 1
+        counted, key = self._held_per_pair, self._pair_of(host, model)
+        counted[key] = counted.get(key, 0) + 1
         if self._changed is not None:
             self._changed(host)
         return grant
@@ -500,9 +539,10 @@ class RedisSlots:
         if self._held.pop(grant.id, None) is None:
             self._lost.discard(grant.id)
             return False
-        left = self._held_per_pair.pop((grant.host, grant.model)) - 1
+        key = self._pair_of(grant.host, grant.model)
+        left = self._held_per_pair.pop(key) - 1
         if left:
-            self._held_per_pair[(grant.host, grant.model)] = left
+            self._held_per_pair[key] = left
         if self._changed is not None:
             self._changed(grant.host)
         return True
@@ -565,7 +605,9 @@ class RedisSlots:
         async with self._restoring:  # the tick and a place may both find the key gone
             configs = [value for pair, (p, q) in self._configs.items() for value in (pair, p, q)]
             grants = list(self._held.values())
-            held = [part for g in grants for part in (g.id, pair_id(g.host, g.model))]
+            held = [
+                part for g in grants for part in (g.id, pair_id(*self._pair_of(g.host, g.model)))
+            ]
             reply = await self._restore_script(
                 self._shared.proc, int(self._shared.hold_ttl * 1000), self._epoch,
                 secrets.token_hex(8), len(configs) // 3, *configs, *held,

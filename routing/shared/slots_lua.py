@@ -15,6 +15,7 @@ Keys, under the prefix P (a pair is "host/model"; ids are "<process>.<n>"):
 - `P epoch`          a token that changes when Redis restarts empty (no expiry), so that a
                      process putting its slots back knows whether they may be gone for good
 - `P wake:<id>`      the pub/sub channel a process hears its grants on ("<waiter>\\n<pair>")
+- `P renamed:<pair>` the pair a renamed host's pair became (RENAME), for a release naming it
 - `P version:slots`  a counter every script that changes a conf, a held slot or a queue moves
                      on (`bump`, routing/shared/state.py): SNAPSHOT walks the pairs only when
                      it moved since the caller's last reply
@@ -386,15 +387,44 @@ return {'none'}
 """
 )
 
-# ARGV: P, grant id, pair
+# ARGV: P, old pair, new pair. The host was renamed (the same box): the slots held on the
+# old pair, whichever process holds them, count on the new one from now on, and a release
+# naming the old pair follows `P renamed:<old>` (a process that has not reloaded yet). The old
+# pair is removed as by REMOVE; its line's waiters are ended by their own processes.
+RENAME = (
+    PRELUDE
+    + r"""
+local old, new = ARGV[2], ARGV[3]
+local h = held_key(old)
+local all = redis.call('HGETALL', h)
+for i = 1, #all, 2 do redis.call('HSET', held_key(new), all[i], all[i + 1]) end
+redis.call('DEL', h)
+redis.call('SET', P .. 'renamed:' .. old, new)
+redis.call('DEL', P .. 'renamed:' .. new)
+bump('slots')
+if redis.call('EXISTS', P .. 'conf:' .. old) == 1 then
+  redis.call('HSET', P .. 'conf:' .. old, 'parallel', 1, 'queue_max', 0, 'removed', 1)
+  tidy(old)
+end
+return 1
+"""
+)
+
+# ARGV: P, grant id, pair. A grant no longer on its pair was moved by a RENAME: it is
+# released where the renames led (a few at most).
 RELEASE = (
     PRELUDE
     + r"""
 local pair = ARGV[3]
-if redis.call('HDEL', held_key(pair), ARGV[2]) == 1 then
-  bump('slots')
-  hand_over(pair)
-  tidy(pair)
+for _ = 1, 8 do
+  if redis.call('HDEL', held_key(pair), ARGV[2]) == 1 then
+    bump('slots')
+    hand_over(pair)
+    tidy(pair)
+    return 1
+  end
+  pair = redis.call('GET', P .. 'renamed:' .. pair)
+  if not pair then return 1 end
 end
 return 1
 """

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from routing.core.errors import QueueTimeout
+from routing.core.errors import HostRemoved, QueueTimeout
 from routing.core.limiter import Limiter, PairSnapshot, Slot, Waiter
 
 
@@ -658,24 +658,41 @@ async def test_misconfiguration_is_clamped_not_raised() -> None:
     slot.release()
 
 
-async def test_removed_pair_releases_held_slots_and_keeps_its_waiters() -> None:
+async def test_a_removed_pair_counts_its_held_slots_and_ends_the_waits_in_its_line() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=2, queue_max=2)
     first, second = hold(limiter, 2)
     waiter = line_up(limiter)
 
     limiter.remove("h1", "m")
-    assert limiter.queued("h1", "m") == 1
-    first.release()
-    # Unconfigured now: one slot, and `second` still holds it.
-    assert not waiter.granted.done()
-    second.release()
-    slot = granted_slot(waiter)
 
-    slot.release()
+    with pytest.raises(HostRemoved):
+        waiter.granted.result()  # never a slot of a pair no longer configured
+    assert waiter.cancel() is None
+    assert (limiter.in_flight("h1", "m"), limiter.queued("h1", "m")) == (2, 0)
+    assert limiter.snapshot() == [PairSnapshot("h1", "m", 1, 0, 2, 0)]
+    first.release()
+    second.release()
     first.release()
     assert limiter.in_flight("h1", "m") == 0
     assert limiter.snapshot() == []
+
+
+async def test_a_renamed_host_keeps_its_slots_held_and_its_line_under_the_new_name() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=2)
+    (held,) = hold(limiter, 1)
+    waiter = line_up(limiter)
+
+    limiter.rename("h1", "box")
+    limiter.configure("box", "m", parallel=1, queue_max=2)
+
+    assert limiter.place([("box", "m")]) is not None  # a place in line: the slot is held
+    assert (limiter.in_flight("box", "m"), limiter.queued("box", "m")) == (1, 2)
+    assert limiter.snapshot()[0].host == "box"
+    held.release()
+    slot = granted_slot(waiter)
+    assert (slot.host, limiter.in_flight("box", "m")) == ("box", 1)
 
 
 async def test_a_removed_pair_in_use_queues_no_one_like_an_unconfigured_pair() -> None:
@@ -700,18 +717,16 @@ async def test_removing_an_unknown_pair_does_nothing() -> None:
     assert limiter.snapshot() == [PairSnapshot("h1", "m", 2, 2, 0, 0)]
 
 
-async def test_removed_pair_configured_again_keeps_its_slots_and_queue() -> None:
+async def test_removed_pair_configured_again_keeps_its_slots() -> None:
     limiter = Limiter()
     limiter.configure("h1", "m", parallel=1, queue_max=1)
     (held,) = hold(limiter, 1)
-    waiter = line_up(limiter)
 
     limiter.remove("h1", "m")
     limiter.configure("h1", "m", parallel=2, queue_max=1)
 
-    assert limiter.in_flight("h1", "m") == 2
+    assert limiter.free_for("h1", "m") == 1
     held.release()
-    granted_slot(waiter).release()
     assert limiter.snapshot() == [PairSnapshot("h1", "m", 2, 1, 0, 0)]
 
 

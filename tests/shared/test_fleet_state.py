@@ -593,6 +593,29 @@ async def test_a_slot_released_before_the_loss_is_learned_is_never_reported_lost
         assert told == []
 
 
+async def test_a_process_back_from_a_stall_loses_a_slot_taken_back_even_with_one_free_as_it_returns(
+    redis_url,
+):
+    """Redis took the slot back and gave it to another request: whether a slot happens to be
+    free as the stalled process returns says nothing of what the host runs, so only a slot
+    lost with Redis's data (a restart) may be counted again, never one taken back."""
+    async with fleet(redis_url, {H1: (1, 0)}, hold_ttl=1.0, beating=False) as (other, stalled):
+        slot = await slot_of(stalled, [H1])
+        lost = asyncio.Event()
+        on_lost(slot, lost.set)
+        taken = await eventually(lambda: _free_slot(other), "the stalled process's slot taken")
+        taken.release()  # the request that took it back ends: the pair has a free slot
+        await eventually(lambda: counted(other, 0), "the slot free")
+
+        await stalled.shared.beat()  # it resumes: Redis learns what it holds
+
+        assert await in_flight(other) == 0
+        await asyncio.wait_for(lost.wait(), LONG)
+        assert stalled.slots.held() == 0
+        slot.release()  # its request ends: nothing was counted for it, nothing is given back
+        assert await in_flight(other) == 0
+
+
 # -- helpers -------------------------------------------------------------------------------
 
 
