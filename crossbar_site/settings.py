@@ -173,6 +173,8 @@ CROSSBAR = {
     "CONNECT_TIMEOUT": env.float("CROSSBAR_CONNECT_TIMEOUT", default=3.0),
     "HEADERS_TIMEOUT": env.float("CROSSBAR_HEADERS_TIMEOUT", default=600.0),
     "STREAM_IDLE_TIMEOUT": env.float("CROSSBAR_STREAM_IDLE_TIMEOUT", default=120.0),
+    # How long a client's request head may take to arrive whole (crossbar_site/heads.py).
+    "HEAD_TIMEOUT": env.float("CROSSBAR_HEAD_TIMEOUT", default=5.0),
     "HEALTH_INTERVAL": env.float("CROSSBAR_HEALTH_INTERVAL", default=5.0),
     "HEALTH_TIMEOUT": env.float("CROSSBAR_HEALTH_TIMEOUT", default=2.0),
     "CONFIG_POLL": env.float("CROSSBAR_CONFIG_POLL", default=2.0),
