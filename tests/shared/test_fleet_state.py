@@ -312,6 +312,27 @@ async def test_a_slot_another_process_gave_back_and_this_one_took_counts_once_be
             slot.release()
 
 
+async def test_a_refusal_counts_what_redis_refused_it_on_before_a_tick_reads_the_counts(
+    redis_url,
+):
+    # The refusal's message quotes these counts (routing.ops.live.standings): they must be
+    # the ones that refused it, not a view another process's requests have not reached yet.
+    async with fleet(redis_url, {H1: (1, 0), H2: (1, 0)}, beating=False) as (a, b):
+        taken = [await a.place([H1]), await a.place([H2])]
+        assert all(isinstance(slot, SharedSlot) for slot in taken)
+
+        refused = await b.place([H1, H2])
+        counts = [(b.in_flight(*pair), b.queued(*pair)) for pair in (H1, H2)]
+        opened = await b.open(opening([H2, H1]))
+        counts_opened = [(b.in_flight(*pair), b.queued(*pair)) for pair in (H1, H2)]
+
+        for slot in taken:
+            slot.release()  # type: ignore[union-attr]  # SharedSlot, asserted above
+
+    assert refused is None and opened.got is None
+    assert counts == counts_opened == [(1, 0), (1, 0)]
+
+
 async def test_requests_running_past_a_lowered_parallel_are_all_counted(redis_url):
     async with fleet(redis_url, {H1: (2, 0)}, beating=False) as (a, b):
         held = [await slot_of(a, [H1]), await slot_of(b, [H1])]
