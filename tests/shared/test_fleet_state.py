@@ -323,6 +323,7 @@ async def test_a_refusal_counts_what_redis_refused_it_on_before_a_tick_reads_the
         taken = [leased.got, await a.place([H1])]
         assert all(isinstance(slot, SharedSlot) for slot in taken)
 
+        refused: object
         if refused_by == "place":
             refused = await b.place([H1, H2])
         else:
