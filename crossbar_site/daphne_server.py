@@ -1,6 +1,6 @@
 """daphne, as crossbar serves with it: backpressure, bounded request bodies, cut responses.
 
-`GatewayServer` is daphne's `Server` with four changes, each a thing no ASGI application can do
+`GatewayServer` is daphne's `Server` with five changes, each a thing no ASGI application can do
 on daphne (the rest of crossbar's guards are the application's, the same on every server:
 crossbar_site/lifecycle.py, crossbar_site/handler.py, routing/proxy/relay.py):
 
@@ -24,6 +24,9 @@ crossbar_site/lifecycle.py, crossbar_site/handler.py, routing/proxy/relay.py):
   dropped, so the proxy still sees "too large" (413, with its row) while a huge or endless
   upload costs bandwidth, not memory or disk. (On uvicorn, which hands the body over as it
   arrives, the application stops reading at the cap and answers at once.)
+- **A time limit on request heads.** Twisted's idle timeout restarts at every byte, so a head
+  trickled a line at a time held its connection forever: each connection's channel gives a
+  head `CROSSBAR_HEAD_TIMEOUT` seconds (crossbar_site/heads.py).
 
 It listens on a socket it is given (crossbar_site/serve.py binds it) and stops as
 crossbar_site/lifecycle.py says, at SIGTERM or SIGINT; daphne's own command line stops the
@@ -46,10 +49,17 @@ from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.server import Server
 from twisted.internet import reactor, tcp
 from twisted.internet.endpoints import AdoptedStreamServerEndpoint
-from twisted.internet.interfaces import IListeningPort, IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IListeningPort, IPushProducer
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
 from twisted.web import http
+
+# The proxy HTTPFactory puts in front of each connection (to switch protocols after TLS's
+# negotiation): the one way to give it a channel of another class.
+from twisted.web.http import _GenericHTTPChannelProtocol
 from zope.interface import implementer
 
+from crossbar_site import heads
 from crossbar_site.handler import BODY_CAP
 from crossbar_site.lifecycle import GracefulStop, close_runtime, start_runtime
 
@@ -83,7 +93,55 @@ class _CappedRequest(WebRequest):
             super().handleContentChunk(data)
 
 
+class _HeadTimedChannel(http.HTTPChannel):
+    """Twisted's HTTP connection, giving each request's head `head_timeout()` seconds to
+    arrive whole (crossbar_site/heads.py says what the clock covers): from the connection's
+    opening, then from the first byte after each request, until the head's end."""
+
+    _head_clock: IDelayedCall | None = None
+    _in_request = False  # from a head's end to its request's end: the clock stops
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._start_head_clock()
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self._in_request and self._head_clock is None:
+            self._start_head_clock()  # the first byte of a kept-alive connection's next head
+        super().dataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        self._stop_head_clock()
+        self._in_request = True
+        super().allHeadersReceived()
+
+    def requestDone(self, request: Any) -> None:
+        self._in_request = False
+        super().requestDone(request)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._stop_head_clock()
+        super().connectionLost(reason)
+
+    def _start_head_clock(self) -> None:
+        self._head_clock = reactor.callLater(heads.head_timeout(), self._head_late)
+
+    def _stop_head_clock(self) -> None:
+        if self._head_clock is not None and self._head_clock.active():
+            self._head_clock.cancel()
+        self._head_clock = None
+
+    def _head_late(self) -> None:
+        self._head_clock = None
+        if self.transport is not None:
+            self.transport.write(heads.late())
+            self.transport.loseConnection()
+
+
 class _HTTPFactory(HTTPFactory):
+    def protocol(self) -> Any:  # Twisted's HTTPFactory calls this for each connection
+        return _GenericHTTPChannelProtocol(_HeadTimedChannel())
+
     def buildProtocol(self, addr: Any) -> Any:
         protocol = super().buildProtocol(addr)
         protocol.requestFactory = _CappedRequest

@@ -2,8 +2,10 @@
 
 `CROSSBAR_SERVER` picks the server: `daphne` (the default, crossbar_site/daphne_server.py) or
 `uvicorn` (crossbar_site/uvicorn_server.py, less CPU per streamed chunk). Either serves the
-same ASGI application (crossbar_site/asgi.py), whose guards are its own, the same on both:
+same ASGI application (crossbar_site/asgi.py), with the same guards on both:
 
+- a request's head has `CROSSBAR_HEAD_TIMEOUT` seconds to arrive whole, else 408 and the
+  connection closed (crossbar_site/heads.py; each server's protocol keeps the clock);
 - a request body is read only up to the cap, then answered 413 (crossbar_site/handler.py);
 - a slow reader never holds a host's slot at its own pace, and one that reads nothing for
   `CROSSBAR_STREAM_IDLE_TIMEOUT` is cut (routing/proxy/relay.py);

@@ -152,9 +152,17 @@ STATIC_ROOT = VAR_DIR / "static"
 # The dashboard's notices between browsers: in memory for one gateway process, Redis when
 # several replicas serve dashboards.
 REDIS_URL = env.str("CROSSBAR_REDIS_URL", default="")
+# channels-redis waits for a dashboard's messages in a blocking read (BZPOPMIN) of 5 s, on
+# redis-py's connections, whose default read timeout (since redis-py 8) is 5 s too: the read
+# timed out as Redis answered, and each open dashboard's socket closed with a traceback
+# (1011). The read's timeout is set past the blocking read's, so a silent Redis is still seen.
+_CHANNEL_REDIS = {"socket_timeout": 15.0, "socket_connect_timeout": 5.0}
 CHANNEL_LAYERS = {
     "default": (
-        {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": REDIS_URL, **_CHANNEL_REDIS}]},
+        }
         if REDIS_URL
         else {"BACKEND": "channels.layers.InMemoryChannelLayer"}
     )
@@ -165,6 +173,8 @@ CROSSBAR = {
     "CONNECT_TIMEOUT": env.float("CROSSBAR_CONNECT_TIMEOUT", default=3.0),
     "HEADERS_TIMEOUT": env.float("CROSSBAR_HEADERS_TIMEOUT", default=600.0),
     "STREAM_IDLE_TIMEOUT": env.float("CROSSBAR_STREAM_IDLE_TIMEOUT", default=120.0),
+    # How long a client's request head may take to arrive whole (crossbar_site/heads.py).
+    "HEAD_TIMEOUT": env.float("CROSSBAR_HEAD_TIMEOUT", default=5.0),
     "HEALTH_INTERVAL": env.float("CROSSBAR_HEALTH_INTERVAL", default=5.0),
     "HEALTH_TIMEOUT": env.float("CROSSBAR_HEALTH_TIMEOUT", default=2.0),
     "CONFIG_POLL": env.float("CROSSBAR_CONFIG_POLL", default=2.0),

@@ -10,12 +10,14 @@ Django's logging, not uvicorn's.
 What crossbar needs of a server, uvicorn already does: its `send` waits while the connection's
 write buffer is full (backpressure), it hands a request body over as it arrives (the handler
 stops reading at the cap and answers 413 at once), and it closes the connection of a response
-the application left unfinished (logging `ASGI callable returned without completing
-response`). Its stop is replaced: at SIGTERM or SIGINT uvicorn would close its listener and
-every idle connection at once (so `/health` never says `draining`) and exit by re-raising the
-signal (status 143). `GatewayUvicorn.handle_exit`, uvicorn's signal hook, begins crossbar's
-graceful stop instead (crossbar_site/lifecycle.py), and uvicorn's own shutdown runs only at its
-end, when nothing is in flight: the process then exits 0.
+the application left unfinished (logging `ASGI callable returned without completing response`).
+What it lacks, a time limit on a request's head (its keep-alive timer stops at the first byte),
+its protocol here adds (crossbar_site/heads.py). Its stop is replaced: at SIGTERM or SIGINT
+uvicorn would close its listener and every idle connection at once (so `/health` never says
+`draining`) and exit by re-raising the signal (status 143). `GatewayUvicorn.handle_exit`,
+uvicorn's signal hook, begins crossbar's graceful stop instead (crossbar_site/lifecycle.py), and
+uvicorn's own shutdown runs only at its end, when nothing is in flight: the process then exits
+0.
 """
 
 from __future__ import annotations
@@ -27,8 +29,49 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from crossbar_site import heads
 from crossbar_site.lifecycle import CUT_WAIT, GracefulStop
+
+
+class _HeadTimedHttpTools(HttpToolsProtocol):
+    """uvicorn's HTTP connection (httptools), giving each request's head `head_timeout()`
+    seconds to arrive whole (crossbar_site/heads.py says what the clock covers): from the
+    connection's opening, then from the first byte of each later request, until the head's end."""
+
+    _head_clock: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
+        super().connection_made(transport)
+        self._start_head_clock()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_clock is None:
+            self._start_head_clock()  # the first byte of a kept-alive connection's next head
+
+    def on_headers_complete(self) -> None:
+        self._stop_head_clock()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_clock()
+        super().connection_lost(exc)
+
+    def _start_head_clock(self) -> None:
+        self._head_clock = self.loop.call_later(heads.head_timeout(), self._head_late)
+
+    def _stop_head_clock(self) -> None:
+        if self._head_clock is not None:
+            self._head_clock.cancel()
+            self._head_clock = None
+
+    def _head_late(self) -> None:
+        self._head_clock = None
+        if not self.transport.is_closing():
+            self.transport.write(heads.late())
+            self.transport.close()
 
 
 class GatewayUvicorn(uvicorn.Server):
@@ -72,6 +115,7 @@ def run(application: Any, listening: socket.socket, *, grace: float, lifeline: i
     """Serve `application` on the listening socket until the graceful stop ends. Blocks."""
     config = uvicorn.Config(
         application,
+        http=_HeadTimedHttpTools,
         lifespan="on",
         access_log=False,
         proxy_headers=False,

@@ -164,6 +164,12 @@ CLIENT_REQUESTS = Counter(
     ["client", "status"],
     registry=REGISTRY,
 )
+HEAD_TIMEOUTS = Counter(
+    "crossbar_head_timeouts",
+    "Connections closed (408) because a request's head did not arrive whole within "
+    "CROSSBAR_HEAD_TIMEOUT: clients trickling header bytes, or sending none.",
+    registry=REGISTRY,
+)
 
 # The dashboard's tail of finished requests.
 recent: RecentRequests[RequestRecord] = RecentRequests()

@@ -320,6 +320,8 @@ class SharedState:
             got = await self.slots.place(pairs[:HEAD], queue=False)
         if got is None:
             got = await self.slots.place(pairs)
+            if got is None:
+                self._counted_refusal()
         return self._wrap(got)
 
     async def open(self, opening: Opening) -> Opened:
@@ -336,6 +338,8 @@ class SharedState:
             strict=opening.strict, patient=opening.patient,
         )  # fmt: skip
         home = found or None
+        if got is None:
+            self._counted_refusal()
         if leased:
             self._leased(leased, parse_version(version))
         if got == "pinned":
@@ -351,6 +355,21 @@ class SharedState:
         elif taken is not None or not short:
             return Opened(home, at_home == "1", taken)
         return await open_with(self, opening, home)
+
+    def _counted_refusal(self) -> None:
+        """Count the pairs a refusal was refused on as Redis counted them then, until the next
+        tick: a refusal quotes these counts, and this process's view of other processes'
+        requests may be a tick old (a host "up (0/2 running)" in a refusal for all full)."""
+        for pair, (in_flight, queued) in self.slots.refused_on.items():
+            limits = self._limits.get(pair)
+            if limits is None:
+                continue  # no longer configured here
+            own = self.slots.held_on(*pair)
+            others = PairSnapshot(*pair, *limits, max(0, in_flight - own), queued)
+            if self._others.get(pair) != others:
+                self._others[pair] = others
+                self._own_read[pair] = own
+                self._changed(pair[0])
 
     def _wrap(self, got: Grant | Queued | None) -> SharedSlot | SharedPlace | None:
         if got is None:

@@ -147,6 +147,9 @@ class RedisSlots:
         self._held_per_pair: dict[tuple[str, str], int] = {}  # the same grants, counted
         # Hosts renamed since grants were taken under their old names: old -> new (`rename`).
         self._renamed: dict[str, str] = {}
+        # The last `place` or `open` refused: each pair asked, (in flight, queued) as Redis
+        # counted them then, every process's ({} after one that was not refused).
+        self.refused_on: dict[tuple[str, str], tuple[int, int]] = {}
         # Grants Redis stopped counting (this process was away) that their holders still hold,
         # and the callbacks of held grants whose holders want to hear of that.
         self._lost: set[str] = set()
@@ -289,7 +292,8 @@ class RedisSlots:
         ids = self._known(pairs)
         if not ids:
             raise ValueError("place() needs at least one (host, model) pair")
-        got, _ = await self._placing(self._place, "queue" if queue else "slots", (), ids, ids)
+        got, reply = await self._placing(self._place, "queue" if queue else "slots", (), ids, ids)
+        self.refused_on = _counts(reply[1:]) if reply[0] == "full" else {}
         return got
 
     async def open(
@@ -317,9 +321,10 @@ class RedisSlots:
         cover = [pair for pair in self._configs if split_pair(pair)[1] == model]
         got, reply = await self._placing(self._open, "queue" if queue else "slots", args, ids,
                                          cover)  # fmt: skip
+        self.refused_on = _counts(reply[7:]) if reply[0] == "full" else {}
         if reply[0] == "pinned":
-            return "pinned", reply[3:]
-        return got, reply[3:]
+            return "pinned", reply[3:7]
+        return got, reply[3:7]
 
     async def _placing(
         self, script: Script, mode: str, args: tuple[Any, ...], ids: list[str], cover: list[str]
@@ -696,3 +701,10 @@ class RedisSlots:
             await self._recheck()
         except StateUnavailable:
             pass  # retried at the next tick
+
+
+def _counts(flat: list[Any]) -> dict[tuple[str, str], tuple[int, int]]:
+    """A refusal's counts (pair, held, queued, ...) by (host, model): (in flight, queued)."""
+    return {
+        split_pair(flat[i]): (int(flat[i + 1]), int(flat[i + 2])) for i in range(0, len(flat), 3)
+    }

@@ -210,6 +210,17 @@ local function queued_before(w)
   if mine then return {'queued', mine, (redis.call('LPOS', queue_key(mine), w) or -1) + 1} end
   return nil
 end
+-- A refusal: 'full', then each pair asked with its slots held and its line's length as they
+-- refused it, which the refusal's message quotes (no process's view of them may be as fresh).
+local function full(list)
+  local out = {'full'}
+  for _, pair in ipairs(list) do
+    out[#out + 1] = pair
+    out[#out + 1] = redis.call('HLEN', held_key(pair))
+    out[#out + 1] = redis.call('LLEN', queue_key(pair))
+  end
+  return out
+end
 -- A free slot of the first pair in `list` with one, else (mode 'queue') a place in the first
 -- line with room. Each pair's limits are read only once it is reached: the first free slot is
 -- usually the first pair's, so a call costs what it walks, not the length of the list.
@@ -225,7 +236,7 @@ local function walk(w, ttl, mode, list)
       return {'grant', pair}
     end
   end
-  if mode ~= 'queue' then return {'full'} end
+  if mode ~= 'queue' then return full(list) end
   for i, pair in ipairs(list) do
     local most = queue_max[i]
     local q = queue_key(pair)
@@ -239,14 +250,15 @@ local function walk(w, ttl, mode, list)
       return {'queued', pair, position}
     end
   end
-  return {'full'}
+  return full(list)
 end
 """
 
 # ARGV: P, waiter id, waiter record ttl ms, 'queue' or 'slots' (a free slot or nothing),
 # '1' when the same waiter asks again (its first call's outcome unknown) else '0',
 # pair1..pairN.
-# Reply: {'grant', pair} | {'queued', pair, position} | {'full'} | {'unconfigured', pair} |
+# Reply: {'grant', pair} | {'queued', pair, position} | {'full', (pair, held, queued)...} |
+# {'unconfigured', pair} |
 # {'lapsed'} (the process's liveness key is gone: what it took now would not count as its own)
 PLACE = (
     PRELUDE
@@ -275,8 +287,8 @@ return walk(w, ARGV[3], ARGV[4], list)
 # n, then the n hosts this process may not use now, then the ranking's pairs, best first.
 # Reply: {kind, pair, position, the lease's host as found or '', the host leased now or '',
 # '1' when home was usable (the place was asked there first) else '0', the leases' version
-# after the lease was written or ''}, kind as PLACE's or 'pinned' (a strict route whose home
-# may not be used).
+# after the lease was written or '', and for 'full' the counts as PLACE's reply gives them},
+# kind as PLACE's or 'pinned' (a strict route whose home may not be used).
 OPEN = (
     PRELUDE
     + PLACING
@@ -303,6 +315,11 @@ if at_home then
 end
 local function reply(got, leased)
   local version = leased ~= '' and leases_version() or ''
+  if got[1] == 'full' then  -- the counts that refused it come last
+    local out = {'full', '', 0, home or '', leased, at_home and '1' or '0', version}
+    for i = 2, #got do out[#out + 1] = got[i] end
+    return out
+  end
   return {got[1], got[2] or '', got[3] or 0, home or '', leased, at_home and '1' or '0', version}
 end
 if again then
@@ -317,7 +334,13 @@ end
 if at_home then  -- its lease slid as it was read
   if not patient then return reply(walk(w, ttl, mode, order), '') end
   local got = walk(w, ttl, 'queue', {order[1]})
-  if got[1] == 'full' and #others > 0 then got = walk(w, ttl, mode, others) end
+  if got[1] == 'full' and #others > 0 then
+    local at_home_full = got
+    got = walk(w, ttl, mode, others)
+    if got[1] == 'full' then
+      for i = 2, #at_home_full do got[#got + 1] = at_home_full[i] end
+    end
+  end
   return reply(got, '')
 end
 if home and strict then return reply({'pinned'}, '') end

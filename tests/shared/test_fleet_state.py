@@ -312,6 +312,33 @@ async def test_a_slot_another_process_gave_back_and_this_one_took_counts_once_be
             slot.release()
 
 
+@pytest.mark.parametrize("refused_by", ["place", "open_new", "open_at_home"])
+async def test_a_refusal_counts_what_redis_refused_it_on_before_a_tick_reads_the_counts(
+    redis_url, refused_by
+):
+    # The refusal's message quotes these counts (routing.ops.live.standings): they must be
+    # the ones that refused it, not a view another process's requests have not reached yet.
+    async with fleet(redis_url, {H1: (1, 0), H2: (1, 0)}, beating=False) as (a, b):
+        leased = await a.open(opening([H2, H1]))  # the conversation's home: h2
+        taken = [leased.got, await a.place([H1])]
+        assert all(isinstance(slot, SharedSlot) for slot in taken)
+
+        refused: object
+        if refused_by == "place":
+            refused = await b.place([H1, H2])
+        else:
+            key = KEY if refused_by == "open_at_home" else LeaseKey("chat", "other", "m")
+            asked = Opening(key, 60.0, [H1, H2], lambda host: True, frozenset(), False, True)
+            refused = (await b.open(asked)).got
+        counts = [(b.in_flight(*pair), b.queued(*pair)) for pair in (H1, H2)]
+
+        for slot in taken:
+            slot.release()  # type: ignore[union-attr]  # SharedSlot, asserted above
+
+    assert refused is None
+    assert counts == [(1, 0), (1, 0)]
+
+
 async def test_requests_running_past_a_lowered_parallel_are_all_counted(redis_url):
     async with fleet(redis_url, {H1: (2, 0)}, beating=False) as (a, b):
         held = [await slot_of(a, [H1]), await slot_of(b, [H1])]

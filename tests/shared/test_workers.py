@@ -5,21 +5,27 @@ stops them all gracefully."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from django.db import connection
 from django.utils import timezone
+from websockets.sync.client import ClientConnection, connect
 
 from accounting.models import Request
-from tests.conftest import ROOT, free_port, running_gateway, wait_until
-from tests.fleet import add_host, add_route, chat
+from tests.conftest import ROOT, free_port, running_gateway, signed_in, wait_until
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.fleet import MODEL, add_host, add_route, chat
 
 URL = "/chat/v1/chat/completions"
 
@@ -135,3 +141,73 @@ def test_two_workers_share_the_connections_a_dead_one_is_replaced_and_sigterm_st
     # Several processes on one SQLite file work, but PostgreSQL is what they want: said at start.
     warned = "CROSSBAR_WORKERS=2 on SQLite: the workers take turns on one database file"
     assert (warned in gateway.log()) == (connection.vendor == "sqlite")
+
+
+def dashboard_sockets(gateway, how_many: int, stack: ExitStack) -> list[ClientConnection]:
+    """`how_many` dashboard sockets of one signed-in operator, each on a connection of its own
+    (the kernel hands each to either worker, by a hash of its addresses), closed with `stack`."""
+    browser = signed_in(gateway)
+    cookie = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
+    browser.close()
+    url = gateway.url.replace("http://", "ws://") + "/dashboard/ws/"
+    headers = {"Cookie": cookie, "Origin": gateway.url}
+    return [
+        stack.enter_context(connect(url, additional_headers=headers, open_timeout=30))
+        for _ in range(how_many)
+    ]
+
+
+def fleet_state(socket: ClientConnection, *, fresh: bool = False) -> Any:
+    """The last `state` message the socket holds (None: none); `fresh`: after those, wait for
+    the next one."""
+    last = None
+    while True:
+        try:
+            message = json.loads(socket.recv(timeout=0))
+        except TimeoutError:
+            break
+        last = message if message["type"] == "state" else last
+    while fresh and last is None:
+        message = json.loads(socket.recv(timeout=10))
+        last = message if message["type"] == "state" else None
+    return last
+
+
+def in_flight(message: dict, host: str) -> int:
+    (shown,) = [entry for entry in message["hosts"] if entry["name"] == host]
+    return sum(model["in_flight"] for model in shown["models"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_two_workers_every_dashboard_stays_open_and_shows_the_whole_fleet(
+    django_db_setup, tmp_path, admin_user, redis_url
+):
+    with FakeLlamaServer(slots=2, first_token_delay=120) as slow:
+        add_route("chat", [add_host("gpu1", slow.url, models={MODEL: (2, 0)})])
+        with running_gateway(
+            tmp_path,
+            CROSSBAR_WORKERS="2",
+            CROSSBAR_REDIS_URL=redis_url,
+            CROSSBAR_STREAM_IDLE_TIMEOUT="120",  # the host's first token is 120 s away
+        ) as gw:
+            wait_until(lambda: len(workers(gw.log())) == 2, what="two workers")
+            port = int(gw.url.rsplit(":", 1)[1])
+            wait_until(lambda: listening_sockets(port) == 2, what="a listening socket per worker")
+            # One request running, on whichever worker took its connection: every dashboard,
+            # on either worker, shows it (one view of the fleet, not of the serving worker).
+            with httpx.stream("POST", f"{gw.url}{URL}", json=chat(stream=True), timeout=60):
+                wait_until(lambda: slow.in_flight == 1, what="the request at the host")
+                with ExitStack() as stack:
+                    sockets = dashboard_sockets(gw, 8, stack)  # all on one worker: 1 in 128
+                    # Open past a channel layer's blocking read (5 s) and its socket's timeout,
+                    # twice over: a socket closed meanwhile raises ConnectionClosed.
+                    until = time.monotonic() + 12
+                    while time.monotonic() < until:
+                        for socket in sockets:
+                            fleet_state(socket)
+                        time.sleep(0.5)  # the dashboard's pace; the sockets are read above
+                    shown = [fleet_state(socket, fresh=True) for socket in sockets]
+                    assert [in_flight(message, "gpu1") for message in shown] == [1] * 8
+
+    assert "Traceback" not in gw.log()
+    assert "TimeoutError" not in gw.log()
