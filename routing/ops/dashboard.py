@@ -33,6 +33,7 @@ from django.shortcuts import render
 
 from accounting.recorder import RequestRecord
 from hosts.actions import set_draining
+from hosts.models import DRAINING
 from hosts.routes_left import left_lines, routes_left_without
 from routing.ops.history import (
     CARD_SECONDS,
@@ -263,7 +264,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         verb = "started" if on else "stopped"
         if changed:
             log.info("dashboard: %s %s draining host %s", self.user_name, verb, host)
-            text = f"{self.user_name} {verb} draining {host}."
+            text = f"{self.user_name} {verb} draining {host}. {DRAINING if on else ''}".strip()
             await self.channel_layer.group_send(GROUP, {"type": "dashboard.notice", "text": text})
         else:
             await self.send_json({"type": "notice", "text": f"{host}: nothing to change."})
