@@ -28,7 +28,7 @@ from typing import Any
 
 import uvicorn
 
-from crossbar_site.lifecycle import CUT_WAIT, GracefulStop
+from crossbar_site.lifecycle import CUT_WAIT, GracefulStop, log
 
 
 class GatewayUvicorn(uvicorn.Server):
@@ -81,3 +81,4 @@ def run(application: Any, listening: socket.socket, *, grace: float, lifeline: i
     server = GatewayUvicorn(config, grace=grace, lifeline=lifeline)
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
         runner.run(server.serve_on(listening))
+    log.info("stopped")  # as daphne's: the runtime closed (its rows written), the loop done

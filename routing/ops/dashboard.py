@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -103,7 +103,8 @@ def request_entry(number: int, record: RequestRecord) -> dict[str, Any]:
     """A finished request as the dashboard lists it (no fingerprint, no error details)."""
     return {
         "n": number,
-        "started": record.started.isoformat(),
+        # Listed as they finish, so by the time they finished.
+        "finished": (record.started + timedelta(milliseconds=record.total_ms)).isoformat(),
         "route": record.route,
         "model": record.model[:100],
         "host": record.host,
