@@ -7,7 +7,7 @@ HOST := $(firstword $(subst :, ,$(BIND)))
 PORT := $(lastword $(subst :, ,$(BIND)))
 # CROSSBAR_SERVER=uvicorn: uvicorn instead of daphne; CROSSBAR_WORKERS=N: N processes on one
 # port, on either (needs CROSSBAR_REDIS_URL). crossbar_serve reads them and the rest of its
-# settings from the environment (README "Production", crossbar_site/serve.py).
+# settings from the environment (docs/operating.md "Production", crossbar_site/serve.py).
 SERVER ?= $(or $(CROSSBAR_SERVER),daphne)
 
 .PHONY: setup run test lint clean

@@ -46,12 +46,15 @@ class Request(models.Model):
     model = models.CharField(max_length=200, blank=True)
     host = models.CharField(max_length=64, blank=True, help_text="Empty when no host was chosen.")
     started = models.DateTimeField(db_index=True)
-    queued_ms = models.PositiveIntegerField("queued ms", help_text="Waiting for a slot.")
+    queued_ms = models.PositiveIntegerField("queued (ms)", help_text="Waiting for a slot.")
     ttfb_ms = models.PositiveIntegerField(
-        "ttfb ms", null=True, blank=True, help_text="Until the response head; empty when none came."
+        "TTFB (ms)",
+        null=True,
+        blank=True,
+        help_text="Until the response head; empty when none came.",
     )
-    total_ms = models.PositiveIntegerField("total ms")
-    status = models.PositiveSmallIntegerField(help_text="499: the client went away.")
+    total_ms = models.PositiveIntegerField("total (ms)")
+    status = models.PositiveSmallIntegerField()
     streamed = models.BooleanField(default=False)
     lease = models.CharField(max_length=10, choices=Lease.choices, blank=True)
     prompt_tokens = models.PositiveIntegerField(
@@ -107,14 +110,14 @@ class Request(models.Model):
         "not price the wait.",
     )
     patience_stay_ms = models.PositiveIntegerField(
-        "patience stay ms",
+        "patience stay (ms)",
         null=True,
         blank=True,
         help_text="The expected ms to the first token staying in line (the wait, then the "
         "prompt's uncached part); empty when a figure was missing.",
     )
     patience_spill_ms = models.PositiveIntegerField(
-        "patience spill ms",
+        "patience spill (ms)",
         null=True,
         blank=True,
         help_text="The expected delay of a spill: ms to the first token on the other host's "

@@ -32,7 +32,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from crossbar_site import heads
-from crossbar_site.lifecycle import CUT_WAIT, GracefulStop
+from crossbar_site.lifecycle import CUT_WAIT, GracefulStop, log
 
 
 class _HeadTimedHttpTools(HttpToolsProtocol):
@@ -125,3 +125,4 @@ def run(application: Any, listening: socket.socket, *, grace: float, lifeline: i
     server = GatewayUvicorn(config, grace=grace, lifeline=lifeline)
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
         runner.run(server.serve_on(listening))
+    log.info("stopped")  # as daphne's: the runtime closed (its rows written), the loop done

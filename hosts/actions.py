@@ -21,7 +21,7 @@ from hosts.slots import slot_fit
 def set_draining(host_names: Iterable[str], on: bool) -> int:
     """Start (`on`) or stop draining the named hosts; return how many changed.
 
-    A draining host takes no new conversations and finishes the requests it runs. Names of
+    What a drain does is `hosts.models.DRAINING`. Names of
     hosts that do not exist, or already are in that state, are skipped. Sync: from async code,
     call it through `database_sync_to_async`.
     """

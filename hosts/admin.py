@@ -19,7 +19,7 @@ from django.utils.safestring import mark_safe
 from hosts.actions import Said, manage_models, read_from_host, set_draining
 from hosts.describe import Unreachable
 from hosts.live import HostStates, host_states
-from hosts.models import Host, HostModel
+from hosts.models import DRAINING, Host, HostModel
 from hosts.routes_left import left_lines, routes_left_without
 
 _LEVELS = {"success": messages.SUCCESS, "warning": messages.WARNING, "error": messages.ERROR}
@@ -190,14 +190,16 @@ class HostAdmin(admin.ModelAdmin):
         text = f"{_counted(changed, 'host')} {'started' if draining else 'stopped'} draining"
         if unchanged := queryset.count() - changed:
             text += f" ({unchanged} unchanged)"
-        self.message_user(request, text + ".", messages.SUCCESS)
+        self.message_user(
+            request, f"{text}. {DRAINING if draining else ''}".strip(), messages.SUCCESS
+        )
 
 
 def describe_live(states: HostStates, host: Host) -> str:
     """The gateway's view of a host, a line each: health, each model's slots and queue, drain."""
     live = states.get(host.name)
     if live is None:
-        return "not served by this process" if states else "gateway not running here"
+        return "not in the gateway's configuration yet" if states else "gateway not running here"
     health = str(live.state)
     if live.reason:
         health += f" ({live.reason})"
@@ -206,6 +208,8 @@ def describe_live(states: HostStates, host: Host) -> str:
         seen = timezone.localtime(datetime.fromtimestamp(live.since, UTC))
         health += f" since {seen:%Y-%m-%d %H:%M:%S} (this gateway's view)"
     lines = [(health, "")]
+    if not live.in_a_route:
+        lines.append(("in no route: no request is sent to it", ""))
     lines += [
         (f"{m.name} {m.in_flight}/{m.parallel} running, {m.queued} queued", "") for m in live.models
     ]

@@ -68,6 +68,7 @@ class HostLive:
     leases: int
     models: tuple[ModelLive, ...]
     slots: int | None = None  # the host's own `total_slots`, as its /props said last
+    in_a_route: bool = True  # False: configured, but no route sends it requests
 
     @property
     def in_flight(self) -> int:

@@ -30,6 +30,14 @@ def validate_weight(value: float) -> None:
         raise ValidationError("Weight must be a number greater than 0.")
 
 
+# What a drain does, said one way wherever it is said: the host form, the admin's and the
+# dashboard's messages, the README.
+DRAINING = (
+    "A draining host takes no new requests: the conversations leased to it move to other hosts "
+    "(on a strict route they get 503 pinned_host_down), and the requests it runs finish."
+)
+
+
 class Host(models.Model):
     """One OpenAI-compatible engine (usually a llama-server) behind the gateway."""
 
@@ -37,6 +45,7 @@ class Host(models.Model):
         max_length=64, unique=True, help_text="Shown in headers, logs and rows."
     )
     url = models.CharField(
+        "URL",
         max_length=500,
         validators=[URLValidator(schemes=["http", "https"]), validate_base_url],
         help_text="Base URL of the engine, e.g. http://10.0.0.5:8080 (no /v1).",
@@ -56,12 +65,16 @@ class Host(models.Model):
     enabled = models.BooleanField(default=True)
     draining = models.BooleanField(
         default=False,
-        help_text="A draining host takes no new conversations; requests in flight finish.",
+        help_text=DRAINING,
     )
     api_key = models.CharField(
-        max_length=500, blank=True, help_text="Optional. Sent upstream as a Bearer token."
+        "API key",
+        max_length=500,
+        blank=True,
+        help_text="Optional. Sent upstream as a Bearer token.",
     )
     api_key_env = models.CharField(
+        "API key's environment variable",
         max_length=200,
         blank=True,
         help_text="The environment variable `crossbar_config load` read the key from, if any.",

@@ -52,6 +52,7 @@ class Route(models.Model):
         max_length=200, blank=True, help_text="Used when a request names no model."
     )
     lease_ttl = models.PositiveIntegerField(
+        "lease TTL",
         default=1200,
         validators=[MinValueValidator(1)],
         help_text="Seconds a conversation stays on its host after its last request.",
@@ -118,6 +119,7 @@ class Route(models.Model):
         "/models/unload). Off: only operators, from the host admin.",
     )
     cors_origins = models.CharField(
+        "CORS origins",
         max_length=1000,
         blank=True,
         validators=[validate_origins],
@@ -192,7 +194,9 @@ class ConfigFileLoad(models.Model):
     """
 
     path = models.CharField(max_length=1000, help_text="The file, as an absolute path.")
-    sha256 = models.CharField(max_length=64, help_text="The file's content as loaded (hex).")
+    sha256 = models.CharField(
+        "SHA-256", max_length=64, help_text="The file's content as loaded (hex)."
+    )
     loaded = models.DateTimeField(default=timezone.now, db_index=True)
     summary = models.CharField(
         max_length=1000, help_text="What the load changed: “1 host added, 2 models changed”."

@@ -124,6 +124,18 @@ class Runtime:
         if signals.config_generation() != self._generation:
             await self.reload()
 
+    def stale(self) -> bool:
+        """Whether this process committed a configuration change the runtime has not loaded."""
+        return signals.config_generation() != self._generation
+
+    async def adopt(self, generation: int, fleet: Fleet) -> None:
+        """Apply `fleet`, read as of `generation` by a thread that may use the ORM: a sync
+        admin view's, which holds the thread `reload`'s `sync_to_async` would read it in."""
+        async with self._reload_lock:
+            if generation > self._generation:
+                self._generation = generation
+                self._apply(fleet)
+
     async def reload(self, *, force: bool = False) -> None:
         """Load the fleet again; unless forced, only when this process changed it."""
         async with self._reload_lock:

@@ -215,7 +215,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for mark in item.iter_markers("not_on"):
             if mark.args[0] == server:
-                why = f"not on {server}, for any ASGI application (README): {mark.args[1]}"
+                why = f"not on {server}, for any ASGI application (docs/operating.md): "
+                why += str(mark.args[1])
                 item.add_marker(pytest.mark.skip(reason=why))
         module = getattr(item, "module", None)
         if (

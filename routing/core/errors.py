@@ -18,14 +18,23 @@
     ├── UpstreamUnreachable            502 upstream_unreachable
     │   └── HostDown                   (refused or reset before answering: placed again)
     ├── UpstreamFailed                 502 upstream_failed (a head no client may be given)
-    └── UpstreamTimeout                504 upstream_timeout
+    ├── UpstreamTimeout                504 upstream_timeout
+    └── (routing.shared.state) StateUnavailable 503 state_unavailable (+ Retry-After 2)
+
+    Codes the proxy writes without raising (`OUTCOMES`): a host's own error passed through
+    (`upstream_error`), a slot the shared state took back
+    (`slot_lost`), a client gone (499 `client_disconnected`,
+    `client_too_slow`: in the row only), and anything unexpected (500 `internal_error`).
 
 Each error carries its own status, code and Retry-After, and may carry `detail`: the refusal's
 facts as JSON (route, model, the hosts and their states, the route's models), which
 `routing.core.refusals` builds only when a request is refused. `answer_for` is the one place
 an exception becomes an `Answer` (anything unexpected: a plain 500), which the proxy writes as
 an OpenAI-shaped body (`{"error": {"message", "type", "code", ...detail}}`) so OpenAI clients
-show it. The `code` values are stable: clients match on them; messages may change.
+show it. The `code` values are stable: clients match on them; messages may change. Every
+code is in the README's table, written from these classes and `OUTCOMES` by
+`manage.py crossbar_error_table` (a test fails when the two differ, or when the code answers
+one that neither names).
 """
 
 from __future__ import annotations
@@ -40,10 +49,12 @@ _NO_DETAIL: Mapping[str, object] = MappingProxyType({})
 class GatewayError(Exception):
     """A request the gateway answers itself. `status`, `code` and `retry_after` are class-level
     defaults; an instance may carry its own `retry_after` (None where waiting does not help)
-    and `detail` (extra keys of the error object, JSON-ready)."""
+    and `detail` (extra keys of the error object, JSON-ready). `when` says, for the README's
+    table of codes (`routing.core.error_table`), when a client meets the code."""
 
     status = 400
     code = "bad_request"
+    when = "a request the gateway refuses that no code below names more precisely"
     retry_after: int | None = None
 
     def __init__(
@@ -66,6 +77,7 @@ class QueueFull(GatewayError):
 
     status = 503
     code = "queue_full"
+    when = "every usable host of the route is busy and its queue is full (`Retry-After: 1`)"
     retry_after = 1
 
     def __init__(
@@ -86,6 +98,10 @@ class NoHealthyHost(GatewayError):
 
     status = 503
     code = "no_healthy_host"
+    when = (
+        "no host of the route may take the request: down, loading, draining or disabled"
+        " (`Retry-After: 2` while one is down or loading)"
+    )
     retry_after: int | None = 2
 
     def __init__(
@@ -99,6 +115,10 @@ class PinnedHostDown(GatewayError):
 
     status = 503
     code = "pinned_host_down"
+    when = (
+        "a `sticky = strict` route's leased host cannot take the request"
+        " (`Retry-After: 2` while it is down)"
+    )
     retry_after: int | None = 2
 
     def __init__(
@@ -113,14 +133,17 @@ class BadHostHeader(GatewayError):
     another site reaching a gateway on 127.0.0.1 through DNS rebinding."""
 
     code = "invalid_host"
+    when = "the `Host` header names no host the gateway serves (`ALLOWED_HOSTS`)"
 
 
 class MissingRoute(GatewayError):
     code = "missing_route"
+    when = "no route in the path nor in `X-Crossbar-Route`"
 
 
 class ConflictingRoute(GatewayError):
     code = "conflicting_route"
+    when = "the path and `X-Crossbar-Route` name different routes"
 
 
 class UnknownRoute(GatewayError):
@@ -128,6 +151,9 @@ class UnknownRoute(GatewayError):
 
     status = 404
     code = "unknown_route"
+    when = (
+        "no enabled route has that name (on a path no endpoint has, such as `/robots.txt`: no row)"
+    )
 
     def __init__(self, message: str, name: str = "") -> None:
         super().__init__(message)
@@ -145,15 +171,20 @@ class NotARoute(UnknownRoute):
 class NotFound(GatewayError):
     status = 404
     code = "not_found"
+    when = "the path is no endpoint the gateway serves (also: `%2F` in the path)"
 
 
 class BodyTooLarge(GatewayError):
     status = 413
     code = "body_too_large"
+    when = "the body is over 16 MiB"
 
 
 class BadBody(GatewayError):
     code = "invalid_body"
+    when = (
+        "not JSON, not an object, not UTF-8, no model and no route default, `messages` not a list"
+    )
 
 
 class UnknownModel(GatewayError):
@@ -161,11 +192,13 @@ class UnknownModel(GatewayError):
 
     status = 404
     code = "model_not_found"
+    when = "the route serves no model of that name (the answer lists the route's `models`)"
 
 
 class MethodNotAllowed(GatewayError):
     status = 405
     code = "method_not_allowed"
+    when = "a method other than GET, HEAD, POST (`Allow` says which)"
 
 
 class QueueTimeout(GatewayError):
@@ -173,6 +206,7 @@ class QueueTimeout(GatewayError):
 
     status = 503
     code = "queue_timeout"
+    when = "the request waited the route's `queue_timeout` without a slot (`Retry-After: 5`)"
     retry_after = 5
 
 
@@ -184,6 +218,10 @@ class HostRemoved(GatewayError):
 
     status = 503
     code = "host_removed"
+    when = (
+        "the host the request waited for left the configuration, and no other host of the route"
+        " could take the request (`Retry-After: 1`)"
+    )
     retry_after = 1
 
     def __init__(
@@ -211,6 +249,7 @@ class UpstreamUnreachable(GatewayError):
 
     status = 502
     code = "upstream_unreachable"
+    when = "the host refused or reset the connection (it is marked down)"
 
 
 class HostDown(UpstreamUnreachable):
@@ -225,6 +264,11 @@ class UpstreamFailed(GatewayError):
 
     status = 502
     code = "upstream_failed"
+    when = (
+        "the host answered a status no client may be given (outside 200-599), or its answer"
+        " broke off (502) or went silent for `CROSSBAR_STREAM_IDLE_TIMEOUT` (504) mid-stream:"
+        ' a stream then ends with one `data: {"error": ...}` event'
+    )
 
 
 class UpstreamTimeout(GatewayError):
@@ -232,6 +276,7 @@ class UpstreamTimeout(GatewayError):
 
     status = 504
     code = "upstream_timeout"
+    when = "the host sent no response head within `CROSSBAR_HEADERS_TIMEOUT`"
 
 
 class MissingKey(GatewayError):
@@ -239,6 +284,7 @@ class MissingKey(GatewayError):
 
     status = 401
     code = "missing_api_key"
+    when = "client keys are in use and the request sent none"
 
 
 class InvalidKey(GatewayError):
@@ -246,6 +292,7 @@ class InvalidKey(GatewayError):
 
     status = 401
     code = "invalid_api_key"
+    when = "the key is unknown or disabled"
 
 
 class OperatorOnly(GatewayError):
@@ -257,6 +304,10 @@ class OperatorOnly(GatewayError):
 
     status = 403
     code = "operator_only"
+    when = (
+        "a host control the route does not open, or one host's own endpoint, asked by a client"
+        " (401 when the operators' token would get in)"
+    )
 
     def __init__(self, message: str, *, status: int = 403) -> None:
         super().__init__(message)
@@ -267,6 +318,7 @@ class ManagementNotAllowed(OperatorOnly):
     """Model load or unload, which the route does not open to clients, from a client."""
 
     code = "model_management_not_allowed"
+    when = "model load or unload, which the route does not open to clients (401 likewise)"
 
 
 class RouteNotAllowed(GatewayError):
@@ -274,6 +326,7 @@ class RouteNotAllowed(GatewayError):
 
     status = 403
     code = "route_not_allowed"
+    when = "the client key may not use this route"
 
 
 class ClientLimited(GatewayError):
@@ -281,6 +334,46 @@ class ClientLimited(GatewayError):
 
     status = 429
     code = "rate_limit_exceeded"
+    when = "the client key is over its concurrency or per-minute limit (`Retry-After`)"
+
+
+@dataclass(slots=True, frozen=True)
+class Outcome:
+    """A code the proxy writes without raising a `GatewayError`, with its status and `when`."""
+
+    status: str
+    code: str
+    when: str
+
+
+INTERNAL_ERROR = Outcome(
+    "500", "internal_error", "anything unexpected (a bug: the log has its traceback)"
+)
+OUTCOMES = (
+    Outcome(
+        "the host's",
+        "upstream_error",
+        "the host answered an error of its own: its status and body pass through as they are"
+        ' (in a stream already answered 200: one `data: {"error": ...}` event)',
+    ),
+    Outcome(
+        "503",
+        "slot_lost",
+        "with shared state: this gateway lost touch with Redis past its hold TTL and another"
+        ' request took the slot, so the stream ends with one `data: {"error": ...}` event',
+    ),
+    Outcome(
+        "499",
+        "client_disconnected",
+        "in the row only: the client left, or read nothing for `CROSSBAR_STREAM_IDLE_TIMEOUT`",
+    ),
+    Outcome(
+        "499",
+        "client_too_slow",
+        "in the row only: the client fell more than 1 MiB behind the host and was cut",
+    ),
+    INTERNAL_ERROR,
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -311,4 +404,4 @@ def answer_for(exc: BaseException) -> Answer:
         return Answer(
             exc.status, exc.message, _error_type(exc.status), exc.code, exc.retry_after, exc.detail
         )
-    return Answer(500, "internal gateway error", "server_error", "internal_error")
+    return Answer(500, "internal gateway error", "server_error", INTERNAL_ERROR.code)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -33,6 +33,7 @@ from django.shortcuts import render
 
 from accounting.recorder import RequestRecord
 from hosts.actions import set_draining
+from hosts.models import DRAINING
 from hosts.routes_left import left_lines, routes_left_without
 from routing.ops.history import (
     CARD_SECONDS,
@@ -102,7 +103,8 @@ def request_entry(number: int, record: RequestRecord) -> dict[str, Any]:
     """A finished request as the dashboard lists it (no fingerprint, no error details)."""
     return {
         "n": number,
-        "started": record.started.isoformat(),
+        # Listed as they finish, so by the time they finished.
+        "finished": (record.started + timedelta(milliseconds=record.total_ms)).isoformat(),
         "route": record.route,
         "model": record.model[:100],
         "host": record.host,
@@ -263,7 +265,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         verb = "started" if on else "stopped"
         if changed:
             log.info("dashboard: %s %s draining host %s", self.user_name, verb, host)
-            text = f"{self.user_name} {verb} draining {host}."
+            text = f"{self.user_name} {verb} draining {host}. {DRAINING if on else ''}".strip()
             await self.channel_layer.group_send(GROUP, {"type": "dashboard.notice", "text": text})
         else:
             await self.send_json({"type": "notice", "text": f"{host}: nothing to change."})

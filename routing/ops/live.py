@@ -14,9 +14,11 @@ from collections.abc import Iterable
 
 from hosts.health import HostState
 from hosts.live import HostLive, HostLoad, HostStates, ModelLive
+from routing.config.reader import load_fleet
 from routing.core.limiter import PairSnapshot
 from routing.core.refusals import Standing
 from routing.runtime import Runtime, current_runtime
+from routing.signals import config_generation
 
 
 def host_lives(runtime: Runtime) -> tuple[HostLive, ...]:
@@ -24,6 +26,7 @@ def host_lives(runtime: Runtime) -> tuple[HostLive, ...]:
     health = runtime.health.snapshot()
     held = runtime.state.leases_by_host()
     pairs = {(pair.host, pair.model): pair for pair in runtime.state.snapshot()}
+    routed = {name for route in runtime.fleet.routes.values() for name in route.hosts}
     hosts = []
     for name, host in sorted(runtime.fleet.hosts.items()):
         known = health.get(name)
@@ -52,6 +55,7 @@ def host_lives(runtime: Runtime) -> tuple[HostLive, ...]:
                 leases=held.get(name, 0),
                 models=tuple(models),
                 slots=known.described.slots if known and known.described else None,
+                in_a_route=name in routed,
             )
         )
     return tuple(hosts)
@@ -88,25 +92,31 @@ def host_loads(runtime: Runtime) -> list[HostLoad]:
 def live_host_states() -> HostStates:
     """Each host's live state, read on the runtime's own loop; safe from any thread.
 
-    Blocks the calling thread (an admin view's) for at most a second; {} when no gateway
-    runs in this process.
+    Blocks the calling thread (an admin view's) for at most a second, once the fleet is read;
+    {} when no gateway runs in this process. From another thread, a configuration change this
+    process made is loaded first, as a request would: the page after an admin action shows
+    the state the action made.
     """
     runtime = current_runtime()
     if runtime is None or runtime.loop.is_closed():
         return {}
-
-    async def read() -> tuple[HostLive, ...]:
-        return host_lives(runtime)
-
     try:
         running_here = asyncio.get_running_loop() is runtime.loop
     except RuntimeError:
         running_here = False
-    lives = (
-        host_lives(runtime)
-        if running_here
-        else asyncio.run_coroutine_threadsafe(read(), runtime.loop).result(timeout=1)
-    )
+    if running_here:
+        return {host.name: host for host in host_lives(runtime)}
+    # Read here, in the caller's thread: a sync view holds the thread `Runtime.reload` would
+    # read the fleet in, so the loop cannot read it while this thread waits for the answer.
+    generation = config_generation()
+    fleet = load_fleet() if runtime.stale() else None
+
+    async def read() -> tuple[HostLive, ...]:
+        if fleet is not None:
+            await runtime.adopt(generation, fleet)
+        return host_lives(runtime)
+
+    lives = asyncio.run_coroutine_threadsafe(read(), runtime.loop).result(timeout=1)
     return {host.name: host for host in lives}
 
 

@@ -96,6 +96,7 @@ class StateUnavailable(GatewayError):
 
     status = 503
     code = "state_unavailable"
+    when = "the shared state (Redis) cannot be reached (`Retry-After: 2`)"
 
     def __init__(self, message: str = "shared state unavailable", *, retry_after: int = 2):
         super().__init__(message, retry_after=retry_after)

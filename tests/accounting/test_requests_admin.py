@@ -69,6 +69,30 @@ def test_a_requests_page_starts_with_its_status_code_and_reason_and_shows_its_st
     assert "every slot and place of gpu1 is taken" in page
 
 
+def test_only_a_499_says_on_its_page_that_the_client_went_away(admin_client: Client) -> None:
+    served = add(status=200)
+    left = add(status=499, code="client_disconnected", error="client disconnected")
+
+    served_page = admin_client.get(f"{LIST}{served.pk}/change/").content.decode()
+    left_page = admin_client.get(f"{LIST}{left.pk}/change/").content.decode()
+
+    assert "client went away" not in served_page
+    assert re.search(r"<div class=\"readonly\">200</div>", served_page)
+    assert re.search(r"<div class=\"readonly\">499 \(the client went away\)</div>", left_page)
+
+
+def test_the_timings_are_labelled_in_milliseconds_on_a_requests_page(admin_client: Client) -> None:
+    row = add()
+
+    page = admin_client.get(f"{LIST}{row.pk}/change/").content.decode()
+    labels = [
+        re.sub(r"<[^>]+>|:", "", label).strip()
+        for label in re.findall(r"<label[^>]*>(.*?)</label>", page, re.S)
+    ]
+
+    assert {"Queued (ms)", "TTFB (ms)", "Total (ms)"} <= set(labels)
+
+
 @pytest.mark.parametrize(
     ("query", "expected"),
     [
@@ -114,6 +138,6 @@ def test_the_columns_have_short_headers(admin_client: Client) -> None:
     headers = re.findall(r'<th scope="col" class="[^"]*column-\w+[^"]*">(.*?)</th>', html, re.S)
 
     assert [re.sub(r"<[^>]+>|\s+", " ", header).strip() for header in headers] == [
-        "Started", "Route", "Model", "Host", "Client", "Status", "Code", "Queue ms", "Ttfb ms",
-        "Total ms", "Tokens in/out", "Cache hit", "Fingerprint",
+        "Started", "Route", "Model", "Host", "Client", "Status", "Code", "Queued (ms)",
+        "TTFB (ms)", "Total (ms)", "Tokens in/out", "Cache hit", "Fingerprint",
     ]  # fmt: skip

@@ -117,3 +117,17 @@ def test_health_answers_draining_on_a_kept_alive_connection_while_the_stream_fin
     assert exit_code == 0
     (row,) = Request.objects.filter(started__gte=started)  # an earlier test's may still land
     assert (row.status, row.completion_tokens) == (200, 20)
+
+
+def test_a_gateway_stopped_by_sigterm_logs_stopped_as_its_last_line(
+    django_db_setup, tmp_path, fake
+):
+    add_route("chat", [add_host("gpu1", fake.url)])
+    with running_gateway(tmp_path) as gateway:
+        gateway.sync()
+        gateway.process.send_signal(signal.SIGTERM)
+        exit_code = gateway.process.wait(timeout=30)
+        lines = [line for line in gateway.log().splitlines() if "crossbar.serve" in line]
+
+    assert exit_code == 0
+    assert lines and lines[-1].endswith("stopped")

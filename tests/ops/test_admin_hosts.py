@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import html
+from pathlib import Path
+
 import pytest
 from django.test import Client
 from django.urls import reverse
 
-from hosts.models import Host, HostModel
+from hosts.models import DRAINING, Host, HostModel
 from routing.models import ConfigRevision
 from tests.conftest import free_port, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import add_host, add_route
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 pytestmark = pytest.mark.django_db
 
@@ -236,7 +241,7 @@ def test_start_draining_flips_the_flag_and_counts_the_hosts(admin_client: Client
 
     message = drain(admin_client, "start_draining", [gpu1, gpu2])
 
-    assert message == "1 host started draining (1 unchanged)."
+    assert message == f"1 host started draining (1 unchanged). {DRAINING}"
     assert dict(Host.objects.values_list("name", "draining")) == {
         "gpu1": True,
         "gpu2": True,
@@ -412,7 +417,7 @@ def test_a_drain_that_leaves_every_route_a_host_asks_nothing(admin_client: Clien
 
     message = drain(admin_client, "start_draining", [gpu1])
 
-    assert message == "1 host started draining."
+    assert message == f"1 host started draining. {DRAINING}"
 
 
 def test_draining_a_routes_last_host_from_the_list_warns_after_the_save(
@@ -450,3 +455,15 @@ def test_draining_a_routes_last_host_on_its_page_warns_after_the_save(
     warnings = [str(m) for m in response.context["messages"] if m.level_tag == "warning"]
     assert Host.objects.get(name="gpu1").draining
     assert [w.split(";")[0] for w in warnings] == ["Route “chat”: “gpu1” is its last usable host"]
+
+
+def test_draining_is_said_one_way_on_the_host_form_and_in_the_docs(admin_client: Client) -> None:
+    form = admin_client.get("/admin/hosts/host/add/").content.decode()
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+    assert html.escape(DRAINING, quote=True) in form
+    assert "takes no new requests: the conversations leased to it move to other hosts" in DRAINING
+    assert [path.name for path in docs if "no new conversations" in path.read_text()] == []
+    assert "takes no new requests: the conversations leased to it move" in " ".join(
+        (ROOT / "README.md").read_text().split()
+    )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import httpx
 import pytest
 
+from hosts.models import Host
 from tests.conftest import signed_in, wait_until
 from tests.conversation import turns_on_a_shared_slot_taken_as_it_is, turns_on_an_emptying_host
 from tests.fakes.llama_server import FakeLlamaServer
@@ -106,3 +108,40 @@ def test_the_host_list_says_when_the_host_gives_a_shared_slot_back_as_another_le
         f"⚠ {MODEL}: 1 turn on a shared slot got back only the part their conversations share "
         "(start llama-server with --slot-prompt-similarity 0.95)" in page
     )
+
+
+def test_a_host_in_no_route_says_so_in_the_host_list(gateway, fake, admin_user):
+    add_route("chat", [add_host("gpu1", fake.url)])
+    add_host("spare", fake.url, shares_url=True)
+    Host.objects.filter(name="gpu1").update(shares_url=True)
+    gateway.sync()
+
+    page = signed_in(gateway).get("/admin/hosts/host/").text
+    rows = {name: row for name, row in re.findall(r">(gpu1|spare)</a>(.*?)</tr>", page, re.S)}
+
+    assert "in no route" in rows["spare"]
+    assert "in no route" not in rows["gpu1"]
+    assert "not served by this process" not in page
+
+
+def test_the_host_list_right_after_an_action_shows_what_the_action_changed(
+    gateway, fake, admin_user
+):
+    host = add_host("gpu1", fake.url, models={MODEL: (2, 4)})  # the fake has 4 slots
+    add_route("chat", [host])
+    gateway.sync()
+    admin = signed_in(gateway)
+    token = admin.cookies["csrftoken"]
+
+    page = admin.post(
+        "/admin/hosts/host/",
+        data={
+            "action": "read_from_host",
+            "_selected_action": [host.pk],
+            "csrfmiddlewaretoken": token,
+        },
+        follow_redirects=True,
+    ).text
+
+    assert f"{MODEL}: 4/4" in page  # the models column, read from the database
+    assert f"{MODEL} 0/4 running, 0 queued" in page  # the live column, as the gateway sees it

@@ -15,7 +15,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Permission, User
 
 from accounting.recorder import RequestRecord
-from hosts.models import Host
+from hosts.models import DRAINING, Host
 from routing.ops import metrics
 from routing.ops.dashboard import DashboardConsumer
 from routing.runtime import close_runtime
@@ -231,7 +231,7 @@ async def test_drain_and_undrain_from_the_socket_reach_the_database_and_every_da
     await receive_until(mine, lambda m: (h := host_in(m, "gpu1")) and not h["draining"])
 
     assert host_in(drained, "gpu1")["draining"] is True  # type: ignore[index]  # None fails the test
-    assert notice["text"] == "ops started draining gpu1."
+    assert notice["text"] == f"ops started draining gpu1. {DRAINING}"
     assert in_db is True
     assert await sync_to_async(lambda: Host.objects.get(name="gpu1").draining)() is False
 

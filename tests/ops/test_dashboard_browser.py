@@ -474,3 +474,77 @@ def test_a_host_that_gives_a_shared_slot_back_as_another_left_it_says_so_on_its_
             timeout=WAIT,
         )
         expect(hint).to_contain_text("--slot-prompt-similarity 0.95")
+
+
+# The longest horizontal run of one colour on a chart's canvas: a dot is a few pixels wide, a
+# line drawn from one step to another far from it hundreds.
+LONGEST_RUN = """([chart, color]) => {
+    const canvas = document.querySelector(`[data-chart="${chart}"] canvas`);
+    const {width, height} = canvas;
+    const data = canvas.getContext('2d').getImageData(0, 0, width, height).data;
+    const [r, g, b] = [1, 3, 5].map((i) => parseInt(color.slice(i, i + 2), 16));
+    let longest = 0;
+    for (let y = 0; y < height; y++) {
+        let run = 0;
+        for (let x = 0; x < width; x++) {
+            const i = (y * width + x) * 4;
+            const off = Math.abs(data[i] - r) + Math.abs(data[i + 1] - g)
+                        + Math.abs(data[i + 2] - b);
+            run = off < 60 && data[i + 3] > 50 ? run + 1 : 0;
+            longest = Math.max(longest, run);
+        }
+    }
+    return longest;
+}"""
+
+
+@pytest.fixture
+def two_far_rows_then_gateway(django_db_setup, tmp_path):
+    """Two requests 40 minutes apart with one TTFB, served before this gateway started."""
+    now = timezone.now()
+    Request.objects.bulk_create(
+        Request(route="chat", model=MODEL, host="gpu-a", started=now - timedelta(minutes=minutes),
+                queued_ms=0, ttfb_ms=400, total_ms=1_000, status=200, streamed=True)
+        for minutes in (50, 10)
+    )  # fmt: skip
+    with running_gateway(tmp_path) as gw:
+        yield gw
+
+
+def test_the_dashboard_labels_errors_lists_requests_by_finish_and_draws_no_line_over_no_data(
+    two_far_rows_then_gateway, fake, browser_page
+):
+    from playwright.sync_api import expect
+
+    gateway, page = two_far_rows_then_gateway, browser_page
+    fake.token_delay = 0.5  # seconds between its start and its finish
+    add_route("chat", [add_host("gpu-a", fake.url)])
+    gateway.sync()
+    page.set_viewport_size(SCREENS["1366"])
+    sign_in(page, gateway)
+    choose_window(page, "1h", "steps of 30 s")
+    expect(page.locator('[data-chart="ttfb"] .latest')).not_to_contain_text("no data", timeout=WAIT)
+
+    body = chat(stream=True, max_tokens=6)
+    assert httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=30).is_success
+    row = wait_until(
+        lambda: Request.objects.filter(started__gte=timezone.now() - timedelta(minutes=1)).first(),
+        what="the request's row",
+    )
+    finished = row.started + timedelta(milliseconds=row.total_ms)
+    assert f"{finished:%H:%M:%S}" != f"{row.started:%H:%M:%S}"
+    first_row = page.locator("#requests tbody tr").first
+    expect(first_row.locator("td").first).to_have_text(f"{finished:%H:%M:%S}", timeout=WAIT)
+    card = page.locator('#hosts [data-host="gpu-a"]')
+    expect(card.locator("dt", has_text="errors")).to_have_text("errors 4xx·5xx·499")
+    overflow = page.evaluate(
+        """(card) => Math.max(...[...card.querySelectorAll('dd')].map(
+            (dd) => dd.getBoundingClientRect().right - card.getBoundingClientRect().right))""",
+        card.element_handle(),
+    )
+
+    assert page.locator("#requests thead th").first.text_content() == "Finished"
+    # The two TTFB dots, 40 minutes apart, with no line between them.
+    assert page.evaluate(LONGEST_RUN, ["ttfb", "#2b6cb0"]) < 20  # p50
+    assert page.evaluate(LONGEST_RUN, ["ttfb", "#c05621"]) < 20  # p95, drawn over it
+    assert overflow <= 0, "a figure runs past the host's card"
