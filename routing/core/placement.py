@@ -362,8 +362,13 @@ class Placer(Generic[RouteT]):
 
     def _spill(self, waiter: InLine) -> None:
         """Patience spent (or priced): a slot freed on another usable host of the route may
-        take it, as `_accepts` says."""
-        self.fleet.state.watch(waiter, list(self._ranking().pairs()), self._accepts)
+        take it, as `_accepts` says. The hosts not usable now are watched too, last: one that
+        comes back (a restart) offers its free slots at once, and a request moved into
+        another's line while it was down would otherwise wait there while it idles."""
+        ranking = self._ranking()
+        out = ranking.unusable()
+        pairs = [*ranking.pairs(), *self._pairs([host for host in ranking.listed if host in out])]
+        self.fleet.state.watch(waiter, pairs, self._accepts)
 
     def _default_spent(self, waiter: InLine) -> None:
         """Priced patience: the fixed default has passed, for the hosts without figures."""

@@ -362,7 +362,7 @@ async def test_a_host_whose_slots_all_hold_leased_conversations_takes_no_other_b
     assert_nothing_held(fleet)
 
 
-async def test_when_every_host_is_full_a_new_conversation_joins_the_line_of_the_host_holding_fewer() -> (
+async def test_every_host_full_a_new_conversation_joins_the_line_of_the_host_holding_fewer() -> (
     None
 ):
     # gpu1 holds the shared opening and one conversation more than gpu2; neither has a slot
@@ -574,6 +574,38 @@ async def test_a_request_queued_elsewhere_that_is_handed_its_home_slot_is_served
     assert fleet.limiter.queued("gpu2", MODEL) == 0
     got.slot.release()
     other.release()
+    assert_nothing_held(fleet)
+
+
+async def test_a_request_moved_into_a_line_takes_a_slot_of_its_host_come_back_after_patience() -> (
+    None
+):
+    # gpu1 restarts: its conversation's turn moves into gpu2's line, and waits there past its
+    # patience. gpu1 comes back empty; a free slot there must take the turn (and the lease),
+    # not leave it behind gpu2's own conversations while gpu1 idles.
+    route = Route(lease_patience=SHORT)
+    fleet = MemoryFleet({"gpu1": host(2, 8), "gpu2": host(2, 8)}, route)
+    (await placed(fleet, route)).slot.release()
+    fleet.set_host("gpu1", healthy=False)
+    held = [fleet.occupy("gpu2") for _ in range(2)]
+    waiting = await (moved := placer(fleet, route)).now()
+    assert isinstance(waiting, Waiting)
+    assert (waiting.host, waiting.reason) == ("gpu2", Reason.MOVED)
+    task = asyncio.create_task(moved.wait(waiting))
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(moved.started + SHORT + SHORT / 5 - loop.time())  # patience spent
+    await settle()
+    assert not task.done()
+
+    fleet.set_host("gpu1", healthy=True)
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert (got.host, got.reason, got.lease) == ("gpu1", Reason.SPILLED, LeaseOutcome.MOVED)
+    assert lease_of(fleet, route) == "gpu1"
+    assert fleet.limiter.queued("gpu2", MODEL) == 0
+    got.slot.release()
+    for slot in held:
+        slot.release()
     assert_nothing_held(fleet)
 
 
