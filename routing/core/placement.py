@@ -7,7 +7,8 @@ atomic script in Redis), so no other request can take the place meanwhile:
 - home usable, a free slot there: taken (`home`);
 - home busy, room in its queue: the request queues at home; after the route's
   `lease_patience` it also watches the route's other hosts and takes the first slot freed there
-  (`spilled`, the lease stays home). With `lease_patience` auto (None), it watches them at
+  (`spilled`, the lease stays home unless home holds more conversations per slot than that host
+  would with this one: then it goes along). With `lease_patience` auto (None), it watches them at
   once, and a free slot there takes it only when its cold start is priced lower than the wait
   in line (`routing.core.patience`): priced when the wait begins, again at each slot freed
   there and each move of its line, and by the fixed default for a host without figures;
@@ -226,7 +227,10 @@ class Placer(Generic[RouteT]):
                 others = [host for host in ranking.hosts() if host != home]
                 raise QueueFull([home, *others], self.model)
             if opened.got.host != home:
-                return self._result(opened.got, Reason.SPILLED, LeaseOutcome.SPILLED)
+                lease = LeaseOutcome.SPILLED
+                if is_held(opened.got):
+                    lease = await self._spilled(home, opened.got)
+                return self._result(opened.got, Reason.SPILLED, lease)
             return self._result(opened.got, Reason.HOME, LeaseOutcome.REUSED)
         if home is not None:
             reason, lease = Reason.MOVED, LeaseOutcome.MOVED
@@ -294,11 +298,15 @@ class Placer(Generic[RouteT]):
             return Placement(slot, Reason.HOME, LeaseOutcome.REUSED, self.route.name,
                              self.model, waited)  # fmt: skip
         if waiting.host and slot.host != waiting.host:
-            lease = LeaseOutcome.SPILLED  # the lease stays with home's warm cache
             if waiting.reason in (Reason.NEW, Reason.MOVED, Reason.PREFIX):
                 # No cache was warm where it queued: the conversation's cache starts here.
                 await self._keep_lease(slot.host, slot)
                 lease = waiting.lease
+            else:
+                lease = await self._spilled(self._home, slot)
+            return Placement(slot, Reason.SPILLED, lease, self.route.name, self.model, waited)
+        if waiting.reason is Reason.SPILLED:  # handed a slot in the line it spilled to
+            lease = await self._spilled(self._home, slot)
             return Placement(slot, Reason.SPILLED, lease, self.route.name, self.model, waited)
         if not waiting.host:
             await self._keep_lease(slot.host, slot)
@@ -362,8 +370,13 @@ class Placer(Generic[RouteT]):
 
     def _spill(self, waiter: InLine) -> None:
         """Patience spent (or priced): a slot freed on another usable host of the route may
-        take it, as `_accepts` says."""
-        self.fleet.state.watch(waiter, list(self._ranking().pairs()), self._accepts)
+        take it, as `_accepts` says. The hosts not usable now are watched too, last: one that
+        comes back (a restart) offers its free slots at once, and a request moved into
+        another's line while it was down would otherwise wait there while it idles."""
+        ranking = self._ranking()
+        out = ranking.unusable()
+        pairs = [*ranking.pairs(), *self._pairs([host for host in ranking.listed if host in out])]
+        self.fleet.state.watch(waiter, pairs, self._accepts)
 
     def _default_spent(self, waiter: InLine) -> None:
         """Priced patience: the fixed default has passed, for the hosts without figures."""
@@ -489,6 +502,23 @@ class Placer(Generic[RouteT]):
 
     def _fallback_model(self) -> str:
         return self.route.fallback_model or self.model
+
+    async def _spilled(self, home: str | None, slot: Held) -> LeaseOutcome:
+        """A turn of a conversation leased to `home` runs on `slot`'s host, which now holds
+        its history. The lease stays with home's warm cache (SPILLED), unless home holds more
+        conversations per slot than that host would with this one too: then the lease goes
+        along (MOVED), or its turns would wait in the longer line every time while the other
+        host idles between its own conversations' turns."""
+        state, model, host = self.fleet.state, self.model, slot.host
+        if home is None or self.key is None:
+            return LeaseOutcome.SPILLED
+        slots = {name: state.in_flight(name, model) + state.free_for(name, model)
+                 for name in (home, host)}  # fmt: skip
+        held_home, held_here = state.leases_held(home, model), state.leases_held(host, model)
+        if (held_here + 1) * slots[home] > (held_home - 1) * slots[host]:
+            return LeaseOutcome.SPILLED
+        await self._keep_lease(host, slot)
+        return LeaseOutcome.MOVED
 
     async def _keep_lease(self, host: str, got: Held | InLine) -> None:
         """Lease the conversation to `host`; a cancellation meanwhile gives back `got`."""

@@ -469,6 +469,42 @@ async def test_home_busy_takes_a_slot_freed_on_another_host_after_lease_patience
     assert_nothing_held(fleet)
 
 
+@pytest.mark.parametrize(("at_home", "elsewhere", "leased_to"), [(4, 1, "gpu2"), (3, 2, "gpu1")])
+async def test_a_turn_spilled_from_a_home_holding_more_conversations_takes_its_lease_along(
+    at_home: int, elsewhere: int, leased_to: str
+) -> None:
+    # gpu1 holds `at_home` conversations (this one among them), gpu2 `elsewhere`, two slots
+    # each. A turn that waited at gpu1 past its patience runs on gpu2, which holds its history
+    # from then on. Kept at gpu1, its next turns would wait in the longer line every time (a
+    # restart moved 10 of 12 conversations onto one host, and they stayed); so the lease goes
+    # along when that brings the two hosts' conversations closer, and stays home otherwise.
+    route = Route(lease_patience=SHORT)
+    fleet = MemoryFleet({"gpu1": host(2, 8), "gpu2": host(2, 8)}, route)
+    (await placed(fleet, route)).slot.release()
+    for name, count in {"gpu1": at_home - 1, "gpu2": elsewhere}.items():
+        for number in range(count):
+            fleet.leases.keep(LeaseKey(route.name, f"{name} {number}", MODEL), name, LONG)
+    held = [fleet.occupy(name) for name in ("gpu1", "gpu2") for _ in range(2)]
+    waiting = await (turn := placer(fleet, route)).now()
+    assert isinstance(waiting, Waiting) and (waiting.host, waiting.reason) == ("gpu1", Reason.HOME)
+    task = asyncio.create_task(turn.wait(waiting))
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(turn.started + SHORT + SHORT / 5 - loop.time())  # patience spent
+    await settle()
+
+    held.pop().release()  # a slot of gpu2
+    got = await asyncio.wait_for(task, WAIT)
+
+    moved = leased_to == "gpu2"
+    assert (got.host, got.reason) == ("gpu2", Reason.SPILLED)
+    assert got.lease is (LeaseOutcome.MOVED if moved else LeaseOutcome.SPILLED)
+    assert lease_of(fleet, route) == leased_to
+    got.slot.release()
+    for slot in held:
+        slot.release()
+    assert_nothing_held(fleet)
+
+
 async def test_a_new_conversation_that_spills_after_patience_is_leased_where_it_ran() -> None:
     route = Route(lease_patience=SHORT)
     fleet = MemoryFleet({"gpu1": host(queue_max=1), "gpu2": host(queue_max=1)}, route)
@@ -572,6 +608,38 @@ async def test_a_request_queued_elsewhere_that_is_handed_its_home_slot_is_served
     assert fleet.limiter.queued("gpu2", MODEL) == 0
     got.slot.release()
     other.release()
+    assert_nothing_held(fleet)
+
+
+async def test_a_request_moved_into_a_line_takes_a_slot_of_its_host_come_back_after_patience() -> (
+    None
+):
+    # gpu1 restarts: its conversation's turn moves into gpu2's line, and waits there past its
+    # patience. gpu1 comes back empty; a free slot there must take the turn (and the lease),
+    # not leave it behind gpu2's own conversations while gpu1 idles.
+    route = Route(lease_patience=SHORT)
+    fleet = MemoryFleet({"gpu1": host(2, 8), "gpu2": host(2, 8)}, route)
+    (await placed(fleet, route)).slot.release()
+    fleet.set_host("gpu1", healthy=False)
+    held = [fleet.occupy("gpu2") for _ in range(2)]
+    waiting = await (moved := placer(fleet, route)).now()
+    assert isinstance(waiting, Waiting)
+    assert (waiting.host, waiting.reason) == ("gpu2", Reason.MOVED)
+    task = asyncio.create_task(moved.wait(waiting))
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(moved.started + SHORT + SHORT / 5 - loop.time())  # patience spent
+    await settle()
+    assert not task.done()
+
+    fleet.set_host("gpu1", healthy=True)
+    got = await asyncio.wait_for(task, WAIT)
+
+    assert (got.host, got.reason, got.lease) == ("gpu1", Reason.SPILLED, LeaseOutcome.MOVED)
+    assert lease_of(fleet, route) == "gpu1"
+    assert fleet.limiter.queued("gpu2", MODEL) == 0
+    got.slot.release()
+    for slot in held:
+        slot.release()
     assert_nothing_held(fleet)
 
 
