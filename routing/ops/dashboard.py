@@ -182,6 +182,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         message["running"] = running_entries(self.runtime)
         message["running_total"] = len(self.runtime.running)
         message["cards"] = _cards()
+        message["route_refusals"] = history.route_refusals()
         await self.send_json(message)
 
     async def send_history(self, *, replace: bool) -> None:

@@ -69,6 +69,18 @@ def test_a_requests_page_starts_with_its_status_code_and_reason_and_shows_its_st
     assert "every slot and place of gpu1 is taken" in page
 
 
+def test_a_route_refusals_page_names_no_host_and_lists_the_hosts_that_were_full(
+    admin_client: Client,
+) -> None:
+    row = add(status=503, code="queue_full", host="", refused_by="gpu1 gpu2")
+
+    page = admin_client.get(f"{LIST}{row.pk}/change/").content.decode()
+    shown = re.search(r"field-refused_by.*?<div class=\"readonly\">(.*?)</div>", page, re.S)
+
+    assert shown is not None and shown.group(1) == "gpu1 gpu2"
+    assert re.search(r"field-host.*?<div class=\"readonly\">-</div>", page, re.S)
+
+
 @pytest.mark.parametrize(
     ("query", "expected"),
     [
