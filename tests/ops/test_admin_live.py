@@ -71,7 +71,7 @@ def test_the_host_list_warns_when_parallel_differs_from_the_hosts_own_slots(
         what="a health poll that read the host's slots",
     )
 
-    assert f"{MODEL}: parallel 2, but the host has 4 slots" in page
+    assert f"parallel 2 ({MODEL}), but the host has 4 slots" in page
 
 
 def test_the_host_list_says_when_the_host_empties_its_slots_between_turns(
