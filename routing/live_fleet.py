@@ -62,8 +62,7 @@ class LiveFleet:
         self.rankings = Rankings(self._candidate)
         touch = self.rankings.touch
         self.state = make_state(touch)
-        # A host that becomes usable again offers its free slots to the requests waiting.
-        self.health = HealthTable(on_eligible=self.state.wake, on_change=touch)
+        self.health = HealthTable(on_eligible=self._usable_again, on_change=touch)
         # What each host's KV cache holds, as this process has seen it (routing/core/prefixes.py);
         # with shared state too, each process keeps its own (docs/replicas.md).
         self.prefixes = prefixes
@@ -118,6 +117,15 @@ class LiveFleet:
         }
         for name in config.hosts:  # undrained, enabled or added to a route: waiters may go there
             self.state.wake(name)
+
+    def _usable_again(self, host: str) -> None:
+        """A host that was down is up again: it offers its free slots to the requests waiting,
+        and what the prefix index knew of its cache is forgotten. Whatever made it go down
+        (a restart, most often) may have emptied its cache: the next answers are its word on
+        what it holds now, not losses to count against it (`crossbar_cache_lost_total`, the
+        cards' hint to change a setting)."""
+        self.prefixes.forget([host])
+        self.state.wake(host)
 
     def serves(self, route: RouteConfig, model: str) -> bool:
         """Whether any enabled host of the route lists the model."""
