@@ -449,8 +449,10 @@ def shared_slot_lost(gateway) -> float:
 
 @pytest.fixture
 def fake_of_two() -> Iterator[FakeLlamaServer]:
-    """A fake llama-server with 2 slots: it keeps the last two prompts it was sent."""
-    with FakeLlamaServer(slots=2) as server:
+    """A fake llama-server with 2 slots and no prompt cache beyond them (`--cache-ram 0`): it
+    keeps the last two prompts it was sent, so a slot another conversation took keeps only
+    what the two share, as llama-server at its default --slot-prompt-similarity gives it."""
+    with FakeLlamaServer(slots=2, cache_ram=0) as server:
         yield server
 
 
