@@ -81,9 +81,10 @@ class LiveFleet:
         # the host is read anew.
         self._emptied: dict[tuple[str, str, int], object] = {}
         self._emptying: dict[tuple[str, str], object] = {}
-        # (host, model) -> answers that found only what they share with the slot's last
-        # conversation, and the host's description when that was last logged.
-        self._shared_lost: dict[tuple[str, str], int] = {}
+        # (host, model) -> the host's description and the answers since it was read that found
+        # only what they share with the slot's last conversation, and the description when
+        # that was last logged.
+        self._shared_lost: dict[tuple[str, str], tuple[object, int]] = {}
         self._shared_logged: dict[tuple[str, str], object] = {}
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
@@ -341,7 +342,10 @@ class LiveFleet:
 
     def _kept_shared(self, named: NamedSlot) -> None:
         pair = (named.host, named.key.model)
-        self._shared_lost[pair] = self._shared_lost.get(pair, 0) + 1  # one per (host, model)
+        since, count = self._shared_lost.get(pair, (named.described, 0))
+        if since is not named.described:  # read anew since: what was counted is of the past
+            count = 0
+        self._shared_lost[pair] = (named.described, count + 1)  # one per (host, model)
         if self._shared_logged.get(pair) is named.described:
             return
         self._shared_logged[pair] = named.described
@@ -355,9 +359,11 @@ class LiveFleet:
 
     def shared_slot_lost(self, host: str, model: str) -> int:
         """How many answers on `host` for `model` found only what they share with the
-        conversation that used their named slot last (`named_answered`), since this process
-        started."""
-        return self._shared_lost.get((host, model), 0)
+        conversation that used their named slot last (`named_answered`), since the host was
+        last read (it came up, or changed): a host restarted with another
+        --slot-prompt-similarity starts again from 0."""
+        since, count = self._shared_lost.get((host, model), (None, 0))
+        return count if since is not None and since is self.health.get(host).described else 0
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

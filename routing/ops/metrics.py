@@ -346,7 +346,8 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
         "prompts share, where the prefix index expected this conversation's own history: the "
         "host took the slot as it was (llama-server's --slot-prompt-similarity at its 0.1 "
         "default; 0.95 loads the conversation back from --cache-ram) or its --cache-ram no "
-        "longer held the conversation. Counted since this process started.",
+        "longer held the conversation. Counted since the host was last read (it came up or "
+        "changed): a host restarted, with the setting changed or not, starts again from 0.",
         labels=pairs,
     )
     for host in host_lives(runtime):
