@@ -283,8 +283,9 @@ def describe_live(states: HostStates, host: Host) -> str:
     ):
         lines.append((f"⚠ {fit.said}", ""))
     lines += [
-        (f"⚠ {m.name}: the host empties its slots between turns (a unified KV cache): "
-         "llama-server chooses them", "")
+        (f"⚠ {m.name}: the host emptied a slot between two turns twice since it came up (a "
+         "unified KV cache, or restarts not seen): llama-server chooses its slots until the "
+         "host is read again", "")
         for m in live.models
         if m.slot_naming is False
     ]  # fmt: skip

@@ -456,7 +456,7 @@ def test_a_host_that_gives_a_shared_slot_back_as_another_left_it_says_so_on_its_
     from playwright.sync_api import expect
 
     page = browser_page
-    with FakeLlamaServer(slots=2) as fake:
+    with FakeLlamaServer(slots=2, cache_ram=0) as fake:
         # A name of its own: the session's gateway counts each host name's since it started.
         add_route("chat", [add_host("gpu-taken-card", fake.url, models={MODEL: (2, 2)})])
         gateway.sync()
