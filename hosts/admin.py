@@ -114,11 +114,11 @@ class SlotCheckedFormSet(forms.BaseInlineFormSet):
             self.warnings.append(f"{host.name}: {fit.message}")
 
     def _worth_asking(self) -> bool:
-        changed = any({"name", "parallel"} & set(form.changed_data) for form in self.forms) or bool(
-            self.deleted_forms
-        )
-        if changed or self.instance.pk is None:
+        if self.deleted_forms or any(
+            {"name", "parallel"} & set(form.changed_data) for form in self.forms
+        ):
             return True
+        # A host not saved yet has no stored row: asked.
         stored = Host.objects.filter(pk=self.instance.pk).values("url", "api_key").first()
         return stored != {"url": self.instance.url, "api_key": self.instance.api_key}
 

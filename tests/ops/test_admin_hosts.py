@@ -511,3 +511,16 @@ def test_the_host_form_says_parallel_is_compared_with_the_hosts_slots_on_save(
 
     assert "compared with the slots the host&#x27;s /props says it has" in page
     assert "a host that does not answer is saved, with a warning" in page
+
+
+def test_moving_a_host_to_an_address_with_fewer_slots_is_refused(admin_client: Client) -> None:
+    with FakeLlamaServer(slots=4) as roomy, FakeLlamaServer(slots=1) as small:
+        gpu1 = add_host("gpu1", roomy.url, models={"llama3": (4, 8)})
+        rows = [{**row, "queue_max": "8"} for row in existing_rows(gpu1)]
+        response = admin_client.post(change_url(gpu1), host_form(rows, initial=1, url=small.url))
+
+    assert response.status_code == 200
+    assert "parallel 4 (llama3), but the host has 1 slot (its /props total_slots)" in (
+        response.content.decode()
+    )
+    assert Host.objects.get(name="gpu1").url == roomy.url
