@@ -9,12 +9,16 @@ dashboard's cards (`crossbar_cache_lost_total` feeds the "cache lost" figure and
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
 import pytest
 
+from hosts.actions import set_draining
 from tests.conftest import signed_in
 from tests.fleet import MODEL, add_host, add_route
 from tests.observe import series, slot_naming, wait_for_health_poll, wait_for_host_state
-from tests.proxy.test_slot_numbers import turn
+from tests.proxy.test_slot_numbers import conversation, turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,3 +82,43 @@ def test_a_host_stopped_and_started_again_counts_no_lost_cache(gateway, fake, ad
     assert warned(gateway) == before
     assert slot_naming(gateway.url) == {f"gpu1/{MODEL}": 1.0}
     assert "⚠" not in host_row(gateway)
+
+
+def test_bursts_past_the_slots_and_a_drain_across_two_hosts_warn_of_nothing(
+    gateway, fake, fake2, admin_user
+):
+    hosts = [
+        add_host(name, f.url, models={MODEL: (4, 2)})
+        for name, f in (("gpu1", fake), ("gpu2", fake2))
+    ]
+    add_route("chat", hosts)
+    gateway.sync()
+    wait_for_health_poll(fake)
+    wait_for_health_poll(fake2)
+    fake.token_delay = fake2.token_delay = 0.02
+    before = warned(gateway)
+    firsts = openings(16)
+
+    def burst(*later: str) -> None:
+        # 16 at once on 8 slots and 4 queue places: some wait, some spill, some are refused.
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda opening: burst_turn(gateway, opening, *later), firsts))
+
+    burst()
+    burst("and then?")
+    set_draining(["gpu1"], True)
+    gateway.sync()
+    burst("and then?", "and after the drain?")
+    set_draining(["gpu1"], False)
+    gateway.sync()
+    burst("and then?", "and after the drain?", "and now?")
+
+    assert warned(gateway) == before
+    assert slot_naming(gateway.url) == {f"gpu1/{MODEL}": 1.0, f"gpu2/{MODEL}": 1.0}
+    assert "⚠" not in host_row(gateway)
+
+
+def burst_turn(gateway, opening: str, *later: str) -> None:
+    """One turn of a burst: answered or refused, whichever the gateway chose."""
+    body = conversation(opening, *later)
+    httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=30)
