@@ -129,6 +129,7 @@ class RequestAdmin(admin.ModelAdmin):
                     "route",
                     "model",
                     "host",
+                    "refused_by",
                     "client",
                     "placement",
                     "lease",

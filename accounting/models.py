@@ -44,7 +44,11 @@ class Request(models.Model):
         max_length=64, blank=True, help_text="The conversation's fingerprint (hex sha256), if any."
     )
     model = models.CharField(max_length=200, blank=True)
-    host = models.CharField(max_length=64, blank=True, help_text="Empty when no host was chosen.")
+    host = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="Empty when no host was chosen, and when the route refused the request.",
+    )
     started = models.DateTimeField(db_index=True)
     queued_ms = models.PositiveIntegerField("queued (ms)", help_text="Waiting for a slot.")
     ttfb_ms = models.PositiveIntegerField(
@@ -83,8 +87,8 @@ class Request(models.Model):
     )
     refused_by = models.TextField(
         blank=True,
-        help_text="The hosts that were full when the request was refused (queue_full), "
-        "separated by spaces; `host` is the first of them.",
+        help_text="The hosts that were full when the route refused the request (queue_full), "
+        "separated by spaces. The refusal is the route's: `host` is empty.",
     )
     # The gateway's prefix index against the host's own word, in blocks of the prompt (256
     # characters of its canonical text, or 64 token ids: routing/core/prefixes.py).

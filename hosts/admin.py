@@ -21,6 +21,7 @@ from hosts.describe import Unreachable
 from hosts.live import HostStates, host_states
 from hosts.models import DRAINING, Host, HostModel
 from hosts.routes_left import left_lines, routes_left_without
+from hosts.slots import ROUTER_SAYS_NO_SLOTS, slot_fit, slots_or_why
 
 _LEVELS = {"success": messages.SUCCESS, "warning": messages.WARNING, "error": messages.ERROR}
 
@@ -64,8 +65,68 @@ class HostForm(forms.ModelForm):
         return cleaned
 
 
+class HostModelForm(forms.ModelForm):
+    class Meta:
+        model = HostModel
+        fields = ["name", "upstream_name", "parallel", "queue_max"]
+        help_texts = {
+            "parallel": "Requests in flight at once (llama-server's -np). On save, compared "
+            "with the slots the host's /props says it has, as crossbar_config check does: "
+            "more than its slots is refused; a host that does not answer is saved, with a "
+            "warning."
+        }
+
+
+class SlotCheckedFormSet(forms.BaseInlineFormSet):
+    """A host's models, whose `parallel` together must fit the slots the host says it has
+    (`hosts.slots`, the rule `crossbar_config check` and `load` apply). Asked only when the
+    host is new, its address or key changed, or a model's name or parallel changed (or a
+    model came or went): a drain is not held up by a host that does not answer. What is not
+    an error is in `warnings`, for the save's messages."""
+
+    instance: Host
+
+    def clean(self) -> None:
+        super().clean()
+        self.warnings: list[str] = []
+        if any(form.errors for form in self.forms) or not self._worth_asking():
+            return
+        deleted = set(self.deleted_forms)
+        parallel = {
+            form.cleaned_data["name"]: form.cleaned_data["parallel"]
+            for form in self.forms
+            if form not in deleted and form.cleaned_data.get("name")
+        }
+        if not parallel or not self.instance.url:
+            return
+        host = self.instance
+        slots = slots_or_why(host.url, host.api_key)
+        if isinstance(slots, str):
+            if slots != ROUTER_SAYS_NO_SLOTS:
+                self.warnings.append(
+                    f"{host.name}: saved, but parallel not compared with the host's slots: {slots}"
+                )
+            return
+        fit = slot_fit(parallel, slots)
+        if fit is not None and fit.error:
+            raise forms.ValidationError(fit.message)
+        if fit is not None:
+            self.warnings.append(f"{host.name}: {fit.message}")
+
+    def _worth_asking(self) -> bool:
+        if self.deleted_forms or any(
+            {"name", "parallel"} & set(form.changed_data) for form in self.forms
+        ):
+            return True
+        # A host not saved yet has no stored row: asked.
+        stored = Host.objects.filter(pk=self.instance.pk).values("url", "api_key").first()
+        return stored != {"url": self.instance.url, "api_key": self.instance.api_key}
+
+
 class HostModelInline(admin.TabularInline):
     model = HostModel
+    form = HostModelForm
+    formset = SlotCheckedFormSet
     fields = ["name", "upstream_name", "parallel", "queue_max"]
     extra = 1
 
@@ -155,6 +216,12 @@ class HostAdmin(admin.ModelAdmin):
         for line in left_lines(left):
             self.message_user(request, line, messages.WARNING)
 
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        for formset in formsets:
+            for line in getattr(formset, "warnings", ()):
+                self.message_user(request, line, messages.WARNING)
+
     @admin.action(description="Stop draining the selected hosts")
     def stop_draining(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
         self._drain(request, queryset, draining=False)
@@ -215,14 +282,14 @@ def describe_live(states: HostStates, host: Host) -> str:
     ]
     # A parallel above the host's slots queues inside llama-server, where the gateway cannot
     # see it; below, slots stay idle.
+    if live.slots is not None and (
+        fit := slot_fit({m.name: m.parallel for m in live.models}, live.slots)
+    ):
+        lines.append((f"⚠ {fit.said}", ""))
     lines += [
-        (f"⚠ {m.name}: parallel {m.parallel}, but the host has {live.slots} slots", "")
-        for m in live.models
-        if live.slots is not None and m.parallel != live.slots
-    ]
-    lines += [
-        (f"⚠ {m.name}: the host empties its slots between turns (a unified KV cache): "
-         "llama-server chooses them", "")
+        (f"⚠ {m.name}: the host emptied a slot between two turns twice since it came up (a "
+         "unified KV cache, or restarts not seen): llama-server chooses its slots until the "
+         "host is read again", "")
         for m in live.models
         if m.slot_naming is False
     ]  # fmt: skip

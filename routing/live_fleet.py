@@ -62,8 +62,7 @@ class LiveFleet:
         self.rankings = Rankings(self._candidate)
         touch = self.rankings.touch
         self.state = make_state(touch)
-        # A host that becomes usable again offers its free slots to the requests waiting.
-        self.health = HealthTable(on_eligible=self.state.wake, on_change=touch)
+        self.health = HealthTable(on_eligible=self._usable_again, on_change=touch)
         # What each host's KV cache holds, as this process has seen it (routing/core/prefixes.py);
         # with shared state too, each process keeps its own (docs/replicas.md).
         self.prefixes = prefixes
@@ -82,9 +81,10 @@ class LiveFleet:
         # the host is read anew.
         self._emptied: dict[tuple[str, str, int], object] = {}
         self._emptying: dict[tuple[str, str], object] = {}
-        # (host, model) -> answers that found only what they share with the slot's last
-        # conversation, and the host's description when that was last logged.
-        self._shared_lost: dict[tuple[str, str], int] = {}
+        # (host, model) -> the host's description and the answers since it was read that found
+        # only what they share with the slot's last conversation, and the description when
+        # that was last logged.
+        self._shared_lost: dict[tuple[str, str], tuple[object, int]] = {}
         self._shared_logged: dict[tuple[str, str], object] = {}
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
@@ -124,6 +124,15 @@ class LiveFleet:
         }
         for name in config.hosts:  # undrained, enabled or added to a route: waiters may go there
             self.state.wake(name)
+
+    def _usable_again(self, host: str) -> None:
+        """A host that was down is up again: it offers its free slots to the requests waiting,
+        and what the prefix index knew of its cache is forgotten. Whatever made it go down
+        (a restart, most often) may have emptied its cache: the next answers are its word on
+        what it holds now, not losses to count against it (`crossbar_cache_lost_total`, the
+        cards' hint to change a setting)."""
+        self.prefixes.forget([host])
+        self.state.wake(host)
 
     def serves(self, route: RouteConfig, model: str) -> bool:
         """Whether any enabled host of the route lists the model."""
@@ -358,7 +367,10 @@ class LiveFleet:
 
     def _kept_shared(self, named: NamedSlot) -> None:
         pair = (named.host, named.key.model)
-        self._shared_lost[pair] = self._shared_lost.get(pair, 0) + 1  # one per (host, model)
+        since, count = self._shared_lost.get(pair, (named.described, 0))
+        if since is not named.described:  # read anew since: what was counted is of the past
+            count = 0
+        self._shared_lost[pair] = (named.described, count + 1)  # one per (host, model)
         if self._shared_logged.get(pair) is named.described:
             return
         self._shared_logged[pair] = named.described
@@ -372,9 +384,11 @@ class LiveFleet:
 
     def shared_slot_lost(self, host: str, model: str) -> int:
         """How many answers on `host` for `model` found only what they share with the
-        conversation that used their named slot last (`named_answered`), since this process
-        started."""
-        return self._shared_lost.get((host, model), 0)
+        conversation that used their named slot last (`named_answered`), since the host was
+        last read (it came up, or changed): a host restarted with another
+        --slot-prompt-similarity starts again from 0."""
+        since, count = self._shared_lost.get((host, model), (None, 0))
+        return count if since is not None and since is self.health.get(host).described else 0
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

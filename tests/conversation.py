@@ -55,8 +55,9 @@ def turns_on_a_shared_slot_taken_as_it_is(
     gateway_url: str, route: str, fake: FakeLlamaServer, host: str
 ) -> None:
     """Four turns through `route` to `fake` (the host `host`, with 2 slots in the fleet and in
-    the fake, which keeps its last two prompts), one at a time: three conversations whose
-    system prompts open with the same long tool list (slots 0, 1, then 0 again), then the first
+    the fake, which keeps its last two prompts: `cache_ram=0`), one at a time: three
+    conversations whose system prompts open with the same long tool list (slots 0, 1, then 0
+    again), then the first
     one's second turn. Back in slot 0, it finds only the tool list it shares with the third,
     as llama-server at its default --slot-prompt-similarity gives it: the gateway counts a
     shared slot lost (`crossbar_shared_slot_lost_total`). Returns once the gateway has read

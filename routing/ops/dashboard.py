@@ -184,6 +184,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         message["running"] = running_entries(self.runtime)
         message["running_total"] = len(self.runtime.running)
         message["cards"] = _cards()
+        message["route_refusals"] = history.route_refusals()
         await self.send_json(message)
 
     async def send_history(self, *, replace: bool) -> None:
@@ -279,8 +280,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
 # Not at one: a single loss is routine (a burst of new conversations evicts one), and the prefix
 # index forgets a lost prompt's blocks at once, so the same prompt counts again only if the host
 # evicts it again. Two in 5 minutes is a host evicting what it is sent again, which more room
-# cures; a restart also loses every conversation the host held, once each, so the hint says
-# "unless it restarted" rather than guess.
+# cures. A restart the poller sees is not counted (the index forgets the host's cache when it
+# comes back up: `LiveFleet._usable_again`); one it did not see is, once per conversation, and
+# the hint says so rather than guess.
 CACHE_LOST_RECURS = 2
 
 
@@ -290,10 +292,11 @@ def cache_lost_hint(lost: int) -> str | None:
     if lost < CACHE_LOST_RECURS:
         return None
     return (
-        f"Lost what it had cached {lost} times in {CARD_SECONDS // 60} minutes. Unless it"
-        " restarted, more slots (llama-server --parallel, and its parallel in crossbar), a"
-        " larger --cache-ram, or --slot-prompt-similarity 0.95 (a slot another conversation"
-        " took is then loaded back from --cache-ram) keep more."
+        f"Lost what it had cached {lost} times in {CARD_SECONDS // 60} minutes: answers held"
+        " less of their prompt than this gateway had sent the host, by more than a block"
+        " (after a restart the gateway saw, nothing is counted). More slots (llama-server"
+        " --parallel, and its parallel in crossbar) or a larger --cache-ram keep more; a"
+        f" restart it did not see leaves this card within {CARD_SECONDS // 60} minutes."
     )
 
 

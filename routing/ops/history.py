@@ -78,6 +78,9 @@ WINDOWS: dict[str, Window] = {
     "24h": Window("24h", 86400, 60),
 }
 RING_WINDOWS = ("5m", "1h")
+# The refusals that are a route's, not a host's: nothing free, nothing usable, its pinned host
+# down. Their rows name no host.
+ROUTE_REFUSALS = frozenset({"queue_full", "no_healthy_host", "pinned_host_down"})
 
 
 def outcome(status: int) -> str:
@@ -115,7 +118,7 @@ class Stats:
         self.cached = 0
         self.cold = 0
         self.cache_lost = 0  # answers whose host held less than the prefix index predicted
-        self.refused = 0  # queue_full refusals while this host was full (its own row or not)
+        self.refused = 0  # the route's queue_full refusals while this host was full
         self.flight_sum = 0.0
         self.queued_sum = 0.0
         self.samples = 0
@@ -290,6 +293,8 @@ class History:
             "5m": Ring(five.step, five.seconds // five.step + 1),
             "1h": Ring(hour.step, (hour.seconds + HOUR_RING_SPARE) // hour.step + 1),
         }
+        # The routes' own refusals, {route: Stats} a step, for the dashboard's 5 minutes.
+        self._routes = Ring(five.step, five.seconds // five.step + 1)
 
     @property
     def rebuilt(self) -> bool:
@@ -337,9 +342,14 @@ class History:
                     cold,
                     lost,
                 )
-                # The row counts once, under its host; the refusal counts on each full host.
+                # The row counts once, under its host (none for a route's refusal); the hosts
+                # that were full each count that they were.
                 for host in refused_by:
                     ring.at(moment, host).refused += 1
+            if not record.host and record.code in ROUTE_REFUSALS:
+                refusals = self._routes.at(moment, record.route)
+                refusals.refused += 1
+                refusals.codes[record.code] = refusals.codes.get(record.code, 0) + 1
 
     def sample(self, loads: Iterable[HostLoad], now: float | None = None) -> None:
         """Add one sample of each host's requests in flight and queue depth."""
@@ -412,6 +422,20 @@ class History:
         # The step in progress is only partly over: rates are over the time that has passed.
         span = CARD_SECONDS - spec.step + (moment - last)
         return {host: _card(stats, span) for host, stats in sorted(merged.items())}
+
+    def route_refusals(self, now: float | None = None) -> dict[str, dict[str, Any]]:
+        """Per route, the requests it refused itself in the last `CARD_SECONDS` (no host was
+        free or usable): `{"refused": n, "codes": {code: n}}`."""
+        spec = WINDOWS["5m"]
+        moment = self._clock() if now is None else now
+        last = int(moment // spec.step) * spec.step
+        with self._lock:
+            steps = self._routes.steps(last - CARD_SECONDS + spec.step, last)
+            merged = _merged(slot for _, slot in steps)
+        return {
+            route: {"refused": stats.refused, "codes": dict(sorted(stats.codes.items()))}
+            for route, stats in sorted(merged.items())
+        }
 
 
 def _merged(slots: Iterable[dict[str, Stats]]) -> dict[str, Stats]:

@@ -153,8 +153,10 @@ FALLBACKS = Counter(
 )
 REFUSALS = Counter(
     "crossbar_refusals",
-    "Requests refused while the host was full (slots and queue), as was every other usable "
-    "host of the route: one refusal counts once on each such host (code queue_full).",
+    "Requests the route refused while this host was full (slots and queue), as was every "
+    "other usable host of the route: one refusal counts once on each such host (code "
+    "queue_full). The refusal itself is the route's: crossbar_requests_total counts it with "
+    "no host.",
     [*_PLACE, "code"],
     registry=REGISTRY,
 )
@@ -233,7 +235,9 @@ def _series_for(route: str, host: str, model: str) -> _Series:
 
 def observe(record: RequestRecord) -> None:
     """Count one finished request. Cheap, thread-safe, never touches the database."""
-    model = record.model if record.host else ""
+    # A model no host served may be any name a client sent; the model of a refusal is one the
+    # full hosts serve.
+    model = record.model if record.host or record.refused_by else ""
     status = str(record.status)
     code = code_label(record.code)
     # An unknown route's name is whatever the client sent: its row keeps it, a label may not.
@@ -348,7 +352,8 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
         "prompts share, where the prefix index expected this conversation's own history: the "
         "host took the slot as it was (llama-server's --slot-prompt-similarity at its 0.1 "
         "default; 0.95 loads the conversation back from --cache-ram) or its --cache-ram no "
-        "longer held the conversation. Counted since this process started.",
+        "longer held the conversation. Counted since the host was last read (it came up or "
+        "changed): a host restarted, with the setting changed or not, starts again from 0.",
         labels=pairs,
     )
     for host in host_lives(runtime):

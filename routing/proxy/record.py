@@ -62,7 +62,7 @@ class Trail(NamedTuple):
     ttfb_ms: int | None = None
     streamed: bool = False
     running: RunningRequest | None = None  # its line in the dashboard's running requests
-    refused_by: tuple[str, ...] = ()  # the full hosts a queue_full refusal counts against
+    refused_by: tuple[str, ...] = ()  # the hosts that were full when the route refused it
     prefix: Prefix = NO_PREFIX  # the prompt in blocks (routing/core/prefixes.py)
     predicted_blocks: int | None = None  # the prefix index's guess of the host's cached blocks
     reported_blocks: int | None = None  # the host's word (its cached tokens, in blocks)
@@ -87,9 +87,9 @@ class Trail(NamedTuple):
 
 
 def refused_by(trail: Trail, hosts: tuple[str, ...]) -> Trail:
-    """A request refused because `hosts` were full: its row names the first (where it would
-    have waited) and lists them all, so each host's figures count the refusal."""
-    return trail._replace(host=hosts[0] if hosts else trail.host, refused_by=hosts)
+    """A request the route refused because `hosts` were full: the refusal is the route's, so
+    its row names no host (no host failed it) and lists the full ones in `refused_by`."""
+    return trail._replace(host="", refused_by=hosts)
 
 
 def finish(

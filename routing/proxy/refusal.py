@@ -39,8 +39,9 @@ def explained(runtime: Runtime, route: RouteConfig, model: str | None, exc: Exce
 
 
 def counted_where_it_happened(trail: Trail, exc: Exception) -> Trail:
-    """The trail whose row counts `exc` where it happened: a queue_full against the hosts
-    that were full, an unknown route under the name the client sent."""
+    """The trail whose row counts `exc` where it happened: a queue_full on the route that
+    refused it (no host; the full ones listed), an unknown route under the name the client
+    sent."""
     if isinstance(exc, QueueFull):
         return refused_by(trail, exc.hosts)
     if isinstance(exc, UnknownRoute):

@@ -93,6 +93,18 @@ def test_the_timings_are_labelled_in_milliseconds_on_a_requests_page(admin_clien
     assert {"Queued (ms)", "TTFB (ms)", "Total (ms)"} <= set(labels)
 
 
+def test_a_route_refusals_page_names_no_host_and_lists_the_hosts_that_were_full(
+    admin_client: Client,
+) -> None:
+    row = add(status=503, code="queue_full", host="", refused_by="gpu1 gpu2")
+
+    page = admin_client.get(f"{LIST}{row.pk}/change/").content.decode()
+    shown = re.search(r"field-refused_by.*?<div class=\"readonly\">(.*?)</div>", page, re.S)
+
+    assert shown is not None and shown.group(1) == "gpu1 gpu2"
+    assert re.search(r"field-host.*?<div class=\"readonly\">-</div>", page, re.S)
+
+
 @pytest.mark.parametrize(
     ("query", "expected"),
     [

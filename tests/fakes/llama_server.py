@@ -9,11 +9,15 @@ llama-server's native `/completion`, `/infill`, `/tokenize`, `/detokenize`,
 `/health`, CORS preflights, the `--api-key` check, and router mode (`--models-dir`,
 `--models-max`) with `/models/load` and `/models/unload`.
 
-What it simulates: a KV cache (`cache_n` is the longest prompt prefix, in words, shared with
-one of the last `slots` prompts: what its slots hold; `forget_cache()` empties them, as a
-restart does), `slots` requests at a time (one more gets HTTP 500), a request naming a busy
-slot (`id_slot`) waiting for that slot however idle the others (llama-server defers its task
-until that slot is free), a closed connection after
+What it simulates: the KV cache of a llama-server started as docs/config.md says (`-np`,
+`--cache-ram`, `--slot-prompt-similarity 0.95`), where a conversation finds its history in its
+slot or, when another took the slot, in the prompt cache: `cache_n` is the longest prompt
+prefix, in words, shared with one of the last `slots + cache_ram` prompts (`cache_ram=0` keeps
+what the slots alone hold); every prompt starts with the same token, as a chat template's or
+a BOS does, so a host that holds any prompt reports at least that one cached;
+`forget_cache()` empties it all, as a restart does), `slots` requests at a time (one more gets
+HTTP 500), a request naming a busy slot (`id_slot`) waiting for that slot however idle the
+others (llama-server defers its task until that slot is free), a closed connection after
 every stream although the headers say keep-alive, and model loads in router mode.
 
 Tests run it in a background thread with its own event loop (`with FakeLlamaServer() as fake:`)
@@ -64,6 +68,12 @@ FAIL_MODES = (
 )  # fmt: skip
 HEALTH_STATES = ("ok", "loading", "error")
 DEFAULT_MAX_TOKENS = 8
+# The token every prompt starts with (a BOS, a chat template's opening): a host holding any
+# prompt has at least this one of the next, as llama-server reports.
+OPENING = "<s>"
+# Prompts `--cache-ram` keeps beyond the slots: its default 8 GiB holds hundreds of a small
+# model's short conversations, so trying crossbar with the fake loses none to it.
+CACHE_RAM_PROMPTS = 256
 # reset_mid_stream cuts the connection after this many token events (or before the last one).
 RESET_AFTER_TOKENS = 3
 # short_stream sends this event of a stream whose Content-Length says this many bytes more.
@@ -185,7 +195,8 @@ class _Call:
 class FakeLlamaServer:
     """A llama-server stand-in listening on `host:port` (port 0 picks a free one).
 
-    Options: `slots` (its `-np`), `token_delay` (seconds before each token), `models` (the
+    Options: `slots` (its `-np`), `cache_ram` (prompts its `--cache-ram` keeps beyond the
+    slots'), `token_delay` (seconds before each token), `models` (the
     names a single-model server answers to and lists), `api_key` (like `--api-key`; several
     keys comma-separated), `first_token_delay` (seconds between a stream's head and its first
     event; a whole answer waits it too), `metrics`, `slots_endpoint`, `props` (like
@@ -227,6 +238,7 @@ class FakeLlamaServer:
         self,
         *,
         slots: int = 4,
+        cache_ram: int = CACHE_RAM_PROMPTS,
         token_delay: float = 0.0,
         models: tuple[str, ...] = ("test-model",),
         host: str = "127.0.0.1",
@@ -249,6 +261,7 @@ class FakeLlamaServer:
         _check_options(slots, token_delay, first_token_delay, models_max, load_delay)
         _check_router(router_models, models_max, load_on_startup, failing_models)
         self.slots = slots
+        self.cache_ram = cache_ram
         self.token_delay = token_delay
         self.first_token_delay = first_token_delay
         self.prompt_token_ms = 0.1
@@ -827,8 +840,9 @@ class FakeLlamaServer:
         self, kind: str, body: dict[str, Any], call: _Call, hold: _InFlight
     ) -> Generation:
         text = docs.prompt_text(kind, body)
-        words = docs.words(text) or ("<s>",)
-        recent = self._recent.setdefault(call.model, deque(maxlen=max(self.slots, 1)))
+        words = (OPENING, *docs.words(text))
+        kept = max(self.slots, 1) + self.cache_ram
+        recent = self._recent.setdefault(call.model, deque(maxlen=kept))
         cached = max((_common_prefix(words, seen) for seen in recent), default=0)
         # The real server re-evaluates at least the last prompt token.
         cache_n = min(cached, len(words) - 1)
@@ -1111,6 +1125,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9001)
     parser.add_argument("--slots", type=int, default=4, help="like -np: requests at a time")
+    parser.add_argument(
+        "--cache-ram",
+        type=int,
+        default=CACHE_RAM_PROMPTS,
+        help="prompts kept beyond the slots (like --cache-ram; 0: the slots' alone)",
+    )
     parser.add_argument("--token-delay", type=float, default=0.02, help="seconds per token")
     parser.add_argument(
         "--first-token-delay", type=float, default=0.0, help="seconds from head to first event"
@@ -1139,6 +1159,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         fake = FakeLlamaServer(
             slots=args.slots,
+            cache_ram=args.cache_ram,
             token_delay=args.token_delay,
             first_token_delay=args.first_token_delay,
             models=tuple(args.model or ["test-model"]),

@@ -58,7 +58,7 @@ def test_openai_client_streams_the_requested_tokens_then_usage(client: openai.Op
     assert text == "tok0 tok1 tok2 tok3 "
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None
-    assert chunks[-1].usage.prompt_tokens == 3
+    assert chunks[-1].usage.prompt_tokens == 4  # three words and the opening
     assert chunks[-1].usage.completion_tokens == 4
 
 
@@ -71,7 +71,7 @@ def test_last_content_chunk_carries_timings_and_finish_reason(fake: FakeLlamaSer
     assert response.headers["transfer-encoding"] == "chunked"
     assert [e["choices"][0]["finish_reason"] for e in events] == [None, "stop"]
     assert "usage" not in events[-1]
-    assert events[-1]["timings"]["prompt_n"] == 3
+    assert events[-1]["timings"]["prompt_n"] == 4
     assert events[-1]["timings"]["cache_n"] == 0
     assert events[-1]["timings"]["predicted_n"] == 2
 
@@ -81,7 +81,7 @@ def test_openai_client_gets_a_whole_completion_with_usage(client: openai.OpenAI)
 
     assert completion.choices[0].message.content == " ".join(f"tok{i}" for i in range(8)) + " "
     assert completion.usage is not None
-    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (5, 8)
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (6, 8)
 
 
 def test_text_completions_are_served_streamed_and_whole(client: openai.OpenAI):
@@ -104,11 +104,11 @@ def test_a_repeated_prompt_is_served_from_the_cache_but_its_last_token(fake: Fak
     longer = httpx.post(url, json=_chat(prompt + " more words")).json()
 
     assert repeat["timings"]["prompt_n"] == 1
-    assert repeat["timings"]["cache_n"] == 66
-    assert repeat["usage"]["prompt_tokens"] == 67
-    assert repeat["usage"]["prompt_tokens_details"]["cached_tokens"] == 66
-    assert longer["timings"]["cache_n"] == 67
-    assert longer["usage"]["prompt_tokens"] == 69
+    assert repeat["timings"]["cache_n"] == 67
+    assert repeat["usage"]["prompt_tokens"] == 68
+    assert repeat["usage"]["prompt_tokens_details"]["cached_tokens"] == 67
+    assert longer["timings"]["cache_n"] == 68
+    assert longer["usage"]["prompt_tokens"] == 70
 
 
 def test_a_prompt_after_the_cache_is_forgotten_finds_nothing_cached(fake: FakeLlamaServer):
@@ -120,7 +120,7 @@ def test_a_prompt_after_the_cache_is_forgotten_finds_nothing_cached(fake: FakeLl
     again = httpx.post(url, json=_chat(prompt + " and more")).json()
 
     assert again["timings"]["cache_n"] == 0
-    assert again["timings"]["prompt_n"] == 42
+    assert again["timings"]["prompt_n"] == 43
 
 
 def test_the_connection_is_closed_after_a_stream_despite_keep_alive(fake: FakeLlamaServer):
@@ -193,7 +193,7 @@ def test_the_tee_reads_the_same_counts_from_a_stream_and_a_whole_response(fake: 
                 tee.feed(chunk)
         counts.append(tee.usage())
 
-    assert counts == [Usage(3, 0, 8), Usage(3, 2, 8), Usage(3, 2, 8)]
+    assert counts == [Usage(4, 0, 8), Usage(4, 3, 8), Usage(4, 3, 8)]
 
 
 def test_health_reports_each_state(fake: FakeLlamaServer):
@@ -467,14 +467,14 @@ def test_openai_client_reads_a_responses_answer_whole_and_streamed(client: opena
 
     assert whole.output_text == "tok0 tok1 tok2 "
     assert whole.usage is not None
-    assert (whole.usage.input_tokens, whole.usage.output_tokens) == (2, 3)
+    assert (whole.usage.input_tokens, whole.usage.output_tokens) == (3, 3)
     assert events[0].type == "response.created"
     assert events[-1].type == "response.completed"
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == " ".join(f"tok{i}" for i in range(8)) + " "
     completed = events[-1].response
     assert completed.usage is not None
-    assert (completed.usage.input_tokens, completed.usage.output_tokens) == (4, 8)
+    assert (completed.usage.input_tokens, completed.usage.output_tokens) == (5, 8)
 
 
 def test_a_responses_stream_is_named_events_without_done(fake: FakeLlamaServer):
@@ -520,7 +520,7 @@ def test_anthropic_messages_stream_from_message_start_to_message_stop(fake: Fake
         "message_stop",
     ]
     start, delta = events[0][1], events[-2][1]
-    assert start["message"]["usage"] == {"input_tokens": 4, "output_tokens": 0}
+    assert start["message"]["usage"] == {"input_tokens": 5, "output_tokens": 0}
     assert start["message"]["model"] == "claude-ish"
     assert delta["usage"] == {"output_tokens": 3}
     assert delta["delta"]["stop_reason"] == "end_turn"
@@ -536,7 +536,7 @@ def test_anthropic_messages_whole_answer_counts_input_and_output_tokens(fake: Fa
 
     assert message["type"] == "message"
     assert message["content"] == [{"type": "text", "text": "tok0 tok1 "}]
-    assert message["usage"] == {"input_tokens": 3, "output_tokens": 2}
+    assert message["usage"] == {"input_tokens": 4, "output_tokens": 2}
     assert missing.status_code == 500
     assert missing.json()["error"]["message"] == "'messages' is required"
 
@@ -568,14 +568,15 @@ def test_native_completion_streams_tokens_then_a_final_event_with_timings(fake: 
         ("tok1 ", False),
         ("", True),
     ]
-    assert events[-1]["timings"]["prompt_n"] == 3
-    assert events[-1]["tokens_evaluated"] == 3
+    assert events[-1]["timings"]["prompt_n"] == 4
+    assert events[-1]["tokens_evaluated"] == 4
     document = whole.json()
     assert document["content"] == "tok0 tok1 tok2 "
     assert (document["tokens_predicted"], document["stop_type"]) == (3, "eos")
     assert document["timings"]["predicted_n"] == 3
-    # "one two" began the first prompt; its last token is evaluated again, as llama-server does.
-    assert document["tokens_cached"] == 1
+    # The opening and "one two" began the first prompt; its last token is evaluated again, as
+    # llama-server does.
+    assert document["tokens_cached"] == 2
 
 
 def test_infill_needs_a_prefix_and_a_suffix_and_answers_natively(fake: FakeLlamaServer):
@@ -736,7 +737,7 @@ def test_metrics_are_prometheus_text_with_llamacpp_names(fake: FakeLlamaServer):
             line.rsplit(" ", 1) for line in response.text.splitlines() if line[:1] != "#"
         )
     }
-    assert values["llamacpp:prompt_tokens_total"] == 3
+    assert values["llamacpp:prompt_tokens_total"] == 4
     assert values["llamacpp:tokens_predicted_total"] == 4
     assert values["llamacpp:requests_processing"] == 0
     assert len(families) == len(values) == 11
@@ -1185,3 +1186,41 @@ def test_the_command_line_refuses_bad_options_with_a_message():
     assert done.returncode == 2
     assert "not in router_models: b" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_conversation_among_more_than_its_slots_finds_its_history_in_the_prompt_cache(
+    fake: FakeLlamaServer,
+):
+    url = f"{fake.url}/v1/chat/completions"
+    first = " ".join(f"w{i}" for i in range(20))
+    httpx.post(url, json=_chat(first))
+    for other in range(2 * fake.slots):  # more conversations than slots came in between
+        httpx.post(url, json=_chat(f"other{other} conversation"))
+
+    again = httpx.post(url, json=_chat(first + " and more")).json()
+
+    assert again["timings"]["cache_n"] == 21  # the opening and its 20 words, as --cache-ram
+
+
+def test_a_new_prompt_finds_the_opening_every_prompt_shares_once_anything_is_cached(
+    fake: FakeLlamaServer,
+):
+    url = f"{fake.url}/v1/chat/completions"
+    alone = httpx.post(url, json=_chat("nothing before this")).json()
+    other = httpx.post(url, json=_chat("something else entirely")).json()
+
+    assert alone["timings"]["cache_n"] == 0
+    assert other["timings"]["cache_n"] == 1  # a chat template's opening, or a BOS
+
+
+def test_with_no_prompt_cache_a_host_keeps_only_what_its_slots_hold() -> None:
+    with FakeLlamaServer(slots=2, cache_ram=0) as fake:
+        url = f"{fake.url}/v1/chat/completions"
+        first = " ".join(f"w{i}" for i in range(20))
+        httpx.post(url, json=_chat(first))
+        for other in range(2):
+            httpx.post(url, json=_chat(f"other{other} conversation"))
+
+        again = httpx.post(url, json=_chat(first + " and more")).json()
+
+    assert again["timings"]["cache_n"] == 1  # the opening alone

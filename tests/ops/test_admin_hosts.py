@@ -467,3 +467,77 @@ def test_draining_is_said_one_way_on_the_host_form_and_in_the_docs(admin_client:
     assert "takes no new requests: the conversations leased to it move" in " ".join(
         (ROOT / "README.md").read_text().split()
     )
+
+
+def test_saving_a_parallel_above_the_hosts_slots_is_refused_in_the_checks_words(
+    admin_client: Client,
+) -> None:
+    with FakeLlamaServer(slots=1, models=("llama3",)) as fake:
+        response = admin_client.post(
+            ADD, host_form([{"name": "llama3", "parallel": "4"}], url=fake.url)
+        )
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert (
+        "parallel 4 (llama3), but the host has 1 slot (its /props total_slots): 3 of the "
+        "requests the gateway lets run there would wait inside the host" in page
+    )
+    assert "set parallel to 1." in page and "1 slots" not in page
+    assert not Host.objects.exists()
+
+
+def test_changing_a_hosts_parallel_below_its_slots_saves_with_a_warning(
+    admin_client: Client,
+) -> None:
+    with FakeLlamaServer(slots=4, models=("llama3",)) as fake:
+        gpu1 = add_host("gpu1", fake.url, models={"llama3": (4, 8)})
+        rows = [{**row, "parallel": "3"} for row in existing_rows(gpu1)]
+        response = admin_client.post(
+            change_url(gpu1), host_form(rows, initial=1, url=fake.url), follow=True
+        )
+
+    warnings = [str(m) for m in response.context["messages"] if m.level_tag == "warning"]
+    assert gpu1.models.get().parallel == 3
+    assert warnings == [
+        "gpu1: parallel 3 (llama3), but the host has 4 slots (its /props total_slots): 1 of "
+        "its slots stays idle; raise parallel to 4 to use them."
+    ]
+
+
+def test_saving_a_host_that_does_not_answer_saves_it_and_says_parallel_was_not_compared(
+    admin_client: Client,
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+
+    response = admin_client.post(
+        ADD, host_form([{"name": "llama3", "parallel": "4"}], url=url), follow=True
+    )
+
+    warnings = [str(m) for m in response.context["messages"] if m.level_tag == "warning"]
+    assert Host.objects.get(name="gpu1").models.get().parallel == 4
+    assert [w.split(" (")[0] for w in warnings] == [
+        "gpu1: saved, but parallel not compared with the host's slots: it did not answer"
+    ]
+
+
+def test_the_host_form_says_parallel_is_compared_with_the_hosts_slots_on_save(
+    admin_client: Client,
+) -> None:
+    page = admin_client.get(ADD).content.decode()
+
+    assert "compared with the slots the host&#x27;s /props says it has" in page
+    assert "a host that does not answer is saved, with a warning" in page
+
+
+def test_moving_a_host_to_an_address_with_fewer_slots_is_refused(admin_client: Client) -> None:
+    with FakeLlamaServer(slots=4) as roomy, FakeLlamaServer(slots=1) as small:
+        gpu1 = add_host("gpu1", roomy.url, models={"llama3": (4, 8)})
+        rows = [{**row, "queue_max": "8"} for row in existing_rows(gpu1)]
+        response = admin_client.post(change_url(gpu1), host_form(rows, initial=1, url=small.url))
+
+    assert response.status_code == 200
+    assert "parallel 4 (llama3), but the host has 1 slot (its /props total_slots)" in (
+        response.content.decode()
+    )
+    assert Host.objects.get(name="gpu1").url == roomy.url

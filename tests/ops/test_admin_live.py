@@ -73,7 +73,7 @@ def test_the_host_list_warns_when_parallel_differs_from_the_hosts_own_slots(
         what="a health poll that read the host's slots",
     )
 
-    assert f"{MODEL}: parallel 2, but the host has 4 slots" in page
+    assert f"parallel 2 ({MODEL}), but the host has 4 slots" in page
 
 
 def test_the_host_list_says_when_the_host_empties_its_slots_between_turns(
@@ -87,15 +87,16 @@ def test_the_host_list_says_when_the_host_empties_its_slots_between_turns(
     page = signed_in(gateway).get("/admin/hosts/host/").text
 
     assert (
-        f"⚠ {MODEL}: the host empties its slots between turns (a unified KV cache): "
-        "llama-server chooses them" in page
+        f"⚠ {MODEL}: the host emptied a slot between two turns twice since it came up (a "
+        "unified KV cache, or restarts not seen): llama-server chooses its slots until the "
+        "host is read again" in page
     )
 
 
 def test_the_host_list_says_when_the_host_gives_a_shared_slot_back_as_another_left_it(
     gateway, admin_user
 ):
-    with FakeLlamaServer(slots=2) as fake:
+    with FakeLlamaServer(slots=2, cache_ram=0) as fake:
         # A name of its own: the session's gateway counts each host name's since it started.
         add_route("chat", [add_host("gpu-taken-list", fake.url, models={MODEL: (2, 2)})])
         gateway.sync()

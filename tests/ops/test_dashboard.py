@@ -478,8 +478,9 @@ def test_a_host_card_counts_each_lost_cache_and_hints_at_more_room_once_it_recur
     assert once["requests"] == 2 and once["cache_lost_hint"] is None
     assert twice["requests"] == 3
     assert twice["cache_lost_hint"] == (
-        "Lost what it had cached 2 times in 5 minutes. Unless it restarted, more slots"
-        " (llama-server --parallel, and its parallel in crossbar), a larger --cache-ram, or"
-        " --slot-prompt-similarity 0.95 (a slot another conversation took is then loaded back"
-        " from --cache-ram) keep more."
+        "Lost what it had cached 2 times in 5 minutes: answers held less of their prompt than"
+        " this gateway had sent the host, by more than a block (after a restart the gateway"
+        " saw, nothing is counted). More slots (llama-server --parallel, and its parallel in"
+        " crossbar) or a larger --cache-ram keep more; a restart it did not see leaves this"
+        " card within 5 minutes."
     )

@@ -416,7 +416,7 @@ def test_a_host_that_keeps_losing_its_cache_says_so_on_its_card_at_1366_and_1920
     card = page.locator('#hosts [data-host="gpu-forgetful"]')
     expect(card.locator('[data-figure="cache lost"]')).to_have_text("2", timeout=WAIT)
     hint = card.locator('[data-role="cache-lost-hint"]')
-    expect(hint).to_contain_text("Lost what it had cached 2 times in 5 minutes.")
+    expect(hint).to_contain_text("Lost what it had cached 2 times in 5 minutes:")
     expect(hint).to_contain_text("--parallel")
     lost_chart = page.locator('[data-chart="cache_lost"] .latest')
     expect(lost_chart).to_have_text("in this window: gpu-forgetful 2", timeout=WAIT)
@@ -456,7 +456,7 @@ def test_a_host_that_gives_a_shared_slot_back_as_another_left_it_says_so_on_its_
     from playwright.sync_api import expect
 
     page = browser_page
-    with FakeLlamaServer(slots=2) as fake:
+    with FakeLlamaServer(slots=2, cache_ram=0) as fake:
         # A name of its own: the session's gateway counts each host name's since it started.
         add_route("chat", [add_host("gpu-taken-card", fake.url, models={MODEL: (2, 2)})])
         gateway.sync()

@@ -115,19 +115,26 @@ def test_a_request_that_reached_no_host_counts_for_the_fleet_only() -> None:
     assert point["hosts"] == {}
 
 
-def test_a_queue_full_counts_once_in_the_totals_and_as_a_refusal_on_each_full_host() -> None:
+def test_a_queue_full_counts_once_in_the_totals_on_its_route_and_as_full_on_each_host() -> None:
     history = History()
-    refused = record(host="gpu1", status=503, code="queue_full", refused_by="gpu1 gpu2")
+    refused = record(host="", status=503, code="queue_full", refused_by="gpu1 gpu2")
     history.observe(refused, now=T0)
+    history.observe(record(host="", status=503, code="no_healthy_host"), now=T0)
     history.observe(record(host="gpu2"), now=T0)
 
     point = point_at(history.points("5m", now=T0), T0)
     cards = history.cards(now=T0 + 1)
 
-    assert point["requests"] == {"2xx": 1, "4xx": 0, "5xx": 1, "499": 0}
-    assert point["codes"] == {"queue_full": 1}
+    assert point["requests"] == {"2xx": 1, "4xx": 0, "5xx": 2, "499": 0}
+    assert point["codes"] == {"no_healthy_host": 1, "queue_full": 1}
     assert (cards["gpu1"]["refused"], cards["gpu2"]["refused"]) == (1, 1)
-    assert cards["gpu1"]["codes"] == {"queue_full": 1} and cards["gpu2"]["codes"] == {}
+    # Neither host failed the request: their errors and codes count none of it.
+    for host in ("gpu1", "gpu2"):
+        assert cards[host]["outcomes"]["5xx"] == 0 and cards[host]["codes"] == {}
+    assert history.route_refusals(now=T0 + 1) == {
+        "chat": {"refused": 2, "codes": {"no_healthy_host": 1, "queue_full": 1}}
+    }
+    assert history.route_refusals(now=T0 + 301) == {}  # past the 5 minutes
 
 
 def test_samples_give_each_hosts_mean_in_flight_and_queue_per_step() -> None:

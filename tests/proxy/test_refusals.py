@@ -8,12 +8,14 @@ receives them. `CROSSBAR_TEST_SHARED=1` runs the same tests on the Redis-shared 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 import httpx
 import pytest
+from django.core.management import call_command
 
 from accounting.models import Request
 from tests.conftest import Gateway, free_port, wait_until
@@ -75,7 +77,7 @@ def key(name: str, **labels: str) -> str:
 # -- queue_full ---------------------------------------------------------------------------------
 
 
-def test_a_full_route_refuses_naming_each_full_host_with_its_counts_and_counts_it_on_each(
+def test_a_full_route_refuses_naming_each_full_host_and_counts_the_refusal_on_the_route(
     gateway, fake, fake2, admin_user, ledger
 ):
     hosts = {"gpu1": fake, "gpu2": fake2}
@@ -93,15 +95,17 @@ def test_a_full_route_refuses_naming_each_full_host_with_its_counts_and_counts_i
         # The session's gateway keeps 5 minutes of each host's figures: an earlier test's
         # refusals on hosts of these names may be among them.
         earlier = {h: before["cards"].get(h, {}) for h in hosts}
+        route_before = before["route_refusals"].get("chat", {}).get("refused", 0)
         refused = ledger.client.post(CHAT, json=chat("one too many"))
         assert refused.status_code == 503, refused.text
-        cards = state_where(
+        after = state_where(
             socket,
             lambda m: all(
                 m["cards"].get(h, {}).get("refused", 0) == earlier[h].get("refused", 0) + 1
                 for h in hosts
             ),
-        )["cards"]
+        )
+        cards = after["cards"]
 
     error = refused.json()["error"]
     assert refused.status_code == 503 and error["code"] == "queue_full"
@@ -119,14 +123,18 @@ def test_a_full_route_refuses_naming_each_full_host_with_its_counts_and_counts_i
     # "Running now": each queued request names the host whose line it is in, and its place.
     waiting = sorted((r["line"], r["place"]) for r in running if not r["host"])
     assert waiting == [("gpu1", 1), ("gpu2", 1)]
-    # Counted where it happened: the row under the first full host, listing both; a refusal
-    # on each host's card and in each host's metric; one request in the request counter.
+    # Counted where it happened: the refusal is the route's, so its row names no host and
+    # lists the full ones; no host's card counts it among its errors, the route's line does;
+    # each full host's card and metric say it was full; one request in the request counter,
+    # with no host.
     row = row_of(ledger, code="queue_full")
-    assert (row.status, row.route, row.model) == (503, "chat", MODEL)
-    assert set(row.refused_by.split()) == set(hosts) and row.host == row.refused_by.split()[0]
+    assert (row.status, row.route, row.model, row.host) == (503, "chat", MODEL, "")
+    assert set(row.refused_by.split()) == set(hosts)
     assert row.error == error["message"]
-    full_before = earlier[row.host].get("codes", {}).get("queue_full", 0)
-    assert cards[row.host]["codes"].get("queue_full") == full_before + 1
+    for name in hosts:
+        assert cards[name]["codes"] == earlier[name].get("codes", {})
+        assert cards[name]["outcomes"]["5xx"] == earlier[name].get("outcomes", {}).get("5xx", 0)
+    assert after["route_refusals"]["chat"]["refused"] == route_before + 1
     refusals = grew(refusals_before, counters(gateway, "crossbar_refusals_total"))
     assert refusals == {
         key("crossbar_refusals_total", route="chat", host=name, model=MODEL, code="queue_full"): 1
@@ -137,7 +145,21 @@ def test_a_full_route_refuses_naming_each_full_host_with_its_counts_and_counts_i
         for key, n in grew(requests_before, counters(gateway, "crossbar_requests_total")).items()
         if "'queue_full'" in key
     }
-    assert list(queue_full.values()) == [1.0] and f"'{row.host}'" in next(iter(queue_full))
+    assert queue_full == {
+        key(
+            "crossbar_requests_total",
+            route="chat",
+            host="",
+            model=MODEL,
+            status="503",
+            code="queue_full",
+        ): 1
+    }
+    # requests_report --by host: the refusal under no host, none of the full hosts' 5xx.
+    wait_until(lambda: ledger.rows().count() == 5, what="the rows of the five requests")
+    report = json.loads(call_command("requests_report", "--by", "host", "--format", "json"))
+    by_host = {entry["host"]: entry for entry in report}
+    assert by_host[""]["5xx"] >= 1 and all(by_host[name]["5xx"] == 0 for name in hosts)
 
 
 # -- no_healthy_host and pinned_host_down -------------------------------------------------------

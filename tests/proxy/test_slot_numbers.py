@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests import wire
-from tests.conftest import running_gateway, wait_until
+from tests.conftest import running_gateway, signed_in, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import MODEL, POLLS, add_host, add_route, chat
 from tests.observe import (
@@ -468,8 +468,10 @@ def shared_slot_lost(gateway) -> float:
 
 @pytest.fixture
 def fake_of_two() -> Iterator[FakeLlamaServer]:
-    """A fake llama-server with 2 slots: it keeps the last two prompts it was sent."""
-    with FakeLlamaServer(slots=2) as server:
+    """A fake llama-server with 2 slots and no prompt cache beyond them (`--cache-ram 0`): it
+    keeps the last two prompts it was sent, so a slot another conversation took keeps only
+    what the two share, as llama-server at its default --slot-prompt-similarity gives it."""
+    with FakeLlamaServer(slots=2, cache_ram=0) as server:
         yield server
 
 
@@ -494,6 +496,31 @@ def test_a_conversation_given_back_only_the_opening_it_shares_with_its_slots_las
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0]
     assert shared_slot_lost(gateway) == before + 1
     assert "--slot-prompt-similarity 0.95" in gateway.log()
+
+
+def test_the_shared_slot_warning_clears_once_the_host_is_restarted(
+    gateway, fake_of_two, admin_user
+):
+    fake = fake_of_two
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+    gateway.sync()
+    wait_for_health_poll(fake)
+    first, second, third = (f"{SHARED} {opening(name)}" for name in ("one", "two", "three"))
+    for each in (first, second, third):
+        turn(gateway, each)
+    turn(gateway, first, "and then?")
+    assert shared_slot_lost(gateway) >= 1
+    admin = signed_in(gateway)
+    assert "on a shared slot got back only" in admin.get("/admin/hosts/host/").text
+
+    fake.fail_mode = "refuse"  # restarted, say with --slot-prompt-similarity 0.95
+    wait_for_host_state(gateway.url, "gpu1", "down")
+    fake.fail_mode = None
+    wait_for_host_state(gateway.url, "gpu1", "up")
+    wait_for_health_poll(fake)  # read anew
+
+    assert shared_slot_lost(gateway) == 0
+    assert "on a shared slot got back only" not in admin.get("/admin/hosts/host/").text
 
 
 def test_a_conversation_that_lost_its_own_slots_cache_is_not_counted_as_a_shared_slot(
