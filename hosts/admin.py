@@ -66,7 +66,7 @@ class HostForm(forms.ModelForm):
 
 class HostModelInline(admin.TabularInline):
     model = HostModel
-    fields = ["name", "upstream_name", "parallel", "queue_max"]
+    fields = ["name", "aliases", "upstream_name", "parallel", "queue_max"]
     extra = 1
 
 

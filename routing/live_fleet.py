@@ -19,7 +19,7 @@ Not thread-safe: use it on its event loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from accounting.report import is_cache_lost
 from hosts.describe import Described, ModelState
@@ -88,7 +88,8 @@ class LiveFleet:
         self._shared_logged: dict[tuple[str, str], object] = {}
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
-        self._served: dict[str, frozenset[str]] = {}  # the models each route serves
+        # Every name each route serves a model by, to the model's own (`Fleet.route_names`).
+        self._served: dict[str, Mapping[str, str]] = {}
         self.apply(config)
 
     def apply(self, config: Fleet) -> None:
@@ -113,20 +114,19 @@ class LiveFleet:
         self.config = config
         self.rankings.clear()
         self._route_hosts = {name: frozenset(route.hosts) for name, route in config.routes.items()}
-        self._served = {
-            name: frozenset(config.route_models(route)) for name, route in config.routes.items()
-        }
+        self._served = {name: config.route_names(route) for name, route in config.routes.items()}
         for name in config.hosts:  # undrained, enabled or added to a route: waiters may go there
             self.state.wake(name)
 
     def serves(self, route: RouteConfig, model: str) -> bool:
-        """Whether any enabled host of the route lists the model."""
-        return model in self._served.get(route.name, ())
+        """Whether any enabled host of the route serves the model under this, its own, name."""
+        return self._served.get(route.name, {}).get(model) == model
 
-    def served(self, route: RouteConfig) -> frozenset[str]:
-        """The models the route's enabled hosts list, kept at each reload: a request asks, and
-        `Fleet.route_models` walks every host of the route (4.5% of a request's CPU on 200)."""
-        return self._served.get(route.name, frozenset())
+    def served(self, route: RouteConfig) -> Mapping[str, str]:
+        """Every name the route's enabled hosts serve a model by (its own or an alias), to the
+        model's own name, kept at each reload: a request asks, and `Fleet.route_names` walks
+        every host of the route (4.5% of a request's CPU on 200)."""
+        return self._served.get(route.name, {})
 
     def usable(self, route: RouteConfig, model: str, name: str) -> bool:
         """Whether a host may take new work for this route and model right now."""
