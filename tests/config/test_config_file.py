@@ -349,8 +349,8 @@ default_modle = "llama3"
 
     assert (model.key, model.message) == (
         "hosts.gpu1.models.llama3.paralel",
-        "Unknown key; did you mean parallel? Expected one of name, parallel, queue_max, "
-        "upstream_name.",
+        "Unknown key; did you mean parallel? Expected one of aliases, name, parallel, "
+        "queue_max, upstream_name.",
     )
     assert route.key == "routes.chat.default_modle"
     assert route.message.startswith(

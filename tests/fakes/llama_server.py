@@ -181,10 +181,11 @@ class FakeLlamaServer:
     Options: `slots` (its `-np`), `token_delay` (seconds before each token), `models` (the
     names a single-model server answers to and lists, each as a model of its own), `aliases`
     (other names of its first model, like `--alias first,other`: listed in its entry),
-    `api_key` (like `--api-key`; several keys comma-separated), `first_token_delay` (seconds between a stream's head and its first
-    event; a whole answer waits it too), `metrics`, `slots_endpoint`, `props` (like
-    `--metrics`, `--no-slots`, `--props`), `embeddings` and `reranking` (whether those
-    endpoints work or answer 501), `lora_adapters` (paths of `--lora` adapters). Router mode,
+    `api_key` (like `--api-key`; several keys comma-separated), `first_token_delay` (seconds
+    between a stream's head and its first event; a whole answer waits it too), `metrics`,
+    `slots_endpoint`, `props` (like `--metrics`, `--no-slots`, `--props`), `embeddings` and
+    `reranking` (whether those endpoints work or answer 501), `lora_adapters` (paths of
+    `--lora` adapters). Router mode,
     when `router_models` names the models it can load: `models_max` (0: no limit),
     `load_delay` (seconds a load takes), `models_autoload`, `load_on_startup` (models loading
     from the start), `failing_models` (whose loads fail).

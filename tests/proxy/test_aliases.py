@@ -44,9 +44,7 @@ def test_two_aliases_of_a_model_with_one_slot_share_it_one_runs_while_the_other_
             running_while_queued = fake.in_flight
             fake.token_delay = 0
             answers = [first.result(), second.result()]
-        sent = [
-            json.loads(seen.body)["model"] for seen in fake.seen if seen.path not in POLLS
-        ]
+        sent = [json.loads(seen.body)["model"] for seen in fake.seen if seen.path not in POLLS]
 
     assert [a.status_code for a in answers] == [200, 200]
     assert running_while_queued == 1 and fake.max_concurrent == 1
