@@ -86,9 +86,10 @@ def _read_model(
     host: Host, configured: dict[str, HostModel], names: tuple[str, ...], slots: int | None
 ) -> list[Said]:
     """Add or update the model the host lists by `names` (its id, then its aliases): the
-    configured model with one of them as its name or upstream name, else a new one."""
-    model = next(
-        (m for m in configured.values() if m.name in names or m.upstream_name in names), None
+    configured model with the first of them as its name or upstream name, else a new one."""
+    model = next(  # the one by the id first: the others by an alias are that one's names
+        (m for name in names for m in configured.values() if name in (m.name, m.upstream_name)),
+        None,
     )
     said = []
     if model is None:

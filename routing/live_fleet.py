@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from accounting.report import is_cache_lost
 from hosts.describe import Described, ModelState
 from hosts.health import HealthTable, HostHealth
-from routing.config.shape import Fleet, HostConfig, RouteConfig
+from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig
 from routing.core.choose import Candidate
 from routing.core.leases import LeaseKey
 from routing.core.named_slots import (
@@ -393,7 +393,7 @@ class LiveFleet:
             health = self.health.get(name)
             known = health.loaded
             loaded = spec is not None and (
-                known is None or (spec.upstream_name or spec.name) in known
+                known is None or any(name in known for name in _host_names(spec))
             )
             free = self.state.free_for(name, model) if can_serve else 0
             queued = self.state.queued(name, model)
@@ -419,14 +419,16 @@ class LiveFleet:
         described = health.described
         if described is None or not described.router or not described.max_models:
             return False
-        running = [
+        running = [  # by id: a model's aliases are the same instance
             upstream
-            for upstream, state in described.models.items()
-            if state in (ModelState.LOADED, ModelState.LOADING)
+            for upstream in described.aliases or described.models
+            if described.models.get(upstream) in (ModelState.LOADED, ModelState.LOADING)
         ]
         if len(running) < described.max_models:
             return False
-        by_upstream = {(m.upstream_name or m.name): m.name for m in host.models.values()}
+        by_upstream = {
+            name: m.name for m in host.models.values() for name in reversed(_host_names(m))
+        }
         return all(
             (name := by_upstream.get(upstream)) is not None
             and (
@@ -436,3 +438,8 @@ class LiveFleet:
             )
             for upstream in running
         )
+
+
+def _host_names(model: ModelConfig) -> tuple[str, ...]:
+    """The names a host may list the model by: the one it is sent as, then its aliases."""
+    return (model.upstream_name or model.name, *model.aliases)
