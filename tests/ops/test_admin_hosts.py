@@ -455,7 +455,12 @@ def test_draining_a_routes_last_host_on_its_page_warns_after_the_save(
 def test_a_models_aliases_are_typed_and_shown_as_names_separated_by_commas(
     admin_client: Client,
 ) -> None:
-    row = {"name": "qwen", "parallel": "4", "queue_max": "8", "aliases": "chat,  fast"}
+    row: dict[str, object] = {
+        "name": "qwen",
+        "parallel": "4",
+        "queue_max": "8",
+        "aliases": "chat,  fast",
+    }
     added = admin_client.post(ADD, host_form([row]))
     host = Host.objects.get(name="gpu1")
 
