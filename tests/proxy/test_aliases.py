@@ -24,13 +24,14 @@ def with_aliases(host, model: str, *aliases: str) -> None:
 
 
 def ask(gateway, model: str, content: str) -> httpx.Response:
-    body = {"model": model, "messages": [{"role": "user", "content": content}], "stream": True}
+    messages = [{"role": "user", "content": content}]
+    body = {"model": model, "messages": messages, "stream": True, "max_tokens": 100}
     return httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=60)
 
 
 def test_two_aliases_of_a_model_with_one_slot_share_it_one_runs_while_the_other_waits(gateway):
     with FakeLlamaServer(slots=1, models=("qwen",), aliases=("chat", "fast")) as fake:
-        fake.token_delay = 0.1  # the first holds its slot until the test lets it finish
+        fake.token_delay = 0.1  # each takes 10 s, until the test lets them finish
         host = add_host("gpu1", fake.url, models={"qwen": (1, 1)})
         with_aliases(host, "qwen", "chat", "fast")
         add_route("chat", [host])
