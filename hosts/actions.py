@@ -45,8 +45,9 @@ def read_from_host(host: Host) -> list[Said]:
     """Fill the host's models and their `parallel` from what the host says of itself.
 
     Each model the host lists is added (or kept) with `parallel` = the host's `total_slots`
-    when it says one; a configured model the host does not list is left and warned about. Then
-    the host's `parallel` is judged against its slots, as `crossbar_config check` does
+    when it says one, and the other names it lists for it as its aliases; a configured model
+    the host does not list, or lists as another's alias, is left and warned about. Then the
+    host's `parallel` is judged against its slots, as `crossbar_config check` does
     (`hosts.slots`): their sum above the slots is an error, below them a warning.
     Returns one line per change, warning or error. Raises `Unreachable` when the host does
     not answer. Blocking I/O: call from a view's thread or a command.
@@ -55,31 +56,20 @@ def read_from_host(host: Host) -> list[Said]:
     said: list[Said] = []
     with transaction.atomic():
         configured = {model.name: model for model in host.models.all()}
-        for name in described.models:
-            model = configured.get(name) or next(
-                (m for m in configured.values() if m.upstream_name == name), None
-            )
-            if model is None:
-                model = HostModel(host=host, name=name)
-                if described.slots:
-                    model.parallel = described.slots
-                model.save()
-                configured[name] = model
-                text = f"{host.name}: added model {name} (parallel {model.parallel})"
-                said.append(Said("success", text))
-            elif described.slots and model.parallel != described.slots:
+        for listed, aliases in described.aliases.items():
+            said += _read_model(host, configured, (listed, *aliases), described.slots)
+        listed_names = set(described.models)
+        alias_of = {alias: m.name for m in configured.values() for alias in m.aliases}
+        for model in configured.values():
+            if model.name in alias_of:
                 said.append(
                     Said(
-                        "success",
-                        f"{host.name}: {model.name} parallel {model.parallel} -> "
-                        f"{described.slots}, the host's slots",
+                        "warning",
+                        f"{host.name}: {model.name} is now an alias of {alias_of[model.name]}, "
+                        "whose slots it shares: delete the model of its own",
                     )
                 )
-                model.parallel = described.slots
-                model.save(update_fields=["parallel"])
-        listed = set(described.models)
-        for model in configured.values():
-            if model.name not in listed and model.upstream_name not in listed:
+            elif model.name not in listed_names and model.upstream_name not in listed_names:
                 said.append(
                     Said(
                         "warning",
@@ -89,6 +79,44 @@ def read_from_host(host: Host) -> list[Said]:
     parallel = {model.name: model.parallel for model in configured.values()}
     if described.slots and (fit := slot_fit(parallel, described.slots)):
         said.append(Said("error" if fit.error else "warning", f"{host.name}: {fit.message}"))
+    return said
+
+
+def _read_model(
+    host: Host, configured: dict[str, HostModel], names: tuple[str, ...], slots: int | None
+) -> list[Said]:
+    """Add or update the model the host lists by `names` (its id, then its aliases): the
+    configured model with the first of them as its name or upstream name, else a new one."""
+    model = next(  # the one by the id first: the others by an alias are that one's names
+        (m for name in names for m in configured.values() if name in (m.name, m.upstream_name)),
+        None,
+    )
+    said = []
+    if model is None:
+        model = HostModel(host=host, name=names[0])
+        if slots:
+            model.parallel = slots
+        model.save()
+        configured[model.name] = model
+        said.append(
+            Said("success", f"{host.name}: added model {model.name} (parallel {model.parallel})")
+        )
+    elif slots and model.parallel != slots:
+        said.append(
+            Said(
+                "success",
+                f"{host.name}: {model.name} parallel {model.parallel} -> {slots}, the host's slots",
+            )
+        )
+        model.parallel = slots
+        model.save(update_fields=["parallel"])
+    aliases = [name for name in names if name not in (model.name, model.upstream_name)]
+    if list(model.aliases) != aliases:
+        said.append(
+            Said("success", f"{host.name}: {model.name} aliases {', '.join(aliases) or 'none'}")
+        )
+        model.aliases = aliases
+        model.save(update_fields=["aliases"])
     return said
 
 

@@ -68,7 +68,7 @@ class HostForm(forms.ModelForm):
 class HostModelForm(forms.ModelForm):
     class Meta:
         model = HostModel
-        fields = ["name", "upstream_name", "parallel", "queue_max"]
+        fields = ["name", "aliases", "upstream_name", "parallel", "queue_max"]
         help_texts = {
             "parallel": "Requests in flight at once (llama-server's -np). On save, compared "
             "with the slots the host's /props says it has, as crossbar_config check does: "
@@ -127,7 +127,7 @@ class HostModelInline(admin.TabularInline):
     model = HostModel
     form = HostModelForm
     formset = SlotCheckedFormSet
-    fields = ["name", "upstream_name", "parallel", "queue_max"]
+    fields = ["name", "aliases", "upstream_name", "parallel", "queue_max"]
     extra = 1
 
 

@@ -45,7 +45,10 @@ class Described:
     alias: str = ""
     router: bool = False
     max_models: int | None = None  # a router: models loaded at once (`--models-max`)
-    models: dict[str, ModelState] = field(default_factory=dict)  # id -> state, in its order
+    # Each name it answers to (an id, an alias) -> its model's state, in its order.
+    models: dict[str, ModelState] = field(default_factory=dict)
+    # Each id it lists -> its other names (llama-server's `--alias`), in its order.
+    aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def loaded(self) -> frozenset[str]:
@@ -66,22 +69,43 @@ def describe(props: object, models: object) -> Described:
         router=router,
         max_models=_count(props.get("max_instances")) if router else None,
         models=_model_states(models),
+        aliases=_aliases(models),
     )
 
 
 def with_models(described: Described, models: object) -> Described:
     """`described` with the model states of a newer `/v1/models` answer (a router's change as
     it loads and unloads; its `/props` does not)."""
-    return dataclasses.replace(described, models=_model_states(models))
+    return dataclasses.replace(described, models=_model_states(models), aliases=_aliases(models))
+
+
+def _entries(payload: object) -> list[dict[str, object]]:
+    """The entries of a `/v1/models` answer that have an id."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        return []
+    return [e for e in payload["data"] if isinstance(e, dict) and isinstance(e.get("id"), str)]
+
+
+def _aliases(payload: object) -> dict[str, tuple[str, ...]]:
+    """Each id's other names. llama-server lists the id among its `aliases` (`--alias a,b`
+    gives id `a`, aliases `["a", "b"]`); a name listed under an earlier id is that one's."""
+    taken: set[str] = set()
+    aliases: dict[str, tuple[str, ...]] = {}
+    for entry in _entries(payload):
+        own = str(entry["id"])
+        if own in taken:  # an earlier model's alias: that model's
+            continue
+        listed = entry.get("aliases")
+        names = [n for n in (listed if isinstance(listed, list) else ()) if isinstance(n, str)]
+        taken.add(own)
+        aliases[own] = tuple(n for n in dict.fromkeys(names) if n not in taken)
+        taken.update(aliases[own])
+    return aliases
 
 
 def _model_states(payload: object) -> dict[str, ModelState]:
-    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
-        return {}
     states: dict[str, ModelState] = {}
-    for entry in payload["data"]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            continue
+    for entry in _entries(payload):
         status = entry.get("status")
         state = ModelState.LOADED
         if isinstance(status, dict):
@@ -90,8 +114,9 @@ def _model_states(payload: object) -> dict[str, ModelState]:
                 state = ModelState.FAILED
             elif value in ("loading", "unloaded"):
                 state = ModelState(value)
-        states[entry["id"]] = state
-        for alias in entry.get("aliases") or ():
+        states[str(entry["id"])] = state
+        aliases = entry.get("aliases")
+        for alias in aliases if isinstance(aliases, list) else ():
             if isinstance(alias, str):
                 states.setdefault(alias, state)
     return states

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 from urllib.parse import urlsplit
 
+from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, URLValidator
 from django.db import models
@@ -36,6 +38,48 @@ DRAINING = (
     "A draining host takes no new requests: the conversations leased to it move to other hosts "
     "(on a strict route they get 503 pinned_host_down), and the requests it runs finish."
 )
+
+
+MAX_MODEL_NAME = 200  # a model's name, each of its aliases, and Request.model
+
+
+def validate_aliases(value: object) -> None:
+    """A list of names, none empty, none twice, none longer than a model's name."""
+    if not isinstance(value, list | tuple) or not all(isinstance(name, str) for name in value):
+        raise ValidationError("Aliases must be a list of names.")
+    if any(not name.strip() for name in value):
+        raise ValidationError("An alias may not be empty.")
+    if long := [name for name in value if len(name) > MAX_MODEL_NAME]:
+        raise ValidationError(
+            f"Alias “{long[0][:40]}…” is longer than {MAX_MODEL_NAME} characters."
+        )
+    if twice := sorted({name for name in value if list(value).count(name) > 1}):
+        raise ValidationError(f"Alias “{twice[0]}” is listed twice.")
+
+
+class NamesFormField(forms.CharField):
+    """Names separated by commas, as an operator types them (`chat, fast`)."""
+
+    def prepare_value(self, value: object) -> object:
+        if isinstance(value, list | tuple):
+            return ", ".join(str(name) for name in value)
+        return value
+
+    def to_python(self, value: object) -> list[str]:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        return [name.strip() for name in text.split(",")] if text.strip() else []
+
+    def has_changed(self, initial: object, data: object) -> bool:
+        before = list(initial) if isinstance(initial, list | tuple) else []
+        return before != self.to_python(data)
+
+
+class NamesField(models.JSONField):
+    """A list of names: a JSON array in the database, names separated by commas in a form."""
+
+    def formfield(self, **kwargs: Any) -> forms.Field | None:  # type: ignore[override]
+        # Past JSONField's own, which would show and read JSON.
+        return models.Field.formfield(self, **{"form_class": NamesFormField, **kwargs})
 
 
 class Host(models.Model):
@@ -119,6 +163,13 @@ class HostModel(models.Model):
     )
     queue_max = models.PositiveIntegerField(
         default=8, help_text="Requests allowed to wait for a slot; more are refused at once."
+    )
+    aliases = NamesField(
+        default=list,
+        blank=True,
+        validators=[validate_aliases],
+        help_text="Other names clients may send for this model (llama-server's --alias), "
+        "separated by commas. They share the model's parallel and queue.",
     )
 
     class Meta:

@@ -19,12 +19,12 @@ Not thread-safe: use it on its event loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from accounting.report import is_cache_lost
 from hosts.describe import Described, ModelState
 from hosts.health import HealthTable, HostHealth
-from routing.config.shape import Fleet, HostConfig, RouteConfig, renamed_hosts
+from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig, renamed_hosts
 from routing.core.choose import Candidate
 from routing.core.leases import LeaseKey
 from routing.core.named_slots import (
@@ -88,7 +88,8 @@ class LiveFleet:
         self._shared_logged: dict[tuple[str, str], object] = {}
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
-        self._served: dict[str, frozenset[str]] = {}  # the models each route serves
+        # Every name each route serves a model by, to the model's own (`Fleet.route_names`).
+        self._served: dict[str, Mapping[str, str]] = {}
         self.apply(config)
 
     def apply(self, config: Fleet) -> None:
@@ -119,9 +120,7 @@ class LiveFleet:
         self.config = config
         self.rankings.clear()
         self._route_hosts = {name: frozenset(route.hosts) for name, route in config.routes.items()}
-        self._served = {
-            name: frozenset(config.route_models(route)) for name, route in config.routes.items()
-        }
+        self._served = {name: config.route_names(route) for name, route in config.routes.items()}
         for name in config.hosts:  # undrained, enabled or added to a route: waiters may go there
             self.state.wake(name)
 
@@ -135,13 +134,14 @@ class LiveFleet:
         self.state.wake(host)
 
     def serves(self, route: RouteConfig, model: str) -> bool:
-        """Whether any enabled host of the route lists the model."""
-        return model in self._served.get(route.name, ())
+        """Whether any enabled host of the route serves the model under this, its own, name."""
+        return self._served.get(route.name, {}).get(model) == model
 
-    def served(self, route: RouteConfig) -> frozenset[str]:
-        """The models the route's enabled hosts list, kept at each reload: a request asks, and
-        `Fleet.route_models` walks every host of the route (4.5% of a request's CPU on 200)."""
-        return self._served.get(route.name, frozenset())
+    def served(self, route: RouteConfig) -> Mapping[str, str]:
+        """Every name the route's enabled hosts serve a model by (its own or an alias), to the
+        model's own name, kept at each reload: a request asks, and `Fleet.route_names` walks
+        every host of the route (4.5% of a request's CPU on 200)."""
+        return self._served.get(route.name, {})
 
     def usable(self, route: RouteConfig, model: str, name: str) -> bool:
         """Whether a host may take new work for this route and model right now."""
@@ -413,7 +413,7 @@ class LiveFleet:
             health = self.health.get(name)
             known = health.loaded
             loaded = spec is not None and (
-                known is None or (spec.upstream_name or spec.name) in known
+                known is None or any(name in known for name in _host_names(spec))
             )
             free = self.state.free_for(name, model) if can_serve else 0
             queued = self.state.queued(name, model)
@@ -439,14 +439,16 @@ class LiveFleet:
         described = health.described
         if described is None or not described.router or not described.max_models:
             return False
-        running = [
+        running = [  # by id: a model's aliases are the same instance
             upstream
-            for upstream, state in described.models.items()
-            if state in (ModelState.LOADED, ModelState.LOADING)
+            for upstream in described.aliases or described.models
+            if described.models.get(upstream) in (ModelState.LOADED, ModelState.LOADING)
         ]
         if len(running) < described.max_models:
             return False
-        by_upstream = {(m.upstream_name or m.name): m.name for m in host.models.values()}
+        by_upstream = {
+            name: m.name for m in host.models.values() for name in reversed(_host_names(m))
+        }
         return all(
             (name := by_upstream.get(upstream)) is not None
             and (
@@ -456,3 +458,8 @@ class LiveFleet:
             )
             for upstream in running
         )
+
+
+def _host_names(model: ModelConfig) -> tuple[str, ...]:
+    """The names a host may list the model by: the one it is sent as, then its aliases."""
+    return (model.upstream_name or model.name, *model.aliases)

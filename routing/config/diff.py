@@ -149,7 +149,9 @@ def _model_changes(old: HostSpec, new: HostSpec, prune: bool) -> list[Change]:
 
 
 def _added_model(host: str, model: ModelConfig) -> Change:
-    details = (f"parallel {model.parallel}", f"queue_max {model.queue_max}")
+    details: tuple[str, ...] = (f"parallel {model.parallel}", f"queue_max {model.queue_max}")
+    if model.aliases:
+        details += (f"aliases {toml_literal(model.aliases)}",)
     return Change(ADD, "model", f"{host}/{model.name}", details)
 
 

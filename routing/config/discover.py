@@ -2,7 +2,8 @@
 admin's "Read from host".
 
 Asks the llama-server at a URL for `/props` and `/v1/models` (`hosts.describe` reads them) and
-proposes the host as the configuration would hold it: each model it lists, with `parallel` =
+proposes the host as the configuration would hold it: each model it lists (with the other
+names it lists for it, llama-server's `--alias`, as its `aliases`), with `parallel` =
 its `total_slots` (a router-mode host says no slot count: the default then) and the default
 `queue_max`. A host the configuration already has at that address (`hosts.address`) is proposed
 under its own name, URL and settings, so loading the proposal updates it rather than adding the
@@ -40,20 +41,25 @@ def discovered(url: str, api_key: str, known: Iterable[HostSpec]) -> HostSpec:
 
 
 def proposed_host(url: str, described: Described, known: HostSpec | None = None) -> HostSpec:
-    """The host's spec: each model it lists, under `known`'s name and settings if given (else a
-    name made from the URL); a listed model `known` has keeps its values but for `parallel`,
-    which becomes the host's slots when it says them."""
+    """The host's spec: each model it lists, with the other names it lists for it as its
+    aliases, under `known`'s name and settings if given (else a name made from the URL); a
+    listed model `known` has (by any of its names) keeps its values but for `parallel`, which
+    becomes the host's slots when it says them, and its aliases, the host's."""
     parallel = described.slots or _default("parallel")
     own = {model.name: model for model in known.models} if known else {}
     own |= {model.upstream_name: model for model in own.values() if model.upstream_name}
-    models = [
-        dataclasses.replace(own[model], parallel=described.slots or own[model].parallel)
-        if model in own
-        else ModelConfig(
-            name=model, upstream_name="", parallel=parallel, queue_max=_default("queue_max")
+    models = []
+    for listed, aliases in described.aliases.items():
+        names = (listed, *aliases)
+        mine = next((own[name] for name in names if name in own), None)
+        if mine is None:
+            mine = ModelConfig(
+                name=listed, upstream_name="", parallel=parallel, queue_max=_default("queue_max")
+            )
+        others = tuple(n for n in names if n not in (mine.name, mine.upstream_name))
+        models.append(
+            dataclasses.replace(mine, parallel=described.slots or mine.parallel, aliases=others)
         )
-        for model in described.models
-    ]
     if known is not None:
         return dataclasses.replace(known, models=models, notes=known.notes or _notes(described))
     return HostSpec(

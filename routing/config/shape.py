@@ -18,12 +18,23 @@ from routing.core.clients import ClientSpec
 
 @dataclass(slots=True, frozen=True)
 class ModelConfig:
-    """A model a host serves (field names are `HostModel`'s)."""
+    """A model a host serves (field names are `HostModel`'s). `aliases` are the other names
+    the host answers to for it (llama-server's `--alias`): one model, one pool of slots."""
 
     name: str
     upstream_name: str
     parallel: int
     queue_max: int
+    aliases: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The database's JSON gives a list; a tuple compares equal to the file's.
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a client may send for it: its own, then its aliases."""
+        return (self.name, *self.aliases)
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,6 +84,19 @@ class Fleet:
             if host is not None and host.enabled:
                 seen.update(dict.fromkeys(host.models))
         return list(seen)
+
+    def route_names(self, route: RouteConfig) -> dict[str, str]:
+        """Every name the route's enabled hosts serve a model by (its own, its aliases), each
+        to the model's name. A model's own name wins over another's alias, and the first host
+        over the next (validation refuses both clashes)."""
+        names = {name: name for name in self.route_models(route)}
+        for name in route.hosts:
+            host = self.hosts.get(name)
+            if host is not None and host.enabled:
+                for model in host.models.values():
+                    for alias in model.aliases:
+                        names.setdefault(alias, model.name)
+        return names
 
 
 def renamed_hosts(old: Fleet, new: Fleet) -> dict[str, str]:

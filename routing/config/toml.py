@@ -41,6 +41,7 @@ _EXPECTED = {
     "float": "a number",
     "float | None": 'a number or "auto"',
     "bool": "true or false",
+    "tuple[str, ...]": 'a list of names, e.g. ["chat", "fast"]',
 }
 # How the file spells a number left to the gateway (a route's `lease_patience`): None in a spec.
 AUTO = "auto"
@@ -94,7 +95,7 @@ def dump_config(
 
     API keys are never written: a host whose key came from an environment variable names the
     variable, and a host named in `unexported_keys` (its key was set in the admin) gets a
-    comment saying a key is set. Empty strings are left out, since they are the default.
+    comment saying a key is set. Empty strings and lists are left out, since they are the default.
     `header` is the first comment line: who wrote the file.
     """
     lines = [f"{header}\n{_LOAD_IT}"]
@@ -115,7 +116,9 @@ def _table(name: str, values: Mapping[str, object], indent: str = "") -> list[st
     """One `[[name]]` table, written out in full (tomli_w would inline the short ones)."""
     lines = [f"{indent}[[{name}]]"]
     lines += [
-        f"{indent}{key} = {toml_literal(value)}" for key, value in values.items() if value != ""
+        f"{indent}{key} = {toml_literal(value)}"
+        for key, value in values.items()
+        if value != "" and value != ()
     ]
     return lines
 
@@ -124,7 +127,7 @@ def toml_literal(value: object) -> str:
     """`value` as TOML writes it: `"gpu1"`, `2.0`, `true`, `["a", "b"]`, None as `"auto"`."""
     if value is None:
         value = AUTO
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_literal(item) for item in value) + "]"
     return tomli_w.dumps({"v": value}).removeprefix("v = ").rstrip("\n")
 
@@ -182,7 +185,11 @@ class _Reader:
                 values[name] = None
                 continue
             # bool is an int to Python, never to this file.
-            if isinstance(value, _ACCEPTED[type_name]) and not (
+            if type_name == "tuple[str, ...]":
+                if isinstance(value, list) and all(isinstance(item, str) for item in value):
+                    values[name] = tuple(value)
+                    continue
+            elif isinstance(value, _ACCEPTED[type_name]) and not (
                 isinstance(value, bool) and type_name != "bool"
             ):
                 values[name] = (

@@ -42,6 +42,7 @@ FALLBACK_MODEL_NOT_SERVED = "E007"
 UNKNOWN_KEY_ROUTE = "E008"
 CATCH_ALL_WITHOUT_DEFAULT = "E009"
 SHARED_URL = "E010"
+NAME_CLASH = "E012"  # E011 is routing.config.slots's
 ROUTE_WITHOUT_HOSTS = "W001"
 
 
@@ -178,6 +179,7 @@ def route_problems(route: RouteSpec, hosts: Mapping[str, HostSpec]) -> Iterator[
             f"“{route.name}”'s hosts: {names}.",
             DEFAULT_MODEL_NOT_SERVED,
         )
+    yield from _route_name_clashes(route, known, key)
     if route.map_unknown_models and not route.default_model:
         yield Problem(
             f"{key}.map_unknown_models",
@@ -251,6 +253,51 @@ def _host_problems(hosts: list[HostSpec]) -> Iterator[Problem]:
         key = entry_key("hosts", host.name, index) + ".models"
         yield from _invalid_values(HostModel, host.models, key)
         yield from _duplicate_names("Model", [model.name for model in host.models], key)
+        yield from _alias_clashes(host.models, key, f"host “{host.name}”")
+
+
+def _alias_clashes(models: Sequence[ModelConfig], key: str, where: str) -> Iterator[Problem]:
+    """An alias that is another model's name or alias in `models` (one host's, or a route's):
+    a request by that name would have two models, and two pools of slots, to choose from."""
+    owner = {model.name: model.name for model in models}
+    for index, model in enumerate(models):
+        for alias in model.aliases:
+            other = owner.setdefault(alias, model.name)
+            if alias == model.name:
+                said = "its own name"
+            elif other == model.name:
+                continue
+            elif alias == other:
+                said = f"model “{other}”'s name"
+            else:
+                said = f"an alias of model “{other}” too"
+            yield Problem(
+                f"{entry_key(key, model.name, index)}.aliases",
+                f"Alias “{alias}” of model “{model.name}” is {said} on {where}.",
+                NAME_CLASH,
+            )
+
+
+def _route_name_clashes(route: RouteSpec, hosts: list[HostSpec], key: str) -> Iterator[Problem]:
+    """An alias on one host of the route that another of its hosts serves as another model
+    (by name or alias). One host's own clashes are said at the host."""
+    owners: dict[str, tuple[str, str]] = {}  # a name -> (its model, the host where it is)
+    for host in hosts:
+        for model in host.models:
+            owners.setdefault(model.name, (model.name, host.name))
+    for host in hosts:
+        for model in host.models:
+            for alias in model.aliases:
+                other, where = owners.setdefault(alias, (model.name, host.name))
+                if other != model.name and where != host.name:
+                    kind = "model" if alias == other else "an alias of model"
+                    yield Problem(
+                        f"{key}.hosts",
+                        f"“{alias}” is an alias of model “{model.name}” on host “{host.name}” "
+                        f"and {kind} “{other}” on host “{where}”: route “{route.name}” would "
+                        "serve two models by one name.",
+                        NAME_CLASH,
+                    )
 
 
 def _fallback_problems(routes: list[RouteSpec]) -> Iterator[Problem]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from django.core.exceptions import DisallowedHost, RequestDataTooBig
@@ -176,16 +176,17 @@ def read_ask(
     route: RouteConfig,
     path: str,
     endpoint: Endpoint,
-    models: Collection[str],
+    models: Mapping[str, str],
     *,
     operator: bool = False,
 ) -> Ask:
     """Read the body when the gateway needs what it names (the model, the conversation).
 
-    `models` are those the route serves. Endpoints whose body names no model, and GETs, pass
-    with their body unread. The client's credentials go to the host where the route says so,
-    never an operator's (the `CROSSBAR_METRICS_TOKEN` bearer). Raises BodyTooLarge, or BadBody
-    with the reason.
+    `models`: every name the route serves a model by (its own, its aliases), to its own; the
+    ask's model is the model's own name, so its aliases share one pool of slots. Endpoints
+    whose body names no model, and GETs, pass with their body unread. The client's
+    credentials go to the host where the route says so, never an operator's (the
+    `CROSSBAR_METRICS_TOKEN` bearer). Raises BodyTooLarge, or BadBody with the reason.
     """
     method = request.method or "GET"
     kind = endpoint.kind
@@ -249,9 +250,9 @@ def _parse_payload(body: bytes) -> dict[str, object]:
     return payload
 
 
-def _model_of(payload: dict[str, object], route: RouteConfig, models: Collection[str]) -> str:
-    """The model the body names; else (or, with `map_unknown_models`, when the route does not
-    serve it) the route's default."""
+def _model_of(payload: dict[str, object], route: RouteConfig, models: Mapping[str, str]) -> str:
+    """The model the body names, by its own name when it names an alias; else (or, with
+    `map_unknown_models`, when the route does not serve it) the route's default."""
     model = payload.get("model")
     if route.map_unknown_models and route.default_model and model not in models:
         return route.default_model
@@ -263,4 +264,4 @@ def _model_of(payload: dict[str, object], route: RouteConfig, models: Collection
         raise BadBody("model must be a string")
     if len(model) > MAX_MODEL_NAME:
         raise BadBody(f"model name longer than {MAX_MODEL_NAME} characters")
-    return model
+    return models.get(model, model)

@@ -4,13 +4,16 @@ The list holds each model the route serves (`Fleet.route_models`, in route order
 name clients send. Every enabled host of the route is asked for the same path and query at once
 (so `?reload=1` reaches a router-mode host, which re-reads its presets first), and a model's
 entry is the one its host reports (llama-server's `aliases`, `tags`, `meta`, a router's
-`status`), matched by the host's name for it or one of its aliases, with `id` the name clients
-send here; a model the route knows by several of its aliases is listed once, as the host lists
-it. A model its host does not report is listed from the configuration alone (a
-single-model llama-server answers to any model name), except on a router-mode host that
-answered (its entries say each model's `status`): a router serves only what it lists, so a
-model it dropped (a preset reload, a deletion) is left out. A model a host reports that the
-route does not serve is not listed: a client could not use it through this route.
+`status`), matched by any of the model's names (its own, its upstream name, its aliases) and
+the host's for it (its id, its aliases), with `id` the name clients send here and the host's
+`aliases`; a model the route knows by several of its aliases is listed once, as the host lists
+it. A model its host does not report is listed from the configuration alone, with its
+configured aliases (a single-model llama-server answers to any model name), except on a
+router-mode host that answered (its entries say each model's `status`): a router serves only
+what it lists, so a model it dropped (a preset reload, a deletion) is left out, and what it
+lists beyond the configuration (a preset added, then `?reload=1`) is listed too, as it lists
+it: what it can load now. A model a single-model host reports that the route does not serve
+is not listed.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ async def model_list(runtime: Runtime, route: RouteConfig, path: str, query: str
 def merge(hosts: Sequence[tuple[HostConfig, Sequence[Entry] | None]]) -> list[Entry]:
     """Each configured model once, first host first: the entry its host reports (renamed to
     the configured name), else a plain one, unless its host is a router that answered
-    without it. `None`: the host gave no list."""
+    without it; then what the routers that answered can load beyond it. `None`: the host
+    gave no list."""
     listed: dict[str, Entry] = {}
     for host, entries in hosts:
         by_name = _by_name(entries or ())
@@ -53,14 +57,31 @@ def merge(hosts: Sequence[tuple[HostConfig, Sequence[Entry] | None]]) -> list[En
         for name, model in _own_name_first(host, by_name):
             if name in listed:
                 continue
-            entry = by_name.get(model.upstream_name or name)
+            entry = next(
+                (by_name[n] for n in (model.upstream_name or name, *model.aliases) if n in by_name),
+                None,
+            )
             if entry is not None:
                 if id(entry) not in shown:
                     shown.add(id(entry))
                     listed[name] = {**entry, "id": name}
             elif not router:
-                listed[name] = {"id": name, "object": "model", "created": 0, "owned_by": "crossbar"}
+                listed[name] = _plain(model)
+        if router:
+            for entry in entries or ():
+                own = entry.get("id")
+                if id(entry) not in shown and isinstance(own, str) and own not in listed:
+                    shown.add(id(entry))
+                    listed[own] = entry
     return list(listed.values())
+
+
+def _plain(model: ModelConfig) -> Entry:
+    """A model its host does not describe, as llama-server lists one (its aliases with it)."""
+    entry: Entry = {"id": model.name, "object": "model", "created": 0, "owned_by": "crossbar"}
+    if model.aliases:
+        entry["aliases"] = list(model.names)
+    return entry
 
 
 def _own_name_first(

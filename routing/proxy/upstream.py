@@ -142,8 +142,13 @@ async def forward(
     config = runtime.fleet.hosts[host]
     body, payload = ask.body, ask.payload
     if model is not None and payload is not None:
-        wanted = config.models[model].upstream_name or model
-        if wanted != payload.get("model"):
+        spec = config.models[model]
+        asked = payload.get("model")
+        # The host answers to each of the model's names: the body goes as the client sent it.
+        wanted = spec.upstream_name or (
+            asked if isinstance(asked, str) and asked in spec.aliases else model
+        )
+        if wanted != asked:
             # Re-serialised only when the model changes: the original bytes go otherwise.
             body = _with_model(payload, wanted, id_slot)
         elif id_slot is not None:

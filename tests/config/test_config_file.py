@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 
 from hosts.models import Host, HostModel
 from routing.config.shape import ModelConfig
-from routing.config.toml import parse_config
+from routing.config.toml import dump_config, parse_config
 from routing.config.validation import HostSpec, RouteSpec, config_problems
 from routing.models import Route
 from tests.fleet import add_host, add_route
@@ -349,8 +349,8 @@ default_modle = "llama3"
 
     assert (model.key, model.message) == (
         "hosts.gpu1.models.llama3.paralel",
-        "Unknown key; did you mean parallel? Expected one of name, parallel, queue_max, "
-        "upstream_name.",
+        "Unknown key; did you mean parallel? Expected one of aliases, name, parallel, "
+        "queue_max, upstream_name.",
     )
     assert route.key == "routes.chat.default_modle"
     assert route.message.startswith(
@@ -553,4 +553,52 @@ def test_a_fallback_model_must_be_served_by_the_fallback_routes_hosts() -> None:
             "routes.chat.fallback_model",
             "Fallback model “tiny” is not served by any of route “cpu”'s hosts: b.",
         )
+    ]
+
+
+ALIASES = """
+[[hosts]]
+name = "gpu1"
+url = "http://10.0.0.5:8080"
+  [[hosts.models]]
+  name = "qwen"
+  aliases = ["chat", "fast"]
+
+[[hosts]]
+name = "gpu2"
+url = "http://10.0.0.6:8080"
+  [[hosts.models]]
+  name = "qwen"
+  aliases = ["chat"]
+  [[hosts.models]]
+  name = "fast"
+
+[[routes]]
+name = "chat"
+hosts = ["gpu1", "gpu2"]
+"""
+
+
+def test_aliases_load_dump_and_are_refused_only_where_a_route_would_serve_two_models_by_one(
+    tmp_path: Path,
+) -> None:
+    hosts, routes, problems = parse_config(ALIASES)
+
+    found = [str(p) for p in config_problems(hosts, routes)]
+
+    assert problems == []
+    assert [m.aliases for h in hosts for m in h.models] == [("chat", "fast"), ("chat",), ()]
+    assert found == [
+        "error: routes.chat.hosts: “fast” is an alias of model “qwen” on host “gpu1” and model "
+        "“fast” on host “gpu2”: route “chat” would serve two models by one name."
+    ]
+    assert '  aliases = ["chat", "fast"]' in dump_config(hosts, routes).splitlines()
+    assert parse_config(dump_config(hosts, routes))[0] == hosts
+
+
+def test_an_alias_of_the_wrong_type_is_named_with_what_is_expected() -> None:
+    _, _, problems = parse_config(ALIASES.replace('["chat"]', '"chat"', 1))
+
+    assert [str(p) for p in problems] == [
+        'error: hosts.gpu2.models.qwen.aliases: Expected a list of names, e.g. ["chat", "fast"].'
     ]

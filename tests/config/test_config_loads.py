@@ -258,3 +258,16 @@ def test_the_admin_lists_the_loads_newest_first_and_read_only(config_dir: Path) 
     assert client.post(f"{url}{newest.pk}/change/", {"summary": "x"}).status_code == 403
     assert client.post(f"{url}{newest.pk}/delete/", {"post": "yes"}).status_code == 403
     assert ConfigFileLoad.objects.count() == 2
+
+
+def test_a_load_says_and_writes_the_aliases_it_adds_to_a_model(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    crossbar_config("load", str(path))
+    edit(path, '  name = "qwen"\n', '  name = "qwen"\n  aliases = ["chat", "fast"]\n')
+
+    dry = crossbar_config("load", "--dry-run", str(path))
+    crossbar_config("load", str(path))
+
+    assert '  change model gpu2/qwen: aliases [] -> ["chat", "fast"]' in dry.splitlines()
+    assert HostModel.objects.get(host__name="gpu2", name="qwen").aliases == ["chat", "fast"]

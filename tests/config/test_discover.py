@@ -122,3 +122,15 @@ def test_a_host_the_given_file_has_at_the_url_keeps_its_name(tmp_path):
 
     (host,), _, _ = parse_config(text)
     assert host.name == "desk"
+
+
+def test_discover_writes_the_other_names_a_host_lists_for_its_model_as_its_aliases():
+    with FakeLlamaServer(slots=2, models=("qwen-7b",), aliases=("chat", "fast")) as fake:
+        text = call_command("crossbar_config", "discover", fake.url)
+
+    (host,), _, problems = parse_config(text)
+    assert problems == []
+    assert [(m.name, m.parallel, m.aliases) for m in host.models] == [
+        ("qwen-7b", 2, ("chat", "fast"))
+    ]
+    assert '  aliases = ["chat", "fast"]' in text.splitlines()

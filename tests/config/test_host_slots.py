@@ -209,3 +209,38 @@ def test_a_parallel_of_the_wrong_type_is_one_error_not_a_second_about_the_defaul
         f"{tmp_path / 'fleet.toml'}; 1 error, 0 warnings:",
         "  error: hosts.gpu1.models.llama3.parallel: Expected an integer.",
     ]
+
+
+def test_names_of_one_model_are_its_aliases_and_share_its_slots_where_models_would_be_refused(
+    tmp_path: Path, fake: FakeLlamaServer
+) -> None:
+    path = write(tmp_path, fake.url, parallel=4, extra="")
+    as_models = Path(path).read_text() + '  [[hosts.models]]\n  name = "chat"\n  parallel = 4\n'
+    as_aliases = Path(path).read_text() + '  aliases = ["chat", "fast"]\n'
+
+    Path(path).write_text(as_models)
+    refused = refusal("check", path)
+    Path(path).write_text(as_aliases)
+    checked = crossbar_config("check", path)
+
+    assert "parallel 4 (llama3) + 4 (chat) = 8, but the host has 4 slots" in refused
+    assert checked == (f"{path}: 0 errors, 0 warnings", "")
+
+
+def test_an_alias_that_is_another_models_name_is_an_error_naming_both(
+    tmp_path: Path, fake: FakeLlamaServer
+) -> None:
+    path = write(tmp_path, fake.url, parallel=2)
+    Path(path).write_text(
+        Path(path).read_text()
+        + '  aliases = ["chat", ""]\n'
+        + '  [[hosts.models]]\n  name = "chat"\n  parallel = 2\n'
+    )
+
+    text = refusal("check", path)
+
+    assert "error: hosts.gpu1.models.llama3.aliases: An alias may not be empty." in text
+    assert (
+        "error: hosts.gpu1.models.llama3.aliases: Alias “chat” of model “llama3” is model "
+        "“chat”'s name on host “gpu1”." in text
+    )

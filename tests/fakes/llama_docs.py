@@ -504,9 +504,13 @@ def _model_meta() -> dict[str, Any]:
     }
 
 
-def model_list(models: Iterable[str], created: int) -> dict[str, Any]:
-    """A single-model server's /v1/models: OpenAI's `data` and Ollama's `models`."""
+def model_list(models: Iterable[str], created: int, aliases: Iterable[str] = ()) -> dict[str, Any]:
+    """A single-model server's /v1/models: OpenAI's `data` and Ollama's `models`. `aliases`:
+    the first model's other names (`--alias first,other`), which its entry lists with it."""
     names = list(models)
+    others = {name: [name] for name in names}
+    if names:
+        others[names[0]] = list(dict.fromkeys([names[0], *aliases]))
     return {
         "models": [
             {
@@ -535,7 +539,7 @@ def model_list(models: Iterable[str], created: int) -> dict[str, Any]:
         "data": [
             {
                 "id": name,
-                "aliases": [name],
+                "aliases": others[name],
                 "tags": [],
                 "object": "model",
                 "created": created,

@@ -197,11 +197,13 @@ class FakeLlamaServer:
 
     Options: `slots` (its `-np`), `cache_ram` (prompts its `--cache-ram` keeps beyond the
     slots'), `token_delay` (seconds before each token), `models` (the
-    names a single-model server answers to and lists), `api_key` (like `--api-key`; several
-    keys comma-separated), `first_token_delay` (seconds between a stream's head and its first
-    event; a whole answer waits it too), `metrics`, `slots_endpoint`, `props` (like
-    `--metrics`, `--no-slots`, `--props`), `embeddings` and `reranking` (whether those
-    endpoints work or answer 501), `lora_adapters` (paths of `--lora` adapters). Router mode,
+    names a single-model server answers to and lists, each as a model of its own), `aliases`
+    (other names of its first model, like `--alias first,other`: listed in its entry),
+    `api_key` (like `--api-key`; several keys comma-separated), `first_token_delay` (seconds
+    between a stream's head and its first event; a whole answer waits it too), `metrics`,
+    `slots_endpoint`, `props` (like `--metrics`, `--no-slots`, `--props`), `embeddings` and
+    `reranking` (whether those endpoints work or answer 501), `lora_adapters` (paths of
+    `--lora` adapters). Router mode,
     when `router_models` names the models it can load: `models_max` (0: no limit),
     `load_delay` (seconds a load takes), `models_autoload`, `load_on_startup` (models loading
     from the start), `failing_models` (whose loads fail).
@@ -241,6 +243,7 @@ class FakeLlamaServer:
         cache_ram: int = CACHE_RAM_PROMPTS,
         token_delay: float = 0.0,
         models: tuple[str, ...] = ("test-model",),
+        aliases: tuple[str, ...] = (),
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
@@ -266,6 +269,7 @@ class FakeLlamaServer:
         self.first_token_delay = first_token_delay
         self.prompt_token_ms = 0.1
         self.models = models
+        self.aliases = aliases
         self.host = host
         self.port = port
         self.api_key = api_key
@@ -620,7 +624,7 @@ class FakeLlamaServer:
         if self._router is not None:
             entries = self._router.entries()
             return await call.json(200, docs.router_model_list(entries, int(time.time())))
-        return await call.json(200, docs.model_list(self.models, int(time.time())))
+        return await call.json(200, docs.model_list(self.models, int(time.time()), self.aliases))
 
     async def _props_answer(self, call: _Call) -> bool:
         if self._router is not None:

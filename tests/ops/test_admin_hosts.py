@@ -541,3 +541,41 @@ def test_moving_a_host_to_an_address_with_fewer_slots_is_refused(admin_client: C
         response.content.decode()
     )
     assert Host.objects.get(name="gpu1").url == roomy.url
+
+
+def test_a_models_aliases_are_typed_and_shown_as_names_separated_by_commas(
+    admin_client: Client,
+) -> None:
+    row: dict[str, object] = {
+        "name": "qwen",
+        "parallel": "4",
+        "queue_max": "8",
+        "aliases": "chat,  fast",
+    }
+    added = admin_client.post(ADD, host_form([row]))
+    host = Host.objects.get(name="gpu1")
+
+    page = admin_client.get(change_url(host)).content.decode()
+    refused = admin_client.post(
+        change_url(host),
+        host_form([{**existing_rows(host)[0], "aliases": "chat, qwen, chat"}], initial=1),
+    )
+
+    assert added.status_code == 302
+    assert list(host.models.values_list("name", "aliases")) == [("qwen", ["chat", "fast"])]
+    assert 'name="models-0-aliases" value="chat, fast"' in page
+    assert refused.status_code == 200
+    assert "Alias “chat” is listed twice." in refused.content.decode()
+
+
+def test_reading_a_host_gives_its_model_the_other_names_it_lists_for_it(
+    admin_client: Client,
+) -> None:
+    with FakeLlamaServer(slots=2, models=("qwen-7b",), aliases=("chat",)) as fake:
+        gpu1 = add_host("gpu1", fake.url, models={"qwen-7b": (2, 8), "chat": (2, 8)})
+
+        message = drain(admin_client, "read_from_host", [gpu1])
+
+    assert dict(gpu1.models.values_list("name", "aliases")) == {"qwen-7b": ["chat"], "chat": []}
+    assert "gpu1: qwen-7b aliases chat" in message
+    assert "chat is now an alias of qwen-7b, whose slots it shares: delete the model" in message
