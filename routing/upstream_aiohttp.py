@@ -13,6 +13,7 @@ exception again with `_MAP`. Only importing this module needs httpx-aiohttp.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import httpx
@@ -107,6 +108,19 @@ class _Body(httpx.AsyncByteStream):
             raise httpx_error(exc) from exc
 
 
+class _Response(aiohttp.ClientResponse):
+    """aiohttp's response, its reason phrase made text: aiohttp reads a status line's bytes
+    undecodable as UTF-8 as lone surrogates, which httpx-aiohttp then fails to encode (a
+    `UnicodeEncodeError` past the proxy's handling, the response never released). Replaced
+    as `errors="replace"` would, the reason reads as what it was, and the proxy quotes it."""
+
+    async def start(self, connection: Any) -> aiohttp.ClientResponse:
+        started = await super().start(connection)
+        if self.reason is not None:
+            self.reason = self.reason.encode("utf-8", "replace").decode("utf-8")
+        return started
+
+
 def aiohttp_transport() -> HttpcoreErrors:
     """httpx-aiohttp's transport without keep-alive, raising httpcore's exceptions.
 
@@ -117,6 +131,6 @@ def aiohttp_transport() -> HttpcoreErrors:
 
     def session() -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
-        return aiohttp.ClientSession(connector=connector)
+        return aiohttp.ClientSession(connector=connector, response_class=_Response)
 
     return HttpcoreErrors(AiohttpTransport(client=session))

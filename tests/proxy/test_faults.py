@@ -157,6 +157,8 @@ def test_a_stream_silent_past_the_idle_timeout_ends_with_one_error_event(chat_ro
         ("099 Early", "099 Early"),
         # Characters no terminal should print, and a reason as long as a head may be.
         ("999 Weird\u2028\u00e9" + "A" * 3000, "999 WeirdAAA"),
+        # Bytes that are no UTF-8 (the fake writes lone surrogates as the bytes they stand for).
+        ("999 Weird\udcff\udcfe", "999 Weird"),
     ],
 )
 @pytest.mark.parametrize("stream", [False, True])
