@@ -34,6 +34,7 @@ from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError, connection, models, transaction
 
+from accounting.columns import within_columns
 from accounting.models import Request
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,30 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
 
 
+REFUSALS_LOGGED = 5  # rows logged one by one per batch; the rest are counted
+
+
+def _log_refused(refused: list[tuple[RequestRecord, str]], of: int) -> None:
+    """One line per refused row (a batch's first few): which request, and why. The row's
+    text fields are not shown: an error message may quote what a host sent."""
+    for row, why in refused[:REFUSALS_LOGGED]:
+        log.error(
+            "accounting: the database refused a row (route=%s host=%s status=%d started=%s), "
+            "dropped: %s",
+            row.route or "-",
+            row.host or "-",
+            row.status,
+            row.started.isoformat() if isinstance(row.started, datetime) else row.started,
+            why,
+        )
+    if len(refused) > REFUSALS_LOGGED:
+        log.error(
+            "accounting: the database refused %d of %d rows in all, dropped",
+            len(refused),
+            of,
+        )
+
+
 class Recorder:
     """A queue of `RequestRecord`s and the one thread that writes them.
 
@@ -183,7 +208,10 @@ class Recorder:
         return self._failing
 
     def record(self, row: RequestRecord) -> None:
-        """Queue a row for writing. Never blocks on the database and never raises."""
+        """Queue a row for writing. Never blocks on the database and never raises.
+
+        A figure beyond its column's range is stored empty (`accounting.columns`)."""
+        row = within_columns(row)
         with self._lock:
             held = self._held()
             if held >= self.max_backlog:
@@ -298,7 +326,7 @@ class Recorder:
         Returns False when stop()'s deadline passed before the database came back.
         """
         parts = [batch]
-        refused: list[str] = []
+        refused: list[tuple[RequestRecord, str]] = []
         delay = RETRY_FIRST
         while parts:
             part = parts.pop()
@@ -325,14 +353,9 @@ class Recorder:
                 middle = len(part) // 2
                 parts += [part[middle:], part[:middle]]
             else:
-                refused.append(_first_line(refusal))
+                refused.append((part[0], _first_line(refusal)))
         if refused:
-            log.error(
-                "accounting: the database refused %d of %d rows, dropped (%s)",
-                len(refused),
-                len(batch),
-                refused[-1],
-            )
+            _log_refused(refused, len(batch))
             self._settle(len(refused), written=False)
         return True
 

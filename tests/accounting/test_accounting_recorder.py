@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from accounting import recorder as recorder_module
 from accounting.models import Request
@@ -264,11 +264,19 @@ def test_writer_retries_with_backoff_while_the_database_is_down(
     assert "recovered" in messages[1]
 
 
-def test_a_row_the_database_refuses_does_not_lose_its_batch(
-    recorder: Recorder, caplog: pytest.LogCaptureFixture
+def test_a_row_the_database_refuses_is_logged_with_why_and_its_batch_is_written(
+    recorder: Recorder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    real_save = recorder_module._save
+
+    def refusing_save(rows: list[RequestRecord]) -> None:
+        if any(row.fingerprint == f"{6:064x}" for row in rows):
+            raise IntegrityError("CHECK constraint failed: queued_ms")
+        real_save(rows)
+
+    monkeypatch.setattr(recorder_module, "_save", refusing_save)
     rows = [make_record(n) for n in range(10)]
-    rows[6] = make_record(6, queued_ms=-1, error="secret-looking upstream text")
+    rows[6] = make_record(6, host="gpu7", error="secret-looking upstream text")
 
     with caplog.at_level(logging.ERROR, logger="accounting.recorder"):
         for row in rows:
@@ -279,8 +287,34 @@ def test_a_row_the_database_refuses_does_not_lose_its_batch(
     assert not mine().filter(fingerprint=f"{6:064x}").exists()
     assert recorder.dropped == 1
     assert [r.levelname for r in caplog.records] == ["ERROR"]
-    assert "refused 1 of" in caplog.records[0].getMessage()
+    message = caplog.records[0].getMessage()
+    assert "refused a row" in message and "host=gpu7" in message and f"route={ROUTE}" in message
+    assert "IntegrityError: CHECK constraint failed: queued_ms" in message
     assert "secret-looking" not in caplog.text
+
+
+def test_a_figure_beyond_its_column_is_stored_empty_with_one_warning_naming_the_host(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The columns are PostgreSQL's integer (up to 2^31 - 1) whatever the database: SQLite
+    # would take 2^31, PostgreSQL would refuse the row.
+    with caplog.at_level(logging.WARNING, logger="accounting.recorder"):
+        recorder.record(make_record(1, host="odd-gpu", cached_tokens=10**23 - 1))
+        recorder.record(make_record(2, host="odd-gpu", completion_tokens=2**31, ttfb_ms=-5))
+        recorder.record(make_record(3, completion_tokens=2**31 - 1))
+        assert recorder.flush()
+
+    assert recorder.dropped == 0
+    rows = mine().order_by("fingerprint")
+    assert [(r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.ttfb_ms) for r in rows] == [
+        (100, None, 40, 120),
+        (100, 80, None, None),
+        (100, 80, 2**31 - 1, 120),
+    ]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2
+    assert "host odd-gpu" in warnings[0] and "cached_tokens=99999999999999999999999" in warnings[0]
+    assert "completion_tokens=2147483648" in warnings[1] and "ttfb_ms=-5" in warnings[1]
 
 
 def test_names_longer_than_their_column_are_cut_to_fit(recorder: Recorder) -> None:
