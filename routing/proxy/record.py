@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from accounting.columns import within_columns
 from accounting.recorder import RequestRecord, get_recorder
+from accounting.rows import within_columns
 from routing.core.clients import Admitted
 from routing.core.named_slots import NamedSlot
 from routing.core.patience import Priced
