@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import signal
 import time
+from contextlib import ExitStack
 
 import httpx
 import pytest
 from django.utils import timezone
 
 from accounting.models import Request
+from tests.accounting.test_accounting_recorder import write_lock
 from tests.conftest import running_gateway, wait_until
 from tests.fleet import add_host, add_route, chat
 
@@ -117,3 +119,51 @@ def test_health_answers_draining_on_a_kept_alive_connection_while_the_stream_fin
     assert exit_code == 0
     (row,) = Request.objects.filter(started__gte=started)  # an earlier test's may still land
     assert (row.status, row.completion_tokens) == (200, 20)
+
+
+def rows_spooled(url: str) -> int:
+    """How many rows `/health` says wait in the spool (the same in `/metrics`)."""
+    health = httpx.get(f"{url}/health", timeout=5).json()
+    metrics = httpx.get(f"{url}/metrics", timeout=5).text
+    gauge = next(
+        line for line in metrics.splitlines() if line.startswith("crossbar_recorder_spooled")
+    )
+    assert float(gauge.split()[-1]) == health["rows_spooled"]
+    return health["rows_spooled"]
+
+
+def test_rows_the_database_cannot_take_at_a_stop_are_spooled_the_exit_says_so_and_the_next_start_writes_them(  # noqa: E501
+    django_db_setup, tmp_path, fake
+):
+    started = timezone.now()
+    var = tmp_path / "var"  # the gateway's var directory, where the spool is
+    add_route("chat", [add_host("gpu1", fake.url)])
+    with ExitStack() as lock:
+        lock.enter_context(write_lock())  # SQLite's write lock, or the table's on PostgreSQL
+        with running_gateway(tmp_path, CROSSBAR_VAR_DIR=str(var)) as gateway:
+            gateway.sync()
+            for n in range(6):
+                body = chat(f"question {n}", stream=n % 2 == 0, max_tokens=3)
+                assert httpx.post(f"{gateway.url}{URL}", json=body, timeout=30).status_code == 200
+            gateway.process.send_signal(signal.SIGTERM)
+            exit_code = gateway.process.wait(timeout=60)
+        spooled = [line for path in (var / "spool").iterdir() for line in path.open()]
+
+        with running_gateway(tmp_path, CROSSBAR_VAR_DIR=str(var)) as again:
+            wait_until(lambda: rows_spooled(again.url) == 6, what="the spooled rows claimed")
+            lock.close()  # the database takes writes again
+            wait_until(lambda: rows_spooled(again.url) == 0, 30, what="the spooled rows written")
+            again.process.send_signal(signal.SIGTERM)
+            second_exit = again.process.wait(timeout=30)
+
+    assert exit_code != 0
+    assert "6 rows kept in" in gateway.log() and "written at the next start" in gateway.log()
+    assert len(spooled) == 6
+    rows = Request.objects.filter(started__gte=started)
+    assert (
+        sorted(rows.values_list("streamed", "status", "completion_tokens"))
+        == [(False, 200, 3)] * 3 + [(True, 200, 3)] * 3
+    )
+    assert "6 rows written from the spool" in again.log()
+    assert second_exit == 0
+    assert not list((var / "spool").iterdir())
