@@ -6,16 +6,21 @@ closes and the process exits 0."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 import httpx
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from accounting.models import Request
 from tests.accounting.test_accounting_recorder import write_lock
+from tests.accounting.test_database_trouble import _postgres, _start_options
 from tests.conftest import running_gateway, wait_until
 from tests.fleet import add_host, add_route, chat
 
@@ -165,4 +170,41 @@ def test_rows_the_database_cannot_take_at_a_stop_are_spooled_the_exit_says_so_an
     )
     assert "6 rows written from the spool" in again.log()
     assert second_exit == 0
+    assert not list((var / "spool").iterdir())
+
+
+@pytest.mark.skipif(
+    not (os.environ.get("CROSSBAR_PG_BIN") and os.environ.get("CROSSBAR_PG_DATA")),
+    reason="needs a PostgreSQL this test may stop and start (CROSSBAR_PG_BIN, CROSSBAR_PG_DATA)",
+)
+@pytest.mark.restarts_database
+def test_rows_answered_while_postgresql_is_down_are_spooled_at_a_stop_and_written_at_the_next_start(  # noqa: E501
+    django_db_setup, tmp_path, fake
+):
+    if connection.vendor != "postgresql":
+        pytest.skip("the suite runs on SQLite")
+    started = timezone.now()
+    var = tmp_path / "var"
+    add_route("chat", [add_host("gpu1", fake.url)])
+    options = _start_options()
+    with running_gateway(tmp_path, CROSSBAR_VAR_DIR=str(var)) as gateway:
+        gateway.sync()
+        _postgres("-m fast -w stop")
+        try:
+            for n in range(6):
+                body = chat(f"question {n}", max_tokens=3)
+                assert httpx.post(f"{gateway.url}{URL}", json=body, timeout=30).status_code == 200
+            gateway.process.send_signal(signal.SIGTERM)
+            exit_code = gateway.process.wait(timeout=60)
+        finally:
+            log = Path(os.environ["CROSSBAR_PG_DATA"]) / "log"
+            _postgres(f"-w -l {log} -o {shlex.quote(options)} start")
+    connection.close()  # this process's connection died with the server
+
+    assert exit_code != 0
+    assert "6 rows kept in" in gateway.log()
+    with running_gateway(tmp_path, CROSSBAR_VAR_DIR=str(var)) as again:
+        rows = Request.objects.filter(started__gte=started)
+        wait_until(lambda: rows.count() == 6, 30, what="the spooled rows")
+        assert rows_spooled(again.url) == (0, 0)
     assert not list((var / "spool").iterdir())
