@@ -17,7 +17,10 @@ own rule for a full queue: refuse at once.
 
 A row the database refuses (a constraint or a value it cannot store) would otherwise fail its
 whole batch forever, so a refused batch is split in halves until the offending rows are
-alone; those are dropped, counted and logged once per batch, without their contents.
+alone; those are dropped, counted and logged one by one (which request, and why), without
+their text. A write waits at most `rows.ATTEMPT_SECONDS` for a lock, so a stop keeps its
+deadline: rows the database still cannot take after `STOP_TIMEOUT` are kept in the spool
+(accounting/spool.py) and written by the next process that starts (`start()`).
 """
 
 from __future__ import annotations
@@ -400,7 +403,7 @@ class Recorder:
         return kept
 
     def _keep(self, rows: list[RequestRecord]) -> bool:
-        where = self.spool.directory if self.spool is not None else None
+        """Keep `rows` in the spool, saying so; False (and said why) when they are lost."""
         if self.spool is None:
             log.error(
                 "accounting: the database is unavailable at shutdown; %d rows dropped", len(rows)
@@ -412,17 +415,14 @@ class Recorder:
             log.error(
                 "accounting: the database is unavailable at shutdown and the spool %s cannot "
                 "take %d rows (%s): they are lost",
-                where,
-                len(rows),
-                exc.strerror or exc,
-            )
+                self.spool.directory, len(rows), exc.strerror or exc,
+            )  # fmt: skip
             return False
         log.error(
             "accounting: the database is unavailable at shutdown; %d rows kept in %s, "
             "written at the next start",
-            len(rows),
-            where,
-        )
+            len(rows), self.spool.directory,
+        )  # fmt: skip
         return True
 
 
@@ -431,11 +431,11 @@ _recorder_lock = threading.Lock()
 
 
 def get_recorder() -> Recorder:
-    """The process-wide recorder; it writes what it holds when the interpreter exits.
+    """The process-wide recorder, spooling to the gateway's `var/spool`.
 
-    Daphne ends on SIGTERM or SIGINT by stopping its reactor and returning, so the interpreter
-    exits normally and runs `atexit` handlers, which stop (and so flush) this recorder. Django
-    itself has no shutdown signal; a SIGKILL loses whatever is held.
+    crossbar_serve starts it with the server and stops it after (crossbar_site/lifecycle.py);
+    in any other process it writes what it holds when the interpreter exits (`atexit`). A
+    SIGKILL loses whatever is held in memory.
     """
     global _recorder
     if _recorder is None:
