@@ -17,7 +17,10 @@ own rule for a full queue: refuse at once.
 
 A row the database refuses (a constraint or a value it cannot store) would otherwise fail its
 whole batch forever, so a refused batch is split in halves until the offending rows are
-alone; those are dropped, counted and logged once per batch, without their contents.
+alone; those are dropped, counted and logged one by one (which request, and why), without
+their text. A write waits at most `rows.ATTEMPT_SECONDS` for a lock, so a stop keeps its
+deadline: rows the database still cannot take after `STOP_TIMEOUT` are kept in the spool
+(accounting/spool.py) and written by the next process that starts (`start()`).
 """
 
 from __future__ import annotations
@@ -28,103 +31,46 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
 
-from django.db import DatabaseError, DataError, IntegrityError, connection, models, transaction
+from django.conf import settings
+from django.db import DatabaseError, DataError, IntegrityError, connection
 
-from accounting.models import Request
+from accounting.rows import ATTEMPT_SECONDS, from_spool, spooled, within_columns
+from accounting.rows import RequestRecord as RequestRecord  # the recorder's rows, re-exported
+from accounting.rows import first_line as _first_line
+from accounting.rows import save as _save
+from accounting.spool import Spool
 
 log = logging.getLogger(__name__)
 
 RETRY_FIRST = 0.1
 RETRY_MAX = 5.0
+STOP_TIMEOUT = 10.0  # seconds a stop waits for the database before it spools what is held
 
 
-@dataclass(slots=True)
-class RequestRecord:
-    """One request as the proxy hands it over; the fields are `Request`'s."""
-
-    route: str
-    fingerprint: str
-    model: str
-    host: str
-    started: datetime
-    queued_ms: int
-    ttfb_ms: int | None
-    total_ms: int
-    status: int
-    streamed: bool
-    lease: str
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    completion_tokens: int | None
-    error: str = ""
-    client: str = ""
-    fallback: str = ""
-    placement: str = ""
-    code: str = ""
-    refused_by: str = ""  # space-separated host names
-    predicted_cached_blocks: int | None = None
-    reported_cached_blocks: int | None = None
-    patience: str = ""
-    patience_stay_ms: int | None = None
-    patience_spill_ms: int | None = None
+REFUSALS_LOGGED = 5  # rows logged one by one per batch; the rest are counted
 
 
-_FIELDS = tuple(f.name for f in fields(RequestRecord))
-# A string longer than its column makes PostgreSQL refuse the row; a client-sent model name
-# can be any length, so strings are cut to fit instead.
-_MAX_LENGTHS = {
-    f.name: f.max_length
-    for f in Request._meta.get_fields()
-    if isinstance(f, models.CharField) and f.name in _FIELDS and f.max_length is not None
-}
-
-
-def _values(row: RequestRecord) -> list[Any]:
-    """The row's column values, in `_FIELDS` order, as the database takes them."""
-    values: list[Any] = []
-    for name in _FIELDS:
-        value = getattr(row, name)
-        if isinstance(value, str):
-            if "\x00" in value:
-                # PostgreSQL refuses NUL in text, and a client can send one (`%00` in a path).
-                value = value.replace("\x00", "\ufffd")
-            limit = _MAX_LENGTHS.get(name)
-            if limit is not None and len(value) > limit:
-                value = value[:limit]
-        elif isinstance(value, datetime):
-            value = connection.ops.adapt_datetimefield_value(value)
-        values.append(value)
-    return values
-
-
-def _insert() -> str:
-    quote = connection.ops.quote_name
-    column = {field.name: field.column for field in Request._meta.concrete_fields}
-    columns = ", ".join(quote(column[name]) for name in _FIELDS)
-    placeholders = ", ".join(["%s"] * len(_FIELDS))
-    return f"INSERT INTO {quote(Request._meta.db_table)} ({columns}) VALUES ({placeholders})"
-
-
-def _save(rows: list[RequestRecord]) -> None:
-    """Insert `rows` in one transaction: all of them, or none (IntegrityError, DataError).
-
-    The INSERT `bulk_create` runs, without a model instance per row and the SQL assembled
-    value by value, which were three quarters of the writer's CPU (bench/README.md, issue 22).
-    Every column is one of `RequestRecord`'s fields, each a str, int, bool, None or an aware
-    datetime: the database driver takes those as they are but the datetime, which Django's
-    backend adapts as the model field would (SQLite: UTC text)."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.executemany(_insert(), [_values(row) for row in rows])
-
-
-def _first_line(exc: BaseException) -> str:
-    # PostgreSQL puts the failing row's values on a DETAIL line; only the first line is logged.
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+def _log_refused(refused: list[tuple[RequestRecord, str]], of: int) -> None:
+    """One line per refused row (a batch's first few): which request, and why. The row's
+    text fields are not shown: an error message may quote what a host sent."""
+    for row, why in refused[:REFUSALS_LOGGED]:
+        log.error(
+            "accounting: the database refused a row (route=%s host=%s status=%d started=%s), "
+            "dropped: %s",
+            row.route or "-",
+            row.host or "-",
+            row.status,
+            row.started.isoformat() if isinstance(row.started, datetime) else row.started,
+            why,
+        )
+    if len(refused) > REFUSALS_LOGGED:
+        log.error(
+            "accounting: the database refused %d of %d rows in all, dropped",
+            len(refused),
+            of,
+        )
 
 
 class Recorder:
@@ -136,9 +82,15 @@ class Recorder:
     """
 
     def __init__(
-        self, *, batch_size: int = 500, flush_interval: float = 0.5, max_backlog: int = 100_000
+        self,
+        *,
+        batch_size: int = 500,
+        flush_interval: float = 0.5,
+        max_backlog: int = 100_000,
+        spool: Spool | None = None,
     ) -> None:
         self.batch_size = batch_size
+        self.spool = spool
         self.flush_interval = flush_interval
         self.max_backlog = max_backlog
         self._lock = threading.Lock()
@@ -150,6 +102,7 @@ class Recorder:
         self._finished = 0  # written, refused or given up at shutdown
         self._written = 0
         self._dropped = 0
+        self._left_at_stop = 0
         self._failing = False
         self._failing_since = 0.0
         self._streak_drops = 0  # dropped for a full backlog since it was last logged
@@ -178,12 +131,25 @@ class Recorder:
         return self._dropped
 
     @property
+    def spooled(self) -> int:
+        """Rows in the spool this process kept there or is writing from it."""
+        return self.spool.waiting if self.spool is not None else 0
+
+    @property
+    def left_at_stop(self) -> int:
+        """Rows the last stop did not write: kept in the spool, or lost."""
+        return self._left_at_stop
+
+    @property
     def failing(self) -> bool:
         """True while the database is refusing writes and the writer is retrying."""
         return self._failing
 
     def record(self, row: RequestRecord) -> None:
-        """Queue a row for writing. Never blocks on the database and never raises."""
+        """Queue a row for writing. Never blocks on the database and never raises.
+
+        A figure beyond its column's range is stored empty (`accounting.columns`)."""
+        row = within_columns(row)
         with self._lock:
             held = self._held()
             if held >= self.max_backlog:
@@ -225,10 +191,18 @@ class Recorder:
             finally:
                 self._flushers -= 1
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def start(self) -> None:
+        """Start the writer now, not at the first row: it first writes the rows the spool
+        holds (a process before this one could not write them)."""
+        with self._lock:
+            if self._thread is None:
+                self._start_writer()
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Write what is held and end the writer thread.
 
-        Rows the database still refuses after `timeout` seconds are dropped and counted.
+        Rows the database still cannot take after `timeout` seconds are kept in the spool
+        (`left_at_stop` counts them), or lost and counted as dropped without one.
         """
         with self._lock:
             thread = self._thread
@@ -237,7 +211,8 @@ class Recorder:
             self._stopping = True
             self._give_up_at = time.monotonic() + timeout
             self._work.notify()
-        thread.join(timeout + 1.0)
+        # A write begun just before the deadline may wait for its lock a while longer.
+        thread.join(timeout + ATTEMPT_SECONDS + 1.0)
         with self._lock:
             if thread.is_alive():
                 # Stuck in the database driver; it gives up by itself once it returns.
@@ -262,9 +237,11 @@ class Recorder:
 
     def _run(self) -> None:
         try:
+            if not self._replay():
+                return
             while (batch := self._next_batch()) is not None:
-                if not self._write(batch):
-                    self._abandon_queue()
+                if left := self._write(batch):
+                    self._abandon(left)
                     return
         except Exception:
             # A bug, not the database (its errors are handled in _write); say so loudly, since
@@ -292,13 +269,41 @@ class Recorder:
             self._in_flight = size
             return batch
 
-    def _write(self, batch: list[RequestRecord]) -> bool:
+    def _replay(self) -> bool:
+        """Write the rows of the spool's files this process claims; False when stop()'s
+        deadline passed first (what is left is kept in the spool anew)."""
+        if self.spool is None:
+            return True
+        for path in self.spool.claim():
+            try:
+                lines = self.spool.read(path)
+            except OSError as exc:
+                log.error("accounting: cannot read %s from the spool: %s", path, exc)
+                continue
+            rows = [row for line in lines if (row := from_spool(line)) is not None]
+            if len(rows) < len(lines):
+                log.warning(
+                    "accounting: %d lines of %s are not rows; skipped", len(lines) - len(rows), path
+                )
+            with self._lock:
+                self._accepted += len(rows)
+                self._in_flight += len(rows)
+            if left := self._write(rows):
+                if self._abandon(left):
+                    self.spool.done(path, len(lines))
+                return False
+            self.spool.done(path, len(lines))
+            log.warning("accounting: %d rows written from the spool (%s)", len(rows), path.name)
+        return True
+
+    def _write(self, batch: list[RequestRecord]) -> list[RequestRecord]:
         """Save a batch, retrying while the database is unavailable.
 
-        Returns False when stop()'s deadline passed before the database came back.
+        Returns the rows not written when stop()'s deadline passed before the database came
+        back (none otherwise: a row the database refuses is logged and dropped).
         """
         parts = [batch]
-        refused: list[str] = []
+        refused: list[tuple[RequestRecord, str]] = []
         delay = RETRY_FIRST
         while parts:
             part = parts.pop()
@@ -311,7 +316,8 @@ class Recorder:
                         connection.close()
                     parts.append(part)
                     if not self._pause(delay):
-                        return False
+                        self._refused(refused, len(batch))
+                        return [row for part in parts for row in part]
                     delay = min(delay * 2, RETRY_MAX)
                     continue
                 refusal: Exception = exc
@@ -325,16 +331,14 @@ class Recorder:
                 middle = len(part) // 2
                 parts += [part[middle:], part[:middle]]
             else:
-                refused.append(_first_line(refusal))
+                refused.append((part[0], _first_line(refusal)))
+        self._refused(refused, len(batch))
+        return []
+
+    def _refused(self, refused: list[tuple[RequestRecord, str]], of: int) -> None:
         if refused:
-            log.error(
-                "accounting: the database refused %d of %d rows, dropped (%s)",
-                len(refused),
-                len(batch),
-                refused[-1],
-            )
+            _log_refused(refused, of)
             self._settle(len(refused), written=False)
-        return True
 
     def _note_failure(self, exc: DatabaseError) -> None:
         if not self._failing:
@@ -368,13 +372,14 @@ class Recorder:
                 self._work.wait(remaining)
             return True
 
-    def _settle(self, count: int, *, written: bool) -> None:
-        """Count in-flight rows as done, then wake flush() (after logging, so it sees the log)."""
+    def _settle(self, count: int, *, written: bool, kept: bool = False) -> None:
+        """Count in-flight rows as done (written, kept in the spool, or dropped), then wake
+        flush() (after logging, so it sees the log)."""
         with self._lock:
             self._in_flight -= count
             if written:
                 self._written += count
-            else:
+            elif not kept:
                 self._dropped += count
             dropped = 0
             if written and self._streak_drops and self._held() < self.max_backlog:
@@ -385,13 +390,40 @@ class Recorder:
             self._finished += count
             self._settled.notify_all()
 
-    def _abandon_queue(self) -> None:
+    def _abandon(self, left: list[RequestRecord]) -> bool:
+        """At stop()'s deadline: keep `left` (in flight) and the queue in the spool, or
+        drop them; whether they were kept."""
         with self._lock:
             self._in_flight += len(self._queue)
+            rows = left + list(self._queue)
             self._queue.clear()
-            lost = self._in_flight
-        log.error("accounting: the database is unavailable at shutdown; %d rows dropped", lost)
-        self._settle(lost, written=False)
+            self._left_at_stop += len(rows)
+        kept = self._keep(rows)
+        self._settle(len(rows), written=False, kept=kept)
+        return kept
+
+    def _keep(self, rows: list[RequestRecord]) -> bool:
+        """Keep `rows` in the spool, saying so; False (and said why) when they are lost."""
+        if self.spool is None:
+            log.error(
+                "accounting: the database is unavailable at shutdown; %d rows dropped", len(rows)
+            )
+            return False
+        try:
+            self.spool.keep(spooled(row) for row in rows)
+        except OSError as exc:
+            log.error(
+                "accounting: the database is unavailable at shutdown and the spool %s cannot "
+                "take %d rows (%s): they are lost",
+                self.spool.directory, len(rows), exc.strerror or exc,
+            )  # fmt: skip
+            return False
+        log.error(
+            "accounting: the database is unavailable at shutdown; %d rows kept in %s, "
+            "written at the next start",
+            len(rows), self.spool.directory,
+        )  # fmt: skip
+        return True
 
 
 _recorder: Recorder | None = None
@@ -399,17 +431,19 @@ _recorder_lock = threading.Lock()
 
 
 def get_recorder() -> Recorder:
-    """The process-wide recorder; it writes what it holds when the interpreter exits.
+    """The process-wide recorder, spooling to the gateway's `var/spool` (`Spool.of_database`).
 
-    Daphne ends on SIGTERM or SIGINT by stopping its reactor and returning, so the interpreter
-    exits normally and runs `atexit` handlers, which stop (and so flush) this recorder. Django
-    itself has no shutdown signal; a SIGKILL loses whatever is held.
+    crossbar_serve starts it with the server and stops it after (crossbar_site/lifecycle.py);
+    in any other process it writes what it holds when the interpreter exits (`atexit`). A
+    SIGKILL loses whatever is held in memory.
     """
     global _recorder
     if _recorder is None:
         with _recorder_lock:
             if _recorder is None:
-                recorder = Recorder()
+                # A test run's connection names its test database.
+                spool = Spool.of_database(settings.VAR_DIR, connection.settings_dict)
+                recorder = Recorder(spool=spool)
                 atexit.register(recorder.stop)
                 _recorder = recorder
     return _recorder

@@ -12,8 +12,9 @@ callbacks, `stop_listening` and `stop`):
 2. Once no HTTP request is in flight, or `grace` seconds after the signal, the server stops
    listening. Requests still running then are cut as if their clients had left (`cut`: each
    frees its slot, tells its host and writes a 499 row); a second signal cuts them at once.
-3. The server stops (`stop`): it closes its connections, the runtime closes, and the process
-   exits 0; the accounting recorder writes what it holds at exit (`atexit`).
+3. The server stops (`stop`): it closes its connections, the runtime closes, the accounting
+   recorder writes what it holds (`stop_accounting`), and the process exits 0, or 75 when
+   rows the database could not take were left in the spool (written at the next start).
 
 Everything here runs on the server's event loop, and nothing else in the process touches it.
 """
@@ -24,12 +25,16 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from accounting.recorder import get_recorder
 from routing.core.background import spawn
 from routing.runtime import STOPPING
 
 log = logging.getLogger("crossbar.serve")
 
 CUT_WAIT = 5.0  # seconds requests cut at the end of the grace may take to write their rows
+# The exit status when accounting rows were left unwritten (sysexits' EX_TEMPFAIL): kept in
+# the spool for the next start, or lost. A supervisor sees a stop that needs a look.
+EXIT_ROWS_LEFT = 75
 
 
 class InFlight:
@@ -134,6 +139,27 @@ class GracefulStop:
             REQUESTS.cut()
             await REQUESTS.idle_within(CUT_WAIT)
         await self._stop()
+
+
+def start_accounting() -> None:
+    """Start the accounting writer with the server: it first writes the rows a process
+    before this one left in the spool."""
+    get_recorder().start()
+
+
+def stop_accounting() -> int:
+    """Write the rows held (the database has `recorder.STOP_TIMEOUT` seconds to take them),
+    then the exit status: 0, or `EXIT_ROWS_LEFT` when rows were left unwritten."""
+    recorder = get_recorder()
+    recorder.stop()
+    if recorder.left_at_stop:
+        log.error(
+            "exiting with status %d: %d accounting rows were not written (see above)",
+            EXIT_ROWS_LEFT,
+            recorder.left_at_stop,
+        )
+        return EXIT_ROWS_LEFT
+    return 0
 
 
 def start_runtime() -> None:

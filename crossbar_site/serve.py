@@ -11,7 +11,7 @@ same ASGI application (crossbar_site/asgi.py), with the same guards on both:
   `CROSSBAR_STREAM_IDLE_TIMEOUT` is cut (routing/proxy/relay.py);
 - SIGTERM or SIGINT drains and stops: `/health` answers `draining` while the requests in flight
   finish, for up to `CROSSBAR_SHUTDOWN_GRACE` seconds, then the listener closes, and the process
-  exits 0 (crossbar_site/lifecycle.py).
+  exits 0, or 75 when accounting rows were left in the spool (crossbar_site/lifecycle.py).
 
 This module binds the listening socket (a backlog of 1024, where Twisted's default is 50) and
 hands it to the server. With `CROSSBAR_WORKERS=N` it supervises N worker processes instead, each
@@ -74,6 +74,7 @@ def serve(host: str, port: int, *, grace: float, server: str | None = None) -> N
     address, bound = listening.getsockname()[:2]
     log.info("listening on http://%s:%s (%s)", address, bound, server)
     from crossbar_site.asgi import application
+    from crossbar_site.lifecycle import start_accounting, stop_accounting
 
     if server == "uvicorn":
         from crossbar_site import uvicorn_server as chosen
@@ -85,7 +86,10 @@ def serve(host: str, port: int, *, grace: float, server: str | None = None) -> N
     # "the collector's pauses"). Collected first, so that no garbage of the start is kept.
     gc.collect()
     gc.freeze()
+    start_accounting()
     chosen.run(application, listening, grace=grace, lifeline=lifeline)
+    if code := stop_accounting():
+        raise SystemExit(code)
 
 
 def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:

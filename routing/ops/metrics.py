@@ -309,6 +309,12 @@ class StateCollector:
             "Accounting rows waiting to be written to the database.",
             value=recorder.backlog,
         )
+        yield GaugeMetricFamily(
+            "crossbar_recorder_spooled",
+            "Accounting rows in the spool on local disk, waiting for the database (kept at "
+            "a stop, written at the next start).",
+            value=recorder.spooled,
+        )
         yield CounterMetricFamily(
             "crossbar_recorder_dropped",
             "Accounting rows lost: backlog full, refused by the database, or unwritten at stop.",

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from accounting.recorder import RequestRecord, get_recorder
+from accounting.rows import within_columns
 from routing.core.clients import Admitted
 from routing.core.named_slots import NamedSlot
 from routing.core.patience import Priced
@@ -101,31 +102,33 @@ def finish(
     if trail.running is not None:
         trail.running.table.finish(trail.running)
     total_ms = trail.arrival.elapsed_ms()
-    record = RequestRecord(
-        route=trail.route,
-        fingerprint=trail.fingerprint,
-        model=trail.model,
-        host=trail.host,
-        started=trail.arrival.started,
-        queued_ms=trail.queued_ms,
-        ttfb_ms=trail.ttfb_ms,
-        total_ms=total_ms,
-        status=status,
-        streamed=trail.streamed,
-        lease=trail.lease,
-        prompt_tokens=usage.prompt_tokens,
-        cached_tokens=usage.cached_tokens,
-        completion_tokens=usage.completion_tokens,
-        error=error,
-        client=trail.client,
-        fallback=trail.fallback,
-        placement=trail.placement,
-        code=code,
-        refused_by=" ".join(trail.refused_by),
-        predicted_cached_blocks=trail.predicted_blocks,
-        reported_cached_blocks=trail.reported_blocks,
-        **_patience_fields(trail.patience),
-    )
+    record = within_columns(
+        RequestRecord(
+            route=trail.route,
+            fingerprint=trail.fingerprint,
+            model=trail.model,
+            host=trail.host,
+            started=trail.arrival.started,
+            queued_ms=trail.queued_ms,
+            ttfb_ms=trail.ttfb_ms,
+            total_ms=total_ms,
+            status=status,
+            streamed=trail.streamed,
+            lease=trail.lease,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+            error=error,
+            client=trail.client,
+            fallback=trail.fallback,
+            placement=trail.placement,
+            code=code,
+            refused_by=" ".join(trail.refused_by),
+            predicted_cached_blocks=trail.predicted_blocks,
+            reported_cached_blocks=trail.reported_blocks,
+            **_patience_fields(trail.patience),
+        )
+    )  # before the metrics count a host's absurd figure
     get_recorder().record(record)
     metrics.observe(record)
     log.info(

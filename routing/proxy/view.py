@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from django.views.decorators.csrf import csrf_exempt
 
+from accounting.recorder import get_recorder
 from routing.config.shape import RouteConfig
 from routing.core.endpoints import Kind
 from routing.core.errors import (
@@ -65,7 +66,8 @@ async def gateway_health() -> JsonResponse:
     """`/health`: the gateway itself is up (for load balancers; no row, no log line).
 
     `revision` is the configuration stamp this process serves, so a deploy script (or a test)
-    can tell when an edit has been picked up. 503 `draining` once a graceful stop has begun,
+    can tell when an edit has been picked up; `rows_spooled`, the accounting rows waiting in
+    the spool for the database (docs/reliability.md). 503 `draining` once a graceful stop has begun,
     and 503 `state_unavailable` while the shared state (Redis) cannot be reached: this process
     would refuse every proxied request meanwhile, so a balancer should send them elsewhere.
     """
@@ -81,7 +83,10 @@ async def gateway_health() -> JsonResponse:
             "revision": runtime.fleet.revision,
         }
         return JsonResponse(unavailable, status=503, headers={"Retry-After": "2"})
-    return JsonResponse({"status": "ok", "revision": runtime.fleet.revision})
+    spooled = get_recorder().spooled  # rows a stop kept on disk, not yet in the database
+    return JsonResponse(
+        {"status": "ok", "revision": runtime.fleet.revision, "rows_spooled": spooled}
+    )
 
 
 def gateway_home() -> HttpResponse:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -14,11 +15,13 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from accounting import recorder as recorder_module
 from accounting.models import Request
 from accounting.recorder import Recorder, RequestRecord
+from accounting.rows import spooled
+from accounting.spool import Spool
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -264,11 +267,19 @@ def test_writer_retries_with_backoff_while_the_database_is_down(
     assert "recovered" in messages[1]
 
 
-def test_a_row_the_database_refuses_does_not_lose_its_batch(
-    recorder: Recorder, caplog: pytest.LogCaptureFixture
+def test_a_row_the_database_refuses_is_logged_with_why_and_its_batch_is_written(
+    recorder: Recorder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    real_save = recorder_module._save
+
+    def refusing_save(rows: list[RequestRecord]) -> None:
+        if any(row.fingerprint == f"{6:064x}" for row in rows):
+            raise IntegrityError("CHECK constraint failed: queued_ms")
+        real_save(rows)
+
+    monkeypatch.setattr(recorder_module, "_save", refusing_save)
     rows = [make_record(n) for n in range(10)]
-    rows[6] = make_record(6, queued_ms=-1, error="secret-looking upstream text")
+    rows[6] = make_record(6, host="gpu7", error="secret-looking upstream text")
 
     with caplog.at_level(logging.ERROR, logger="accounting.recorder"):
         for row in rows:
@@ -279,8 +290,34 @@ def test_a_row_the_database_refuses_does_not_lose_its_batch(
     assert not mine().filter(fingerprint=f"{6:064x}").exists()
     assert recorder.dropped == 1
     assert [r.levelname for r in caplog.records] == ["ERROR"]
-    assert "refused 1 of" in caplog.records[0].getMessage()
+    message = caplog.records[0].getMessage()
+    assert "refused a row" in message and "host=gpu7" in message and f"route={ROUTE}" in message
+    assert "IntegrityError: CHECK constraint failed: queued_ms" in message
     assert "secret-looking" not in caplog.text
+
+
+def test_a_figure_beyond_its_column_is_stored_empty_with_one_warning_naming_the_host(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The columns are PostgreSQL's integer (up to 2^31 - 1) whatever the database: SQLite
+    # would take 2^31, PostgreSQL would refuse the row.
+    with caplog.at_level(logging.WARNING, logger="accounting.recorder"):
+        recorder.record(make_record(1, host="odd-gpu", cached_tokens=10**23 - 1))
+        recorder.record(make_record(2, host="odd-gpu", completion_tokens=2**31, ttfb_ms=-5))
+        recorder.record(make_record(3, completion_tokens=2**31 - 1))
+        assert recorder.flush()
+
+    assert recorder.dropped == 0
+    rows = mine().order_by("fingerprint")
+    assert [(r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.ttfb_ms) for r in rows] == [
+        (100, None, 40, 120),
+        (100, 80, None, None),
+        (100, 80, 2**31 - 1, 120),
+    ]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2
+    assert "host odd-gpu" in warnings[0] and "cached_tokens=99999999999999999999999" in warnings[0]
+    assert "completion_tokens=2147483648" in warnings[1] and "ttfb_ms=-5" in warnings[1]
 
 
 def test_names_longer_than_their_column_are_cut_to_fit(recorder: Recorder) -> None:
@@ -400,3 +437,126 @@ def test_the_writer_reconnects_after_postgresql_restarts(
     assert recorder.dropped == 0
     assert "cannot write to the database" in caplog.text
     assert "recovered" in caplog.text
+
+
+def database_down(monkeypatch: pytest.MonkeyPatch, until: threading.Event | None = None) -> None:
+    """The database refuses every write (until `until` is set)."""
+    real_save = recorder_module._save
+
+    def save(rows: list[RequestRecord]) -> None:
+        if until is None or not until.is_set():
+            raise OperationalError("database is locked")
+        real_save(rows)
+
+    monkeypatch.setattr(recorder_module, "_save", save)
+
+
+def spooled_lines(directory: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for path in directory.glob("rows-*") for line in path.open()]
+
+
+def test_rows_the_database_cannot_take_at_stop_are_kept_in_the_spool(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    database_down(monkeypatch)
+    recorder = Recorder(batch_size=10, flush_interval=0.05, spool=Spool(tmp_path))
+    for n in range(25):
+        recorder.record(make_record(n))
+
+    with caplog.at_level(logging.ERROR, logger="accounting.recorder"):
+        recorder.stop(timeout=0.5)
+
+    assert (recorder.dropped, recorder.backlog, recorder.spooled, recorder.left_at_stop) == (
+        0,
+        0,
+        25,
+        25,
+    )
+    lines = spooled_lines(tmp_path)
+    assert sorted(line["fingerprint"] for line in lines) == [f"{n:064x}" for n in range(25)]
+    assert f"25 rows kept in {tmp_path}" in caplog.text
+
+
+def test_a_recorder_started_again_writes_the_spooled_rows_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    database_down(monkeypatch)
+    first = Recorder(batch_size=10, flush_interval=0.05, spool=Spool(tmp_path))
+    for n in range(25):
+        first.record(make_record(n, started=datetime(2026, 11, 30, 12, n, tzinfo=UTC)))
+    first.stop(timeout=0.2)
+    monkeypatch.undo()
+
+    # Two processes starting at once: each claims files before it writes, so one writes them.
+    second, third = (
+        Recorder(batch_size=10, flush_interval=0.05, spool=Spool(tmp_path)) for _ in range(2)
+    )
+    second.start()
+    third.start()
+    wait_until(lambda: second.written + third.written == 25, what="the spooled rows")
+    second.stop()
+    third.stop()
+
+    rows = mine().order_by("started")
+    assert [row.fingerprint for row in rows] == [f"{n:064x}" for n in range(25)]
+    assert rows[3].started == datetime(2026, 11, 30, 12, 3, tzinfo=UTC)
+    assert (rows[3].prompt_tokens, rows[3].cached_tokens) == (100, 80)
+    assert (second.spooled, third.spooled) == (0, 0)
+    assert not list(tmp_path.iterdir())
+
+
+def test_spooled_rows_wait_while_the_database_is_still_down_at_the_next_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    Spool(tmp_path).keep([spooled(make_record(n)) for n in range(6)])
+    back = threading.Event()
+    database_down(monkeypatch, until=back)
+    recorder = Recorder(batch_size=10, flush_interval=0.05, spool=Spool(tmp_path))
+    recorder.start()
+
+    wait_until(lambda: recorder.failing, what="the writer to try")
+    assert recorder.spooled == 6
+    back.set()
+    wait_until(lambda: recorder.written == 6, what="the rows")
+    assert recorder.spooled == 0
+    recorder.stop()
+    assert mine().count() == 6
+
+
+def test_a_spool_the_disk_cannot_take_loses_the_rows_with_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A file where the spool's directory should be: refused even to root, as a read-only or
+    # full disk refuses.
+    (tmp_path / "var").write_text("")
+    directory = tmp_path / "var" / "spool"
+    database_down(monkeypatch)
+    recorder = Recorder(batch_size=10, flush_interval=0.05, spool=Spool(directory))
+    for n in range(4):
+        recorder.record(make_record(n))
+
+    with caplog.at_level(logging.ERROR, logger="accounting.recorder"):
+        recorder.stop(timeout=0.2)
+
+    assert (recorder.dropped, recorder.spooled, recorder.left_at_stop) == (4, 0, 4)
+    assert f"the spool {directory} cannot take 4 rows (Not a directory): they are lost" in (
+        caplog.text
+    )
+    assert "Traceback" not in caplog.text
+
+
+def test_stop_waits_its_whole_timeout_for_the_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As the gateway stops (atexit, uvicorn's lifespan): with the default timeout, a database
+    # back within seconds gets every row; the spool is for one that stays away.
+    back = threading.Event()
+    database_down(monkeypatch, until=back)
+    recorder = Recorder(batch_size=10, flush_interval=0.05)
+    for n in range(5):
+        recorder.record(make_record(n))
+    wait_until(lambda: recorder.failing, what="the writer to try")
+    threading.Timer(1.0, back.set).start()
+
+    recorder.stop()
+
+    assert (recorder.written, recorder.dropped, recorder.left_at_stop) == (5, 0, 0)
+    assert mine().count() == 5

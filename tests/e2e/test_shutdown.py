@@ -6,14 +6,21 @@ closes and the process exits 0."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
 import time
+from contextlib import ExitStack
+from pathlib import Path
 
 import httpx
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from accounting.models import Request
+from tests.accounting.test_accounting_recorder import write_lock
+from tests.accounting.test_database_trouble import _postgres, _start_options
 from tests.conftest import running_gateway, wait_until
 from tests.fleet import add_host, add_route, chat
 
@@ -131,3 +138,89 @@ def test_a_gateway_stopped_by_sigterm_logs_stopped_as_its_last_line(
 
     assert exit_code == 0
     assert lines and lines[-1].endswith("stopped")
+
+
+def rows_spooled(url: str) -> tuple[int, float]:
+    """How many rows wait in the spool, as `/health` and `/metrics` say."""
+    health = httpx.get(f"{url}/health", timeout=5).json()
+    metrics = httpx.get(f"{url}/metrics", timeout=5).text
+    gauge = next(
+        line for line in metrics.splitlines() if line.startswith("crossbar_recorder_spooled")
+    )
+    return health["rows_spooled"], float(gauge.split()[-1])
+
+
+def test_rows_the_database_cannot_take_at_a_stop_are_spooled_the_exit_says_so_and_the_next_start_writes_them(  # noqa: E501
+    django_db_setup, tmp_path, fake
+):
+    started = timezone.now()
+    var = tmp_path / "var"  # the gateway's var directory, where the spool is
+    add_route("chat", [add_host("gpu1", fake.url)])
+    with ExitStack() as lock:
+        lock.enter_context(write_lock())  # SQLite's write lock, or the table's on PostgreSQL
+        with running_gateway(tmp_path, CROSSBAR_VAR_DIR=str(var)) as gateway:
+            gateway.sync()
+            for n in range(6):
+                body = chat(f"question {n}", stream=n % 2 == 0, max_tokens=3)
+                assert httpx.post(f"{gateway.url}{URL}", json=body, timeout=30).status_code == 200
+            gateway.process.send_signal(signal.SIGTERM)
+            exit_code = gateway.process.wait(timeout=60)
+        spooled = [
+            line for path in (var / "spool").rglob("*") if path.is_file() for line in path.open()
+        ]
+
+        with running_gateway(tmp_path, CROSSBAR_VAR_DIR=str(var)) as again:
+            wait_until(lambda: rows_spooled(again.url) == (6, 6), what="the spooled rows claimed")
+            lock.close()  # the database takes writes again
+            wait_until(lambda: rows_spooled(again.url) == (0, 0), 30, what="the rows written")
+            again.process.send_signal(signal.SIGTERM)
+            second_exit = again.process.wait(timeout=30)
+
+    assert exit_code != 0
+    assert "6 rows kept in" in gateway.log() and "written at the next start" in gateway.log()
+    assert len(spooled) == 6
+    rows = Request.objects.filter(started__gte=started)
+    assert (
+        sorted(rows.values_list("streamed", "status", "completion_tokens"))
+        == [(False, 200, 3)] * 3 + [(True, 200, 3)] * 3
+    )
+    assert "6 rows written from the spool" in again.log()
+    assert second_exit == 0
+    assert not [path for path in (var / "spool").rglob("*") if path.is_file()]
+
+
+@pytest.mark.skipif(
+    not (os.environ.get("CROSSBAR_PG_BIN") and os.environ.get("CROSSBAR_PG_DATA")),
+    reason="needs a PostgreSQL this test may stop and start (CROSSBAR_PG_BIN, CROSSBAR_PG_DATA)",
+)
+@pytest.mark.restarts_database
+def test_rows_answered_while_postgresql_is_down_are_spooled_at_a_stop_and_written_at_the_next_start(  # noqa: E501
+    django_db_setup, tmp_path, fake
+):
+    if connection.vendor != "postgresql":
+        pytest.skip("the suite runs on SQLite")
+    started = timezone.now()
+    var = tmp_path / "var"
+    add_route("chat", [add_host("gpu1", fake.url)])
+    options = _start_options()
+    with running_gateway(tmp_path, CROSSBAR_VAR_DIR=str(var)) as gateway:
+        gateway.sync()
+        _postgres("-m fast -w stop")
+        try:
+            for n in range(6):
+                body = chat(f"question {n}", max_tokens=3)
+                assert httpx.post(f"{gateway.url}{URL}", json=body, timeout=30).status_code == 200
+            gateway.process.send_signal(signal.SIGTERM)
+            exit_code = gateway.process.wait(timeout=60)
+        finally:
+            log = Path(os.environ["CROSSBAR_PG_DATA"]) / "log"
+            _postgres(f"-w -l {log} -o {shlex.quote(options)} start")
+    connection.close()  # this process's connection died with the server
+
+    assert exit_code != 0
+    assert "6 rows kept in" in gateway.log()
+    with running_gateway(tmp_path, CROSSBAR_VAR_DIR=str(var)) as again:
+        rows = Request.objects.filter(started__gte=started)
+        wait_until(lambda: rows.count() == 6, 30, what="the spooled rows")
+        assert rows_spooled(again.url) == (0, 0)
+    assert not [path for path in (var / "spool").rglob("*") if path.is_file()]

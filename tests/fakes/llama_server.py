@@ -216,7 +216,8 @@ class FakeLlamaServer:
     "short_stream" sends an SSE stream's head with a Content-Length, then
     `SHORT_STREAM_EVENT`, `SHORT_STREAM_MISSING` bytes short of it, and closes),
     `token_delay`, `first_token_delay`, `prompt_token_ms` (what the timings say each
-    evaluated prompt token took: 0.1 ms, 10,000 a second; reported, not waited), `api_key`,
+    evaluated prompt token took: 0.1 ms, 10,000 a second; reported, not waited), `cache_n_said`
+    (what the answers say came from the cache, in place of the cache's own count), `api_key`,
     `load_delay`, `models_max`, `models_autoload`, `failing_models`; `forget_cache()` empties
     its KV cache. Fail modes apply to requests that take a slot (generations, embeddings,
     reranking) only, so a gateway's health poller does not use them up; "refuse" is the
@@ -268,6 +269,7 @@ class FakeLlamaServer:
         self.token_delay = token_delay
         self.first_token_delay = first_token_delay
         self.prompt_token_ms = 0.1
+        self.cache_n_said: int | None = None
         self.models = models
         self.aliases = aliases
         self.host = host
@@ -859,7 +861,7 @@ class FakeLlamaServer:
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
             max_tokens=docs.max_tokens(body, DEFAULT_MAX_TOKENS),
             prompt_n=len(words) - cache_n,
-            cache_n=cache_n,
+            cache_n=cache_n if self.cache_n_said is None else self.cache_n_said,
             prompt=text,
             id_slot=hold.slot or 0,
             prompt_token_ms=self.prompt_token_ms,

@@ -11,7 +11,8 @@ class Command(BaseCommand):
         "Serve crossbar with daphne or uvicorn (CROSSBAR_SERVER). On SIGTERM or SIGINT: "
         "/health answers draining while requests in flight finish (up to "
         "CROSSBAR_SHUTDOWN_GRACE seconds; a second signal cuts them), then stop listening, "
-        "write the accounting rows, and exit 0. See crossbar_site/serve.py."
+        "write the accounting rows, and exit 0 (75 when rows were left in the spool). "
+        "See crossbar_site/serve.py."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
