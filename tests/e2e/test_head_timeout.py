@@ -18,7 +18,7 @@ from tests.conftest import running_gateway
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fleet import add_host, add_route, chat
 from tests.observe import series
-from tests.wire import connect
+from tests.wire import KeptAlive, connect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"
@@ -85,6 +85,23 @@ def test_a_request_head_trickled_past_the_head_timeout_is_answered_408_and_close
     with connect(url) as sock:
         answer = trickled(sock, endless_head())
 
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert head_timeouts(url) == 1
+
+
+def test_the_next_head_on_a_kept_alive_connection_has_its_own_head_timeout(
+    gateway_with_head_timeout,
+):
+    url = gateway_with_head_timeout.url
+    client = KeptAlive(url, timeout=LONG)
+    try:
+        body = json.dumps(chat()).encode()
+        first = client.ask(b"POST", URL.encode(), body, content_type=b"application/json")
+        answer = trickled(client.sock, endless_head())
+    finally:
+        client.close()
+
+    assert first.status == 200
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
     assert head_timeouts(url) == 1
 
