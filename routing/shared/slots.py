@@ -686,7 +686,7 @@ class RedisSlots:
                         self._spawn(self._recheck_quietly())
             except UNREACHABLE as exc:
                 failures += 1
-                self._shared._down(exc)
+                self._shared.mark_down(exc)
                 if failures >= 2:  # the immediate second try failed too: Redis is away
                     self._fail_waits(f"Redis at {self._shared.where} cannot be reached")
                     await asyncio.sleep(min(2.0, 0.1 * 2**failures))
