@@ -13,7 +13,7 @@ with one process or many. What differs, and why:
   routing/core/opening.py's choice). Health and drain are this process's own: the script is
   given the hosts it may not use, and a home it offers that this process refuses after all is
   given back and the choice made again here.
-- A place in line hears of its grant by pub/sub (routing/shared/slots.py), never by polling.
+- A place in line hears of its grant by pub/sub (routing/shared/wakes.py), never by polling.
 - Watches (a spill after the route's patience, a fallback) are given only the pairs usable
   when they begin: Redis cannot ask this process whether a freed slot may go to a request.
   A slot granted on a host that went down meanwhile is found out by the request itself,
@@ -47,8 +47,9 @@ from routing.core.limiter import Pair, PairSnapshot
 from routing.core.opening import Opened, Opening, give_back, open_with
 from routing.core.state import InLine
 from routing.shared.clients import RedisClients
+from routing.shared.grants import Grant, Queued
 from routing.shared.leases import RedisLeases, lease_id, lease_ms, parse_version
-from routing.shared.slots import Grant, Queued, RedisSlots
+from routing.shared.slots import RedisSlots
 from routing.shared.state import Shared, StateUnavailable
 
 __all__ = ["SharedPlace", "SharedSlot", "SharedState", "SharedWatcher"]

@@ -7,7 +7,7 @@ place and client count a process takes in Redis carries its id, so once that key
 process may take them back. The same tick runs the periodic work of the modules built on it
 (sweeps, deferred releases), and when it finds the process's key gone (Redis restarted empty,
 or the key lapsed), their restore hooks put back what this process still holds and may still
-count as its own (routing/shared/slots.py says which slots may not).
+count as its own (routing/shared/slot_recovery.py says which slots may not).
 
 Every operation of those modules is one Lua script (EVALSHA; redis-py loads a script once and
 again after a Redis restart) written to be idempotent, so the one retry allowed on a dropped

@@ -14,7 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from routing.core.limiter import PairSnapshot
-from routing.shared.slots import Grant, Queued, RedisSlots
+from routing.shared.grants import Grant, Queued
+from routing.shared.slots import RedisSlots
 from routing.shared.state import Shared, StateUnavailable
 from tests.shared.conftest import LONG, RedisServer, eventually, holding_process
 
