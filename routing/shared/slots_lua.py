@@ -1,4 +1,5 @@
-"""The Lua scripts behind `RedisSlots` (routing/shared/slots.py), one per operation.
+"""The Lua scripts behind the shared slots, one per operation: the operations a request calls
+(routing/shared/slots.py), the limits (slot_limits.py) and the restore path (slot_recovery.py).
 
 Keys, under the prefix P (a pair is "host/model"; ids are "<process>.<n>"):
 

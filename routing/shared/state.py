@@ -7,7 +7,7 @@ place and client count a process takes in Redis carries its id, so once that key
 process may take them back. The same tick runs the periodic work of the modules built on it
 (sweeps, deferred releases), and when it finds the process's key gone (Redis restarted empty,
 or the key lapsed), their restore hooks put back what this process still holds and may still
-count as its own (routing/shared/slots.py says which slots may not).
+count as its own (routing/shared/slot_recovery.py says which slots may not).
 
 Every operation of those modules is one Lua script (EVALSHA; redis-py loads a script once and
 again after a Redis restart) written to be idempotent, so the one retry allowed on a dropped
@@ -178,7 +178,7 @@ class Shared:
             try:
                 reply = await registered(args=[self.prefix, *args])
             except UNREACHABLE as exc:
-                self._down(exc)
+                self.mark_down(exc)
                 raise StateUnavailable(
                     f"shared state unavailable: Redis at {self.where} cannot be reached"
                 ) from exc
@@ -257,7 +257,10 @@ class Shared:
             await asyncio.sleep(self.tick)
             await self.beat()
 
-    def _down(self, exc: BaseException) -> None:
+    def mark_down(self, exc: BaseException) -> None:
+        """Note that Redis could not be reached (`exc` says how): `available` is False until a
+        tick goes through, and the outage is logged once. For a caller that talks to Redis
+        other than through `script` (the grant listener's pub/sub). Never raises."""
         self.available = False
         if not self._said_down:
             self._said_down = True

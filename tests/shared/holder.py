@@ -11,7 +11,8 @@ import sys
 
 from routing.core.clients import ClientSpec
 from routing.shared.clients import RedisClients
-from routing.shared.slots import Grant, RedisSlots
+from routing.shared.grants import Grant
+from routing.shared.slots import RedisSlots
 from routing.shared.state import Shared
 
 

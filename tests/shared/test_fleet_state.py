@@ -20,8 +20,9 @@ from routing.core.leases import LeaseKey
 from routing.core.limiter import Pair
 from routing.core.opening import Opening
 from routing.core.state import on_lost
-from routing.shared.fleet_state import SharedPlace, SharedSlot, SharedState
-from routing.shared.slots import Grant
+from routing.shared.fleet_state import SharedState
+from routing.shared.grants import Grant
+from routing.shared.places import SharedPlace, SharedSlot
 from routing.shared.state import DEFAULT_PREFIX, StateUnavailable
 from tests.shared.conftest import LONG, RedisServer, eventually
 

@@ -14,7 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from routing.core.limiter import PairSnapshot
-from routing.shared.slots import Grant, Queued, RedisSlots
+from routing.shared.grants import Grant, Queued
+from routing.shared.slots import RedisSlots
 from routing.shared.state import Shared, StateUnavailable
 from tests.shared.conftest import LONG, RedisServer, eventually, holding_process
 
@@ -415,6 +416,68 @@ async def test_a_stopped_redis_gives_a_clear_error_and_after_its_restart_nothing
         await b.release(again)
         await a.release(kept)
         await eventually(lambda: _idle(a), "every slot and place given back")
+
+
+class CutLink:
+    """A TCP relay to Redis that the test can cut (every connection reset, new ones refused at
+    once) and mend, while Redis itself keeps running with all it holds: a network cut."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.cut = False
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut:
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.writers |= {writer, up_writer}
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+            dst.transport.abort()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+    def sever(self) -> None:
+        self.cut = True
+        for writer in self.writers:
+            writer.transport.abort()
+        self.writers.clear()
+
+
+async def test_a_release_that_cannot_reach_redis_is_given_back_once_redis_answers(
+    redis_server: RedisServer,
+):
+    link = CutLink(redis_server.port)
+    link.server = await asyncio.start_server(link.serve, "127.0.0.1", 0)
+    async with link.server:
+        async with gateway_process(link.url, 30.0) as a, gateway_process(redis_server.url) as b:
+            await configure(1, 0, a, b)
+            grant = await granted(a)
+
+            link.sever()
+            await a.release(grant)  # owed, not raised: Redis still counts the slot
+            assert a.held() == 0
+            assert await b.place([("h1", "m")]) is None
+            link.cut = False
+
+            async def placed() -> Grant | Queued | None:
+                return await b.place([("h1", "m")])
+
+            again = await eventually(placed, "the slot the cut release owed, given back")
+            assert isinstance(again, Grant)
+            await b.release(again)
+        link.sever()
 
 
 async def _in_flight_is(slots: RedisSlots, count: int) -> bool:
