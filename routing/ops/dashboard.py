@@ -170,6 +170,10 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         replace = replace or self.history_version != history.version
         self.history_version = history.version
         since = None if replace else self.history_from
+        if since is not None and self.fleet is not None:
+            # Other processes' counts of a step arrive up to `lag` seconds after it ended:
+            # the steps they may still change go again.
+            since = (since - self.fleet.lag) // window.step * window.step
         if window.name in RING_WINDOWS:
             points = history.points(window.name, since=since)
         else:

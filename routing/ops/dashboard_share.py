@@ -150,6 +150,9 @@ class FleetView:
         shared = runtime.shared.shared
         self.proc = shared.proc
         self.ttl_ms = int(shared.hold_ttl * 1000)
+        # Seconds after a step ends that another process's counts of it may still arrive: its
+        # last tick in the step, a publish that waited up to the TTL, and this side's read.
+        self.lag = int(shared.tick + shared.hold_ttl + READ_EVERY) + 1
         self._share = shared.script(_SHARE)
         self._read = shared.script(_READ)
         self._published: dict[str, set[int]] = {ring: set() for ring in RINGS}
