@@ -8,7 +8,9 @@ flight against `parallel` and the queue), the requests that finished since the l
 the requests running now, and per host the last five minutes (`history.cards`, with a hint for
 a host that keeps losing its cache: `cache_lost_hint`). Charts come in
 `history` messages: the whole window when the page opens or changes window, then only the
-points that changed, never the whole history every tick.
+points that changed, never the whole history every tick. With shared state, the running and
+recent requests, cards and charts are every live gateway process's, merged
+(routing/ops/dashboard_share.py), not only those of the process serving the page.
 
 A staff user with the right to change hosts may drain and undrain from the page; the change
 goes through `hosts.actions.set_draining`, like the admin's, and every open dashboard is told

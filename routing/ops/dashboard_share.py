@@ -25,7 +25,7 @@ second per dashboard is three aggregate queries each time; a share is one script
   process's (within a bucket); in flight and queue depth are means over every process's
   samples (each samples the shared counts, the whole fleet's). The steps before `cut` are the
   serving process's own rings, rebuilt from the rows (every process's rows): so every process
-  shows the same figures, and a requests is never counted by both. A dead process's requests
+  shows the same figures, and a request is never counted twice. A dead process's requests
   leave the 5-minute and hour windows with it; the 24 hours read them from the rows once they
   are an hour old.
 
