@@ -166,11 +166,15 @@ def start_runtime() -> None:
     """Build the gateway's runtime now, in the background, not at the first request: the host
     admin shows live state from the start, and the first request pays no load. Call on the
     server's loop."""
+    from routing.ops.dashboard_share import share_fleet
+    from routing.ops.metrics import recent
     from routing.runtime import get_runtime
 
     async def start() -> None:
         try:
-            await get_runtime()
+            # With shared state, the process's share of the dashboard from the start: a
+            # request it runs shows on the dashboards other processes serve.
+            share_fleet(await get_runtime(), recent)
         except Exception as exc:  # e.g. the database is down: the first request tries again
             log.warning("gateway runtime not started yet: %s", exc)
 

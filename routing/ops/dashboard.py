@@ -8,7 +8,9 @@ flight against `parallel` and the queue), the requests that finished since the l
 the requests running now, and per host the last five minutes (`history.cards`, with a hint for
 a host that keeps losing its cache: `cache_lost_hint`). Charts come in
 `history` messages: the whole window when the page opens or changes window, then only the
-points that changed, never the whole history every tick.
+points that changed, never the whole history every tick. With shared state, the running and
+recent requests, cards and charts are every live gateway process's, merged
+(routing/ops/dashboard_share.py), not only those of the process serving the page.
 
 A staff user with the right to change hosts may drain and undrain from the page; the change
 goes through `hosts.actions.set_draining`, like the admin's, and every open dashboard is told
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -31,10 +33,16 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from accounting.recorder import RequestRecord
 from hosts.actions import set_draining
 from hosts.models import DRAINING
 from hosts.routes_left import left_lines, routes_left_without
+from routing.ops.dashboard_share import (
+    PROCESS,
+    FleetView,
+    request_entry,
+    running_entries,
+    share_fleet,
+)
 from routing.ops.history import (
     CARD_SECONDS,
     RING_WINDOWS,
@@ -52,7 +60,6 @@ log = logging.getLogger("crossbar.dashboard")
 GROUP = "crossbar-dashboard"
 TICK = 0.5
 DEFAULT_WINDOW = "5m"
-MAX_RUNNING = 200  # rows of the running-requests table sent; the rest are counted on the page
 
 
 @staff_member_required
@@ -76,44 +83,7 @@ def state(runtime: Runtime) -> dict[str, Any]:
         "revision": runtime.fleet.revision,
         "gateway_since": datetime.fromtimestamp(history.began, UTC).isoformat(timespec="seconds"),
         "hosts": [host.as_json() for host in host_lives(runtime)],
-    }
-
-
-def running_entries(runtime: Runtime) -> list[dict[str, Any]]:
-    """The requests running now, oldest first, at most `MAX_RUNNING` (no fingerprint); one
-    that waits names the host whose line it is in (`line`) and its place there (`place`)."""
-    return [
-        {
-            "n": row.number,
-            "route": row.route,
-            "model": row.model[:100],
-            "host": row.host,
-            "client": row.client,
-            "elapsed_ms": row.elapsed_ms,
-            "queued_ms": row.queued_ms,
-            "tokens": row.tokens,
-            "line": row.line,
-            "place": row.place,
-        }
-        for row in runtime.running.snapshot(MAX_RUNNING)
-    ]
-
-
-def request_entry(number: int, record: RequestRecord) -> dict[str, Any]:
-    """A finished request as the dashboard lists it (no fingerprint, no error details)."""
-    return {
-        "n": number,
-        # Listed as they finish, so by the time they finished.
-        "finished": (record.started + timedelta(milliseconds=record.total_ms)).isoformat(),
-        "route": record.route,
-        "model": record.model[:100],
-        "host": record.host,
-        "client": record.client,
-        "status": record.status,
-        "lease": record.lease,
-        "total_ms": record.total_ms,
-        "prompt_tokens": record.prompt_tokens,
-        "completion_tokens": record.completion_tokens,
+        "process": PROCESS,  # the one serving this page
     }
 
 
@@ -139,6 +109,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         self.can_drain = await database_sync_to_async(user.has_perm)("hosts.change_host")
         self.runtime = await get_runtime()
         self.shown = 0  # the number of the last request sent
+        self.shown_by: dict[str, int] = {}  # with shared state: the same, for each process
+        self.fleet: FleetView | None = share_fleet(self.runtime, recent)
         self.window = DEFAULT_WINDOW
         self.history_from: int | None = None  # the step the next increment starts at
         self.db_version = -1  # the database history's version last sent
@@ -177,12 +149,17 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def send_state(self) -> None:
         await self.runtime.refresh()
         message = state(self.runtime)
-        fresh = recent.since(self.shown)
-        if fresh:
-            self.shown = fresh[-1][0]
-        message["requests"] = [request_entry(number, record) for number, record in fresh]
-        message["running"] = running_entries(self.runtime)
-        message["running_total"] = len(self.runtime.running)
+        if self.fleet is None:
+            fresh = recent.since(self.shown)
+            if fresh:
+                self.shown = fresh[-1][0]
+            message["requests"] = [request_entry(number, record) for number, record in fresh]
+            message["running"] = running_entries(self.runtime)
+            message["running_total"] = len(self.runtime.running)
+        else:  # every live process's (routing/ops/dashboard_share.py)
+            await self.fleet.read()
+            message["requests"] = self.fleet.finished_since(self.shown_by)
+            message["running"], message["running_total"] = self.fleet.running()
         message["cards"] = _cards()
         message["route_refusals"] = history.route_refusals()
         await self.send_json(message)
@@ -195,6 +172,10 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         replace = replace or self.history_version != history.version
         self.history_version = history.version
         since = None if replace else self.history_from
+        if since is not None and self.fleet is not None:
+            # Other processes' counts of a step arrive up to `lag` seconds after it ended:
+            # the steps they may still change go again.
+            since = (since - self.fleet.lag) // window.step * window.step
         if window.name in RING_WINDOWS:
             points = history.points(window.name, since=since)
         else:

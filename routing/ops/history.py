@@ -38,7 +38,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -78,6 +78,8 @@ WINDOWS: dict[str, Window] = {
     "24h": Window("24h", 86400, 60),
 }
 RING_WINDOWS = ("5m", "1h")
+# A ring's steps, oldest first: (step start, {host: Stats}); "routes" keys them by route.
+Steps = list[tuple[int, dict[str, "Stats"]]]
 # The refusals that are a route's, not a host's: nothing free, nothing usable, its pinned host
 # down. Their rows name no host.
 ROUTE_REFUSALS = frozenset({"queue_full", "no_healthy_host", "pinned_host_down"})
@@ -295,6 +297,9 @@ class History:
         }
         # The routes' own refusals, {route: Stats} a step, for the dashboard's 5 minutes.
         self._routes = Ring(five.step, five.seconds // five.step + 1)
+        # With shared state, turns a ring's steps as this process holds them into the whole
+        # fleet's (routing/ops/dashboard_share.py); None: this process's are the fleet's.
+        self.fleet_steps: Callable[[str, Steps], Steps] | None = None
 
     @property
     def rebuilt(self) -> bool:
@@ -376,11 +381,15 @@ class History:
         first = last - spec.seconds + spec.step
         if since is not None:
             first = max(first, int(since // spec.step) * spec.step)
+        return [_point(start, slot) for start, slot in self.steps(window, first, last)]
+
+    def steps(self, ring: str, first: int, last: int) -> Steps:
+        """The steps of `ring` ("5m", "1h", or "routes": the routes' refusals) from step start
+        `first` to `last`, each a copy; the whole fleet's when `fleet_steps` is set."""
+        held = self._routes if ring == "routes" else self._rings[ring]
         with self._lock:
-            steps = [
-                (start, _merged([slot])) for start, slot in self._rings[window].steps(first, last)
-            ]
-        return [_point(start, slot) for start, slot in steps]
+            steps = [(start, _merged([slot])) for start, slot in held.steps(first, last)]
+        return steps if self.fleet_steps is None else self.fleet_steps(ring, steps)
 
     def day_points(
         self, table: DatabaseHistory, since: int | None = None, now: float | None = None
@@ -398,12 +407,11 @@ class History:
         seam = first if until is None else max(first, until)
         if since is not None:
             first = max(first, since)
-        hour = self._rings["1h"]
-        with self._lock:
-            recent = {
-                t: _merged(slot for _, slot in hour.steps(t, t + 30))
-                for t in range(max(seam, first), last + 1, 60)
-            }
+        hour = dict(self.steps("1h", max(seam, first), last + 30))
+        recent = {
+            t: _merged([hour.get(t, {}), hour.get(t + 30, {})])
+            for t in range(max(seam, first), last + 1, 60)
+        }
         hosts = {host for by_host in minutes.values() for host in by_host if host}
         return [
             _point(t, recent[t] if t >= seam else _with_idle(minutes.get(t, {}), hosts))
@@ -415,9 +423,8 @@ class History:
         spec = WINDOWS["5m"]
         moment = self._clock() if now is None else now
         last = int(moment // spec.step) * spec.step
-        with self._lock:
-            steps = self._rings["5m"].steps(last - CARD_SECONDS + spec.step, last)
-            merged = _merged(slot for _, slot in steps)
+        steps = self.steps("5m", last - CARD_SECONDS + spec.step, last)
+        merged = _merged(slot for _, slot in steps)
         merged.pop("", None)
         # The step in progress is only partly over: rates are over the time that has passed.
         span = CARD_SECONDS - spec.step + (moment - last)
@@ -429,9 +436,8 @@ class History:
         spec = WINDOWS["5m"]
         moment = self._clock() if now is None else now
         last = int(moment // spec.step) * spec.step
-        with self._lock:
-            steps = self._routes.steps(last - CARD_SECONDS + spec.step, last)
-            merged = _merged(slot for _, slot in steps)
+        steps = self.steps("routes", last - CARD_SECONDS + spec.step, last)
+        merged = _merged(slot for _, slot in steps)
         return {
             route: {"refused": stats.refused, "codes": dict(sorted(stats.codes.items()))}
             for route, stats in sorted(merged.items())

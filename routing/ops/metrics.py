@@ -48,7 +48,7 @@ from accounting.report import COLD_TURN_SHARE, is_cache_lost, is_cold_turn
 from hosts.health import HostState
 from routing.core.clients import bearer_token
 from routing.core.recent import RecentRequests
-from routing.ops import history
+from routing.ops import dashboard_share, history
 from routing.ops.live import departed, host_lives
 from routing.runtime import Runtime, current_runtime, get_runtime
 
@@ -275,22 +275,33 @@ def observe(record: RequestRecord) -> None:
         CLIENT_REQUESTS.labels(record.client, status).inc()
     recent.add(record)
     history.history.observe(record)
+    dashboard_share.observe(record)
     _start_sampling()
 
 
 def _start_sampling() -> None:
-    """Make sure the dashboard's history samples the hosts, from the first request on."""
+    """Make sure the dashboard's history samples the hosts, from the first request on, and,
+    with shared state, that this process shares what the dashboard shows."""
     runtime = current_runtime()
-    if runtime is None or history.sampling(runtime) or runtime.loop.is_closed():
+    if runtime is None or runtime.loop.is_closed():
+        return
+    if history.sampling(runtime) and dashboard_share.sharing(runtime):
         return
     try:
         here = asyncio.get_running_loop() is runtime.loop
     except RuntimeError:
         here = False
     if here:
-        history.ensure_sampler(runtime)
+        start_history(runtime)
     else:
-        runtime.loop.call_soon_threadsafe(history.ensure_sampler, runtime)
+        runtime.loop.call_soon_threadsafe(start_history, runtime)
+
+
+def start_history(runtime: Runtime) -> None:
+    """Sample `runtime`'s hosts for the dashboard's history, and with shared state publish
+    this process's share (routing/ops/dashboard_share.py). Call on the runtime's loop."""
+    history.ensure_sampler(runtime)
+    dashboard_share.share_fleet(runtime, recent)
 
 
 class StateCollector:
@@ -419,5 +430,5 @@ async def metrics_view(request: HttpRequest) -> HttpResponse:
         return response
     runtime = await get_runtime()
     await runtime.refresh()
-    history.ensure_sampler(runtime)
+    start_history(runtime)
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from django.db import connection
 from django.utils import timezone
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from accounting.models import Request
@@ -143,14 +144,21 @@ def test_two_workers_share_the_connections_a_dead_one_is_replaced_and_sigterm_st
     assert (warned in gateway.log()) == (connection.vendor == "sqlite")
 
 
-def dashboard_sockets(gateway, how_many: int, stack: ExitStack) -> list[ClientConnection]:
-    """`how_many` dashboard sockets of one signed-in operator, each on a connection of its own
-    (the kernel hands each to either worker, by a hash of its addresses), closed with `stack`."""
+def operator_headers(gateway) -> dict[str, str]:
+    """The headers of a signed-in operator's dashboard socket."""
     browser = signed_in(gateway)
     cookie = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
     browser.close()
+    return {"Cookie": cookie, "Origin": gateway.url}
+
+
+def dashboard_sockets(
+    gateway, how_many: int, stack: ExitStack, headers: dict[str, str] | None = None
+) -> list[ClientConnection]:
+    """`how_many` dashboard sockets of one signed-in operator, each on a connection of its own
+    (the kernel hands each to either worker, by a hash of its addresses), closed with `stack`."""
     url = gateway.url.replace("http://", "ws://") + "/dashboard/ws/"
-    headers = {"Cookie": cookie, "Origin": gateway.url}
+    headers = headers or operator_headers(gateway)
     return [
         stack.enter_context(connect(url, additional_headers=headers, open_timeout=30))
         for _ in range(how_many)
@@ -211,3 +219,172 @@ def test_with_two_workers_every_dashboard_stays_open_and_shows_the_whole_fleet(
 
     assert "Traceback" not in gw.log()
     assert "TimeoutError" not in gw.log()
+
+
+class Dashboard:
+    """One open dashboard: its last `state`, the finished requests it was sent so far, and
+    the 5-minute chart's points as its `history` messages left them."""
+
+    def __init__(self, socket: ClientConnection) -> None:
+        self.socket = socket
+        self.state: dict[str, Any] = {}
+        self.requests: list[dict[str, Any]] = []
+        self.points: dict[int, dict[str, Any]] = {}
+        self.closed = False
+
+    def read(self) -> None:
+        """Take in every message waiting, then wait for the next `state`."""
+        try:
+            while True:
+                try:
+                    message = json.loads(self.socket.recv(timeout=0 if self.state else 10))
+                except TimeoutError:
+                    break
+                self._take(message)
+            while True:  # a state sent after those read above: its figures are current
+                message = json.loads(self.socket.recv(timeout=10))
+                self._take(message)
+                if message["type"] == "state":
+                    break
+        except ConnectionClosed:
+            self.closed = True
+
+    def _take(self, message: dict[str, Any]) -> None:
+        if message["type"] == "state":
+            self.state = message
+            self.requests += message["requests"]
+        elif message["type"] == "history" and message["window"] == "5m":
+            if message["replace"]:
+                self.points = {}
+            self.points.update((point["t"], point) for point in message["points"])
+
+    @property
+    def process(self) -> str:
+        return self.state["process"]
+
+    def running_by(self) -> list[str]:
+        """The process each request of the running table runs in."""
+        return sorted(entry.get("process", "?") for entry in self.state["running"])
+
+    def card(self, host: str) -> int:
+        return self.state["cards"].get(host, {}).get("requests", 0)
+
+    def charted(self) -> int:
+        """The requests the 5-minute chart counts, every outcome."""
+        return sum(sum(point["requests"].values()) for point in self.points.values())
+
+
+def shows_running(dashboard: Dashboard, requests: int) -> bool:
+    dashboard.read()
+    return len(dashboard.state["running"]) == requests
+
+
+def charts(dashboard: Dashboard, requests: int) -> bool:
+    dashboard.read()
+    return dashboard.charted() == requests
+
+
+def dashboards_on_every_worker(gw, stack: ExitStack, workers_wanted: int = 2) -> list[Dashboard]:
+    """Dashboards of one operator, a connection each, opened until every worker serves one."""
+    headers = operator_headers(gw)
+    opened = [Dashboard(socket) for socket in dashboard_sockets(gw, 4, stack, headers)]
+    for _ in range(24):
+        for dashboard in opened:
+            dashboard.read()
+        if len({dashboard.state.get("process") for dashboard in opened}) >= workers_wanted:
+            return opened
+        opened.append(Dashboard(dashboard_sockets(gw, 1, stack, headers)[0]))
+    pytest.fail("28 dashboard connections, none of them on the other worker")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_two_workers_every_dashboard_shows_both_workers_requests_until_one_dies(
+    django_db_setup, tmp_path, admin_user, redis_url
+):
+    with FakeLlamaServer(slots=16) as host, ExitStack() as stack:
+        add_route("chat", [add_host("gpu1", host.url, models={MODEL: (16, 0)})])
+        gw = stack.enter_context(
+            running_gateway(
+                tmp_path,
+                CROSSBAR_WORKERS="2",
+                CROSSBAR_REDIS_URL=redis_url,
+                CROSSBAR_STREAM_IDLE_TIMEOUT="120",  # the held streams' first token never comes
+            )
+        )
+        pids = wait_until(lambda: len(workers(gw.log())) == 2 and workers(gw.log()))
+        port = int(gw.url.rsplit(":", 1)[1])
+        wait_until(lambda: listening_sockets(port) == 2, what="a listening socket per worker")
+        # Finished requests, each on a connection of its own, until both workers served some.
+        finished = 0
+        while len(served_by(gw.log())) < 2:
+            assert finished < 40, "forty connections, all to one worker"
+            assert served(gw.url) == 200
+            finished += 1
+            wait_until(lambda n=finished: sum(served_by(gw.log()).values()) == n, what="its line")
+        shares = served_by(gw.log())
+        # Streams held at the host, each on a connection of its own.
+        host.first_token_delay = 120
+        held = 0
+
+        def hold_one() -> None:
+            nonlocal held
+            body = chat(f"{held}", stream=True)  # a conversation each: none waits for another
+            stream = stack.enter_context(httpx.stream("POST", f"{gw.url}{URL}", json=body))
+            assert stream.status_code == 200
+            held += 1
+            wait_until(lambda: host.in_flight == held, what="the stream at the host")
+
+        for _ in range(4):
+            hold_one()
+        dashboards = dashboards_on_every_worker(gw, stack)
+        while len(set(dashboards[0].running_by())) < 2:
+            assert held < 16, f"sixteen streams, the dashboard shows {dashboards[0].running_by()}"
+            hold_one()
+            wait_until(lambda: shows_running(dashboards[0], held), timeout=30, what="the stream")
+
+        # Every dashboard, whichever worker serves it, shows the whole fleet.
+        def everyone_shows_all() -> bool:
+            for dashboard in dashboards:
+                dashboard.read()
+            return all(
+                dashboard.state["running_total"] == held
+                and len(dashboard.running_by()) == held
+                and dashboard.card("gpu1") == finished
+                and dashboard.charted() == finished
+                for dashboard in dashboards
+            )
+
+        wait_until(everyone_shows_all, timeout=30, what="every dashboard to show both workers")
+        for dashboard in dashboards:
+            assert len(dashboard.requests) == finished
+            assert {entry["status"] for entry in dashboard.requests} == {200}
+        running = dashboards[0].running_by()
+
+        # A worker killed: its running requests and its finished ones leave every dashboard.
+        victim = 1
+        os.kill(pids[victim], signal.SIGKILL)
+        survivor = f"worker {3 - victim}"
+        kept = running.count(survivor)
+        left = [dashboard for dashboard in dashboards if dashboard.process == survivor]
+        headers = operator_headers(gw)
+        left += [Dashboard(socket) for socket in dashboard_sockets(gw, 2, stack, headers)]
+
+        def only_the_survivor_shows() -> bool:
+            for dashboard in left:
+                dashboard.read()
+            return all(
+                dashboard.closed  # opened on the victim just before it died
+                or (
+                    dashboard.running_by() == [survivor] * kept
+                    and dashboard.state["running_total"] == kept
+                    and dashboard.card("gpu1") == shares[3 - victim]
+                )
+                for dashboard in left
+            )
+
+        wait_until(only_the_survivor_shows, timeout=30, what="the dead worker's part to leave")
+        fresh = Dashboard(dashboard_sockets(gw, 1, stack, headers)[0])
+        wait_until(lambda: charts(fresh, shares[3 - victim]), timeout=30, what="the chart")
+        assert len(fresh.requests) == shares[3 - victim]
+
+    assert "Traceback" not in gw.log()
