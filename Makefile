@@ -115,7 +115,7 @@ llama-suite: $(VENV)/.installed
 # install stamp live in the gitignored mutants/. MUTANTS=routing.core.limiter runs one module.
 MUTANTS_INSTALLED := mutants/.requirements-installed
 MUTANTS ?= routing.core.limiter routing.core.leases routing.core.choose routing.core.ranking \
-	routing.core.placement routing.core.patience \
+	routing.core.placement routing.core.patience routing.core.priced_wait routing.core.slot_names \
 	routing.core.state routing.core.clients routing.core.endpoints routing.core.tee \
 	routing.core.fingerprint routing.core.sse routing.proxy.passage
 
