@@ -16,11 +16,22 @@ Pure: standard library only; no I/O, no event loop. Not thread-safe: call from o
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from routing.core.patience import Choice, Priced, Pricing, decide
-from routing.core.state import InLine
 
 __all__ = ["PricedWait"]
+
+
+class Place(Protocol):
+    """A place in a line, as priced patience reads it (`routing.core.state.InLine` is one)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def position(self) -> int:
+        """1-based, among the live waiters of its line."""
+        ...
 
 
 class PricedWait:
@@ -36,7 +47,7 @@ class PricedWait:
     def __init__(
         self,
         pricing: Pricing | None,
-        waiter: InLine,
+        waiter: Place,
         model: str,
         free_elsewhere: Callable[..., list[str]],
     ) -> None:
