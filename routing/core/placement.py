@@ -151,8 +151,9 @@ class Waiting:
 class Placer(Generic[RouteT]):
     """Places one request of `route` for `model`: `now()`, then `wait()` when it must wait.
 
-    `pricing`: the request's prices, for a route whose patience is auto; without it such a
-    route waits the fixed default.
+    `prompt`: the prompt's block chain (routing/core/prefixes.py), for prefix affinity; empty
+    for none. `pricing`: the request's prices, for a route whose patience is auto; without it
+    such a route waits the fixed default.
     """
 
     def __init__(
@@ -165,8 +166,6 @@ class Placer(Generic[RouteT]):
         prompt: tuple[int, ...] = (),
         pricing: Pricing | None = None,
     ) -> None:
-        """`prompt`: the prompt's block chain (routing/core/prefixes.py), for prefix affinity;
-        empty for none."""
         self.fleet = fleet
         self.prompt = prompt
         self.route = route
@@ -251,7 +250,7 @@ class Placer(Generic[RouteT]):
         timers = self._deadlines(waiting, fallback, spills)
         try:
             slot: Held = await self._granted(waiter)
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, or a deadline: a slot handed over meanwhile goes back
             granted = waiter.cancel()
             if granted is not None:
                 granted.release()
@@ -335,25 +334,29 @@ class Placer(Generic[RouteT]):
         return Waiting(waiter, waiter.host, reason, lease)
 
     async def _granted(self, waiter: InLine) -> Held:
-        """The slot `waiter` is handed. A priced wait is priced now (a free slot elsewhere
-        priced lower takes it at once) and again each time its place in line moves; a slot
-        freed elsewhere is priced by `_accepts` as it frees."""
-        priced = self._priced
-        if priced is None:
-            slot: Held = await waiter.granted
-            return slot
-        priced.begin(asyncio.get_running_loop().time())
-        moved = waiter.changes()
+        """The slot `waiter` is handed. A slot freed on a pair it watches is offered to it
+        and decided here, in its own task (`settle`: `_accepts`). A priced wait is priced
+        now (a free slot elsewhere priced lower takes it at once) and again each time its
+        place in line moves."""
+        moved, reprice = None, True
+        if self._priced is not None:
+            self._priced.begin(asyncio.get_running_loop().time())
+            moved = waiter.changes()
         while not waiter.granted.done():
-            moved.clear()  # before pricing: a move from here on wakes the wait below
-            self._reprice(waiter)
+            if moved is not None and (reprice or moved.is_set()):
+                moved.clear()  # before pricing: a move from here on wakes the wait below
+                self._reprice(waiter)
+            reprice = False
+            waiter.settle()
             if waiter.granted.done():
                 break
-            moving = asyncio.ensure_future(moved.wait())
+            moving = asyncio.ensure_future(moved.wait()) if moved is not None else None
             try:
-                await asyncio.wait((waiter.granted, moving), return_when=asyncio.FIRST_COMPLETED)
+                events = [waiter.granted, waiter.offered, *([moving] if moving else [])]
+                await asyncio.wait(events, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                moving.cancel()
+                if moving is not None:
+                    moving.cancel()
         granted: Held = waiter.granted.result()  # raises as awaiting it would
         return granted
 
@@ -396,11 +399,8 @@ class Placer(Generic[RouteT]):
         self.fleet.state.watch(waiter, pairs, self._accepts)
 
     def _time_out(self, waiter: InLine) -> None:
-        waiter.fail(
-            QueueTimeout(
-                f"queue timeout: no slot for {self.model} within {self.route.queue_timeout:g} s"
-            )
-        )
+        timeout = self.route.queue_timeout
+        waiter.fail(QueueTimeout(f"queue timeout: no slot for {self.model} within {timeout:g} s"))
 
     # -- helpers --------------------------------------------------------------------------
 
