@@ -114,8 +114,8 @@ llama-suite: $(VENV)/.installed
 # tests/mutation/requirements.txt goes into .venv; the results, each module's log and the
 # install stamp live in the gitignored mutants/. MUTANTS=routing.core.limiter runs one module.
 MUTANTS_INSTALLED := mutants/.requirements-installed
-MUTANTS ?= routing.core.limiter routing.core.leases routing.core.choose routing.core.ranking \
-	routing.core.placement routing.core.patience \
+MUTANTS ?= routing.core.limiter routing.core.pairs routing.core.leases routing.core.choose routing.core.ranking \
+	routing.core.placement routing.core.patience routing.core.priced_wait routing.core.slot_names \
 	routing.core.state routing.core.clients routing.core.endpoints routing.core.tee \
 	routing.core.fingerprint routing.core.sse routing.proxy.passage
 

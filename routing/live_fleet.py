@@ -18,7 +18,6 @@ Not thread-safe: use it on its event loop.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 
 from accounting.report import is_cache_lost
@@ -27,20 +26,12 @@ from hosts.health import HealthTable, HostHealth
 from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig, renamed_hosts
 from routing.core.choose import Candidate
 from routing.core.leases import LeaseKey
-from routing.core.named_slots import (
-    NamedSlot,
-    chooses_the_empty_slot,
-    common_blocks,
-    found_emptied,
-    kept_only_shared,
-    waits_for_its_slot,
-)
-from routing.core.patience import Figures, prefill
+from routing.core.named_slots import NamedSlot
+from routing.core.patience import Figures
 from routing.core.prefixes import Prefix, PrefixIndex
 from routing.core.ranking import Ranking, Rankings
+from routing.core.slot_names import SlotNames
 from routing.core.state import FleetState, Held
-
-log = logging.getLogger("crossbar.slots")
 
 # Builds the fleet state, given what it must call when a host's counts change.
 MakeState = Callable[[Callable[[str], None]], FleetState]
@@ -71,21 +62,9 @@ class LiveFleet:
         # (routing/core/patience.py); with shared state too, each process keeps its own.
         self.figures = figures
         self.name_slots = name_slots  # CROSSBAR_NAME_SLOTS: see `id_slot`
-        # CROSSBAR_SLOT_PROMPT_SIMILARITY: the hosts' --slot-prompt-similarity (`id_slot`).
-        self.slot_similarity = slot_similarity
-        # (host, model, number) -> the last request that named it here.
-        self._named: dict[tuple[str, str, int], NamedSlot] = {}
-        # (host, model, number) -> the host's description when that slot was last found
-        # emptied between two named requests (routing/core/named_slots.py), and (host,
-        # model) -> the description when one slot was found so twice: named no more until
-        # the host is read anew.
-        self._emptied: dict[tuple[str, str, int], object] = {}
-        self._emptying: dict[tuple[str, str], object] = {}
-        # (host, model) -> the host's description and the answers since it was read that found
-        # only what they share with the slot's last conversation, and the description when
-        # that was last logged.
-        self._shared_lost: dict[tuple[str, str], tuple[object, int]] = {}
-        self._shared_logged: dict[tuple[str, str], object] = {}
+        # The slots named on each host and what their answers said (`id_slot`), at the hosts'
+        # --slot-prompt-similarity as CROSSBAR_SLOT_PROMPT_SIMILARITY says.
+        self.slot_names = SlotNames(figures, prefixes, slot_similarity)
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
         # Every name each route serves a model by, to the model's own (`Fleet.route_names`).
@@ -166,10 +145,11 @@ class LiveFleet:
         """The slot to name (llama-server's `id_slot`) for a request of the conversation `key`
         that holds `slot` on its lease's host, whose prompt is `prefix`: the number it keeps
         there (with a slot for each conversation leased to the host, a number of its own; with
-        more, shared with as few as can be). None, and llama-server chooses as it does for a
-        request that names none, where no slot is named (`slot_naming`), while another
-        request runs in that slot and waiting for it is not priced sooner (`_waits_for`), or
-        while a request runs on the host in a slot llama-server chose (`_unplaced_by_us`).
+        more, shared with as few as can be), unless the slots named there say to name none
+        (`SlotNames.name`: a busy slot not worth waiting for, a request running in a slot
+        llama-server chose, an empty slot llama-server would give it anyway). None, and
+        llama-server chooses as it does for a request that names none, where no slot is named
+        (`slot_naming`).
 
         Only a host whose `/props` gave its slots (a llama-server, not in router mode) is
         told a slot. Conversations sharing a slot take turns in it: llama-server saves the
@@ -179,124 +159,19 @@ class LiveFleet:
         would keep less than half of the slot's).
         Measured on three hosts of two slots with 16 conversations, a number shared by the
         fewest saved a tenth of the prompt tokens that llama-server's own choice evaluated
-        (bench/README.md, "4 Dec 2026"). A slot still empty is not named where
-        llama-server would give the request an empty slot itself, loaded from `--cache-ram`
-        (`_lands_in_empty`). A host found emptying its idle slots (a unified KV
+        (bench/README.md, "4 Dec 2026"). A host found emptying its idle slots (a unified KV
         cache: `named_answered`) is told no slot until it is read anew. Its `--cache-ram`
-        serves the conversations there better than any slot number.
-
-        (What runs in a slot is known in this process only: with shared state, two processes
-        may each name it.)"""
+        serves the conversations there better than any slot number."""
         host, model = slot.host, key.model
         namable = self._namable(host, model)
-        if namable is None or self._emptying.get((host, model)) is namable[1]:
+        if namable is None or self.slot_names.emptying(host, model, namable[1]):
             return None
         slots, described = namable
         number = await self.state.slot_number(key, host, slots)
         if number is None:
             return None
-        where = (host, model, number)
-        last = self._named.get(where)
-        running = last if last is not None and not last.slot.released else None
-        if running is None and self._unplaced_by_us(host, model, slots):
-            return None
-        if running is not None and not self._waits_for(running, prefix, slots):
-            return None
-        # An answer ended there since the host was read: the slot holds its prompt, and what
-        # came after it. Where the request before named none (`told`), only as foreseen, so a
-        # turn finding nothing there does not say the host empties its slots.
-        holds = last is not None and last.answered and last.described is described
-        filled = holds and last is not None and last.told
-        told = (
-            holds
-            or running is not None
-            or not self._lands_in_empty(where, prefix, slots, described)
-        )
-        took = last.prefix if last is not None and holds and last.key != key else None
-        named = NamedSlot(
-            number, key, slot, described, filled, prefix, running, took=took, told=told
-        )
-        self._named[where] = named  # one entry per slot of the fleet at most
-        return named
-
-    def _unplaced_by_us(self, host: str, model: str, slots: int) -> bool:
-        """Whether a request runs on the (host, model) in a slot llama-server chose (one
-        spilled there, or told no slot), besides the one being named: it may be in any slot
-        not known busy. A request naming a busy slot waits for it in llama-server however idle
-        the others are (its task is deferred until that slot is free), so a slot is named
-        free only when the slots of every other request there are known. The slots' holders
-        named here, and those waiting behind them, are known; the rest of `in_flight` (the
-        other processes' too, with shared state) is not."""
-        known = 0
-        for number in range(slots):
-            named = self._named.get((host, model, number))
-            while named is not None and not named.slot.released:
-                known += named.told
-                named = named.behind
-        return self.state.in_flight(host, model) - 1 > known
-
-    def _lands_in_empty(
-        self, where: tuple[str, str, int], prefix: Prefix, slots: int, described: Described
-    ) -> bool:
-        """Whether a request for the slot `where`, which holds nothing this process knows of,
-        would be put there by llama-server if it named none (`chooses_the_empty_slot`).
-
-        Only where every other slot of the host is known here: busy (llama-server passes it
-        by), or idle with the prompt of the answer that ended in it since the host was read. An
-        unknown one may be empty too, and of two empty slots llama-server takes the one with
-        the higher number (its least recently used, on a tie, is the last it looks at)."""
-        host, model, number = where
-        idle: list[Prefix] = []
-        for n in range(slots):
-            if n == number:
-                continue
-            other = self._named.get((host, model, n))
-            if other is not None and not other.slot.released:
-                continue
-            if other is None or not other.answered or other.described is not described:
-                return False
-            idle.append(other.prefix)
-        return chooses_the_empty_slot(prefix, idle, self.slot_similarity)
-
-    def _waits_for(self, running: NamedSlot, prefix: Prefix, slots: int) -> bool:
-        """Whether a request with the prompt `prefix` should wait for its slot, which
-        `running` holds (routing/core/named_slots.py, `waits_for_its_slot`). Naming a busy
-        slot holds the request inside llama-server until the slot is free, while another
-        slot may sit idle: a conversation's parallel request, or one whose slot another
-        conversation is using, waits only when reading its prompt in another slot, and what
-        that slot's conversation would lose there, would take longer. Never behind a request
-        that is itself waiting, and never without the figures to price it (a host that has not
-        answered yet, an engine without `timings`)."""
-        host, model, size = running.host, running.key.model, prefix.block_size
-        service = self.figures.service(host, model)
-        speed = self.figures.speed(host)
-        per_token = self.figures.units_per_token(model, size)
-        waiting = running.behind is not None and not running.behind.slot.released
-        if waiting or not service or not speed or not per_token or not prefix.blocks:
-            return False
-        tokens = prefix.length / per_token
-        at_home = self.prefixes.match(host, model, prefix.blocks) * size / per_token
-        # The free slot that holds the most of the prompt, of those named here: llama-server
-        # puts an unnamed request in the one whose prompt it shares the most of. A slot not
-        # named here (or whose prompt is counted in other units) is taken to hold nothing of
-        # it, and nothing to lose.
-        others = (self._named.get((host, model, number)) for number in range(slots))
-        free = [
-            other.prefix
-            for other in others
-            if other is not None and other.slot.released and other.prefix.block_size == size
-        ]
-        shared, there = max(
-            ((common_blocks(prefix.blocks, other.blocks), other) for other in free),
-            key=lambda found: found[0],
-            default=(0, None),
-        )
-        held = shared * size / per_token
-        # What the free slot's own conversation loses there, and reads again on its next turn.
-        lost = 0.0 if there is None else prefill(there.length / per_token, held, speed)
-        return waits_for_its_slot(
-            service, prefill(tokens, at_home, speed), prefill(tokens, held, speed) + lost
-        )
+        in_flight = self.state.in_flight(host, model)
+        return self.slot_names.name(number, key, slot, prefix, slots, described, in_flight)
 
     def slot_naming(self, host: str, model: str) -> bool | None:
         """Whether the conversations on `host` may be told their slots there (`id_slot`):
@@ -306,7 +181,7 @@ class LiveFleet:
         namable = self._namable(host, model)
         if namable is None:
             return None
-        return self._emptying.get((host, model)) is not namable[1]
+        return not self.slot_names.emptying(host, model, namable[1])
 
     def _namable(self, host: str, model: str) -> tuple[int, Described] | None:
         """The slots `model` has on `host` to name (the fewer of its configured `parallel`
@@ -335,60 +210,19 @@ class LiveFleet:
     ) -> None:
         """What the host reported for a request that named a slot, once its answer ended well
         (status under 400); `predicted` and `reported`: the blocks of its prompt the prefix
-        index expected there and the host reported cached (`prefix_check`). A request to
-        a filled slot that took no token from cache found it emptied; a slot found so a second
-        time since the host was read says the host empties its idle slots (a unified KV
-        cache), and its slots are named no more until it is read anew (after it was down, or
-        changed). Found once, it may have been a restart the poller did not see. A request
-        that lost its cache there (`is_cache_lost`: more than a block under the prediction)
-        and found only what it shares with the conversation that used the slot last, where
-        its own history was expected (`kept_only_shared`), is counted for the host
-        (`shared_slot_lost`), and the first such answer since the host was read is logged
-        with the setting that keeps it. An answer without counts says nothing."""
-        if cached_tokens is None:
-            return
-        named.answered = True
-        if is_cache_lost(predicted, reported) and kept_only_shared(named, predicted, reported):
-            self._kept_shared(named)
-        if not found_emptied(named, prompt_tokens, cached_tokens):
-            return
-        where, pair = (named.host, named.key.model, named.number), (named.host, named.key.model)
-        if self._emptied.get(where) is not named.described:
-            self._emptied[where] = named.described  # one entry per slot of the fleet at most
-            return
-        if self._emptying.get(pair) is not named.described:
-            log.warning(
-                "host=%s model=%s emptied slot %d twice between named requests (a unified KV "
-                "cache: llama-server's default without -np, or --kv-unified): its slots are "
-                "no longer named, and llama-server chooses them from its --cache-ram",
-                named.host, named.key.model, named.number,
-            )  # fmt: skip
-        self._emptying[pair] = named.described
-
-    def _kept_shared(self, named: NamedSlot) -> None:
-        pair = (named.host, named.key.model)
-        since, count = self._shared_lost.get(pair, (named.described, 0))
-        if since is not named.described:  # read anew since: what was counted is of the past
-            count = 0
-        self._shared_lost[pair] = (named.described, count + 1)  # one per (host, model)
-        if self._shared_logged.get(pair) is named.described:
-            return
-        self._shared_logged[pair] = named.described
-        log.warning(
-            "host=%s model=%s gave a conversation back only what it shares with the one that "
-            "used its named slot %d last, where its own history was expected: start "
-            "llama-server with --slot-prompt-similarity 0.95 so that it loads each "
-            "conversation back from --cache-ram (or give it a larger --cache-ram)",
-            named.host, named.key.model, named.number,
-        )  # fmt: skip
+        index expected there and the host reported cached (`prefix_check`). A host found
+        emptying its idle slots is named no more until it is read anew; an answer that lost
+        its cache (`is_cache_lost`) to another conversation's opening left in the slot is
+        counted (`shared_slot_lost`): `SlotNames.answered`."""
+        lost = is_cache_lost(predicted, reported)
+        self.slot_names.answered(named, prompt_tokens, cached_tokens, predicted, reported, lost)
 
     def shared_slot_lost(self, host: str, model: str) -> int:
         """How many answers on `host` for `model` found only what they share with the
         conversation that used their named slot last (`named_answered`), since the host was
         last read (it came up, or changed): a host restarted with another
         --slot-prompt-similarity starts again from 0."""
-        since, count = self._shared_lost.get((host, model), (None, 0))
-        return count if since is not None and since is self.health.get(host).described else 0
+        return self.slot_names.shared_lost(host, model, self.health.get(host).described)
 
     def fallback_of(self, route: RouteConfig) -> RouteConfig | None:
         """The route's fallback route, when it names an enabled one."""

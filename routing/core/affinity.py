@@ -36,8 +36,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from routing.core.prefixes import PrefixIndex
+from routing.core.state import FleetState
 
-__all__ = ["Affinity", "prefer"]
+__all__ = ["Affinity", "prefer", "prefer_in"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,3 +81,33 @@ def prefer(
     if held is not None and held_first is not None and held > held_first:
         return None
     return Affinity(host, blocks)
+
+
+def prefer_in(
+    state: FleetState,
+    order: Sequence[str],
+    model: str,
+    chain: tuple[int, ...],
+    index: PrefixIndex,
+    margin: int,
+) -> Affinity | None:
+    """`prefer`, with each host's load, room and line read from the fleet's `state` as it is
+    now: load is the model's requests in flight and queued there and the conversations
+    leased there; room, fewer conversations leased than its slots."""
+    return prefer(
+        order,
+        model,
+        chain,
+        index,
+        lambda host: (
+            state.in_flight(host, model)
+            + state.queued(host, model)
+            + state.leases_held(host, model)
+        ),
+        margin,
+        lambda host: (
+            state.leases_held(host, model)
+            < state.in_flight(host, model) + state.free_for(host, model)
+        ),
+        lambda host: None if state.free_for(host, model) else state.leases_held(host, model),
+    )

@@ -12,6 +12,13 @@ those when their own queues are empty (a spill to another host after the route's
 a fallback route). A waiter is granted exactly once, by whichever pair frees a slot first; its
 ``granted`` future then holds the ``Slot``. Nothing polls: a release hands its slot on at once.
 
+A release runs no waiting request's code. Its line's head is granted the slot outright; a
+watcher is *offered* it: the slot is held for it (counted in flight, so no newcomer takes it
+meanwhile) and its ``offered`` future is set. The watcher's own task then decides
+(``Waiter.settle``, which asks the ``accept`` its watch was given): it takes the slot, or
+declines it, and a declined slot is offered at once to the pair's line, then to the watchers
+after it. A wait that ends with offers undecided gives them back the same way.
+
 Everything here runs on one asyncio event loop and is not thread-safe; no method awaits, so
 every state change is atomic with respect to the other tasks on the loop.
 """
@@ -21,82 +28,11 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from routing.core.errors import HostRemoved
+from routing.core.pairs import Pair, PairSnapshot, PairState, Slot
 
-__all__ = ["Limiter", "PairSnapshot", "Slot", "Waiter"]
-
-Pair = tuple[str, str]  # (host, model)
-
-
-@dataclass(slots=True, frozen=True)
-class PairSnapshot:
-    """The state of one (host, model) pair at one instant, for metrics and the dashboard."""
-
-    host: str
-    model: str
-    parallel: int
-    queue_max: int
-    in_flight: int
-    queued: int
-
-
-@dataclass(slots=True, eq=False)
-class _Pair:
-    host: str
-    model: str
-    parallel: int = 1
-    queue_max: int = 0
-    configured: bool = False
-    in_flight: int = 0
-    queued: int = 0  # live waiters in `queue`
-    # Waiters in arrival order. A waiter that left (granted elsewhere, cancelled) stays until it
-    # reaches the head or the line is compacted; `queued` counts only the live ones.
-    queue: deque[Waiter] = field(default_factory=deque)
-    watchers: list[Waiter] = field(default_factory=list)  # in the order they began to watch
-    listeners: int = 0  # queued waiters that want to hear when their place changes
-
-    def has_free_slot(self) -> bool:
-        return self.in_flight < self.parallel
-
-    def has_queue_room(self) -> bool:
-        return self.queued < self.queue_max
-
-    def idle(self) -> bool:
-        return self.in_flight == 0 and self.queued == 0 and not self.watchers
-
-
-class Slot:
-    """One held slot of a (host, model) pair.
-
-    ``release`` gives it back (to the head waiter, if any); it is idempotent and safe after
-    the pair was reconfigured or removed.
-    """
-
-    __slots__ = ("host", "model", "_limiter", "_pair", "_released")
-
-    def __init__(self, limiter: Limiter, pair: _Pair) -> None:
-        self.host = pair.host
-        self.model = pair.model
-        self._limiter = limiter
-        self._pair = pair
-        self._released = False
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    def release(self) -> None:
-        """Give the slot back. A second call is a no-op."""
-        if self._released:
-            return
-        self._released = True
-        self._limiter._release(self._pair)
-
-    def __repr__(self) -> str:
-        state = "released" if self._released else "held"
-        return f"<Slot {self.host}/{self.model} {state}>"
+__all__ = ["Limiter", "Pair", "PairSnapshot", "Slot", "Waiter"]
 
 
 def _accept_any(pair: Pair) -> bool:
@@ -115,13 +51,20 @@ class Waiter:
     returns: a slot handed over in the same loop turn as the cancellation is the caller's.
     """
 
-    __slots__ = ("granted", "_limiter", "_home", "_watching", "_accept", "_changed", "_attached")
+    __slots__ = (
+        "granted", "offered", "_limiter", "_home", "_watching", "_accept", "_changed",
+        "_attached", "_offers",
+    )  # fmt: skip
 
-    def __init__(self, limiter: Limiter, home: _Pair | None) -> None:
-        self.granted: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+    def __init__(self, limiter: Limiter, home: PairState | None) -> None:
+        loop = asyncio.get_running_loop()
+        self.granted: asyncio.Future[Slot] = loop.create_future()
+        # Set when a slot freed on a watched pair is held for this waiter (`settle` decides).
+        self.offered: asyncio.Future[None] = loop.create_future()
+        self._offers: list[PairState] = []  # the pairs whose held slot this waiter has to decide
         self._limiter = limiter
         self._home = home
-        self._watching: list[_Pair] = []
+        self._watching: list[PairState] = []
         self._accept: Callable[[Pair], bool] = _accept_any
         self._changed: asyncio.Event | None = None
         self._attached = True
@@ -173,11 +116,36 @@ class Waiter:
             self._leave()
             self.granted.set_exception(error)
 
+    def settle(self) -> None:
+        """Decide the slots offered to this wait, in the waiting task: the first its watch's
+        `accept` agrees to is granted; each declined one goes at once to the pair's line,
+        then to the watchers after this one. Call it whenever `offered` is done. If `accept`
+        raises, the undecided offers stay this waiter's, given back when its wait ends."""
+        if self.offered.done():
+            self.offered = asyncio.get_running_loop().create_future()
+        offers = self._offers
+        while offers and self._live():  # ended: `_on_done` gives the offers back
+            pair = offers[0]
+            takes = self._accept((pair.host, pair.model))
+            offers.pop(0)
+            if takes:
+                self._leave()  # gives back the other offers
+                self.granted.set_result(Slot(self._limiter, pair))
+                return
+            self._limiter._declined(pair, self)
+
+    def _offer(self, pair: PairState) -> None:
+        pair.in_flight += 1  # held for this waiter, so a newcomer cannot take the slot
+        self._limiter._changed(pair.host)
+        self._offers.append(pair)
+        if not self.offered.done():
+            self.offered.set_result(None)
+
     def _live(self) -> bool:
         # A future cancelled with its task is done before `_on_done` detaches it.
         return self._attached and not self.granted.done()
 
-    def _grant(self, pair: _Pair) -> None:
+    def _grant(self, pair: PairState) -> None:
         pair.in_flight += 1  # counted now, so a newcomer cannot take the slot meanwhile
         self._limiter._changed(pair.host)
         self._leave()
@@ -197,6 +165,9 @@ class Waiter:
             pair.watchers.remove(self)
             self._limiter._forget_if_idle(pair)
         self._watching.clear()
+        offers, self._offers = self._offers, []
+        for pair in offers:
+            self._limiter._declined(pair, self)
         if self._changed is not None:
             self._changed.set()
 
@@ -208,8 +179,8 @@ class Limiter:
     """At most ``parallel`` slots in flight and ``queue_max`` waiters per (host, model).
 
     Unconfigured pairs behave as ``parallel = 1, queue_max = 0``. A release hands its slot to
-    the head of the pair's line, then to the first watcher that accepts the pair, so a newcomer
-    never overtakes a waiter. No method raises on misuse.
+    the head of the pair's line, else offers it to the first watcher (whose task decides:
+    `Waiter.settle`), so a newcomer never overtakes a waiter. No method raises on misuse.
 
     Loop safety: call every method from the same event loop; nothing here is thread-safe.
     """
@@ -219,7 +190,7 @@ class Limiter:
     def __init__(self, on_change: Callable[[str], None] | None = None) -> None:
         # host -> model -> pair. Unconfigured pairs exist only while they are in use, so
         # clients naming arbitrary models cannot grow this without bound.
-        self._pairs: dict[str, dict[str, _Pair]] = {}
+        self._pairs: dict[str, dict[str, PairState]] = {}
         # Told the host whenever a pair's slots in flight, line or limits change (a ranking
         # of hosts then finds the host's place again). Called synchronously, never twice per
         # change; it must not call back into the limiter.
@@ -363,40 +334,49 @@ class Limiter:
             key=lambda snap: (snap.host, snap.model),
         )
 
-    def _find(self, host: str, model: str) -> _Pair | None:
+    def _find(self, host: str, model: str) -> PairState | None:
         models = self._pairs.get(host)
         return models.get(model) if models is not None else None
 
-    def _pair(self, host: str, model: str) -> _Pair:
+    def _pair(self, host: str, model: str) -> PairState:
         models = self._pairs.setdefault(host, {})
         pair = models.get(model)
         if pair is None:
-            pair = models[model] = _Pair(host, model)
+            pair = models[model] = PairState(host, model)
         return pair
 
-    def _has_room(self, pair: _Pair) -> bool:
+    def _has_room(self, pair: PairState) -> bool:
         if len(pair.queue) > 2 * pair.queued + 8:
             # Compact the line now and then, so waiters that left cost nothing for long.
             pair.queue = deque(waiter for waiter in pair.queue if waiter._attached)
         return pair.has_queue_room()
 
-    def _release(self, pair: _Pair) -> None:
+    def _release(self, pair: PairState, after: Waiter | None = None) -> None:
         if pair.in_flight > 0:
             pair.in_flight -= 1
             self._changed(pair.host)
-        self._hand_over(pair)
+        self._hand_over(pair, after)
         self._forget_if_idle(pair)
 
-    def _hand_over(self, pair: _Pair) -> None:
-        """Give the pair's free slots to its line, in order, then to its watchers."""
+    def _declined(self, pair: PairState, waiter: Waiter) -> None:
+        """`waiter` gave back the slot held for it: to the line, then the watchers after it."""
+        self._release(pair, after=waiter)
+
+    def _hand_over(self, pair: PairState, after: Waiter | None = None) -> None:
+        """Give the pair's free slots to its line, in order, then offer them to its watchers
+        (those after `after`, when it still watches the pair)."""
         while pair.has_free_slot():
-            waiter = self._next_in_line(pair) or self._next_watcher(pair)
+            waiter = self._next_in_line(pair)
+            if waiter is not None:
+                waiter._grant(pair)
+                continue
+            waiter = self._next_watcher(pair, after)
             if waiter is None:
                 return
-            waiter._grant(pair)
+            waiter._offer(pair)
 
     @staticmethod
-    def _next_in_line(pair: _Pair) -> Waiter | None:
+    def _next_in_line(pair: PairState) -> Waiter | None:
         queue = pair.queue
         while queue:
             waiter = queue.popleft()
@@ -405,14 +385,16 @@ class Limiter:
         return None
 
     @staticmethod
-    def _next_watcher(pair: _Pair) -> Waiter | None:
-        key = (pair.host, pair.model)
-        for waiter in pair.watchers:
-            if waiter._live() and waiter._accept(key):
+    def _next_watcher(pair: PairState, after: Waiter | None) -> Waiter | None:
+        """The first live watcher (after `after`) not yet holding an offer of the pair."""
+        watchers = pair.watchers
+        start = watchers.index(after) + 1 if after is not None and after in watchers else 0
+        for waiter in watchers[start:]:
+            if waiter._live() and pair not in waiter._offers:
                 return waiter
         return None
 
-    def _line_moved(self, pair: _Pair) -> None:
+    def _line_moved(self, pair: PairState) -> None:
         self._changed(pair.host)
         if pair.listeners:
             for waiter in pair.queue:
@@ -420,7 +402,7 @@ class Limiter:
                     waiter._changed.set()
         self._forget_if_idle(pair)
 
-    def _forget_if_idle(self, pair: _Pair) -> None:
+    def _forget_if_idle(self, pair: PairState) -> None:
         if pair.configured or not pair.idle():
             return
         models = self._pairs.get(pair.host)

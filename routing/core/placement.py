@@ -10,8 +10,7 @@ atomic script in Redis), so no other request can take the place meanwhile:
   (`spilled`, the lease stays home unless home holds more conversations per slot than that host
   would with this one: then it goes along). With `lease_patience` auto (None), it watches them at
   once, and a free slot there takes it only when its cold start is priced lower than the wait
-  in line (`routing.core.patience`): priced when the wait begins, again at each slot freed
-  there and each move of its line, and by the fixed default for a host without figures;
+  in line (`routing.core.priced_wait`; the fixed default for a host without figures);
 - home's queue full: the first other usable host with a free slot, else with room in its queue
   (`spilled`); `QueueFull` only when every usable host is full;
 - no lease, or home down/draining: the hosts ranked by the chooser (`routing.core.choose`),
@@ -37,33 +36,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from enum import StrEnum
+from dataclasses import replace
 from typing import Generic, Protocol, TypeVar, cast
 
-from routing.core.affinity import Affinity, prefer
+from routing.core.affinity import Affinity, prefer_in
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.limiter import Pair
 from routing.core.opening import Opening, is_held, keep_or_give_back
-from routing.core.patience import DEFAULT_PATIENCE, Choice, Priced, Pricing, decide
+from routing.core.patience import DEFAULT_PATIENCE, Pricing
+from routing.core.placed import Placement, Reason, Waiting
 from routing.core.prefixes import PrefixIndex
+from routing.core.priced_wait import PricedWait
 from routing.core.ranking import Ranking
 from routing.core.state import FleetState, Held, InLine
 
 __all__ = ["Placement", "Placer", "Reason", "Waiting"]
-
-
-class Reason(StrEnum):
-    """Why a request went where it did: the `X-Crossbar-Placement` header and the row."""
-
-    HOME = "home"  # the conversation's lease host
-    NEW = "new"  # a new conversation: the best-ranked host with room
-    PREFIX = "prefix"  # a host holding more of the prompt's opening (routing.core.affinity)
-    SPILLED = "spilled"  # patience spent (or priced cheaper elsewhere), or home's queue full
-    MOVED = "moved"  # home down or draining
-    FALLBACK = "fallback"  # the route's fallback route
-    NONE = "none"  # no conversation (no fingerprint)
 
 
 class RouteRules(Protocol):
@@ -121,39 +109,12 @@ class Fleet(Protocol[RouteT]):
         ...
 
 
-@dataclass(slots=True, frozen=True)
-class Placement:
-    """Where a request runs: the held slot, and what led there."""
-
-    slot: Held
-    reason: Reason
-    lease: LeaseOutcome
-    route: str  # the route that serves: the fallback's name when one was taken
-    model: str  # the model asked of that route
-    waited: float  # seconds from arrival to the slot
-    fallback: str = ""  # the fallback route's name, when one was taken
-    patience: Priced | None = None  # priced patience's last choice, when it priced the wait
-
-    @property
-    def host(self) -> str:
-        return self.slot.host
-
-
-@dataclass(slots=True, frozen=True)
-class Waiting:
-    """A request that must wait: its waiter, and what it will be told meanwhile."""
-
-    waiter: InLine
-    host: str  # the host whose queue it waits in; "" when it only watches
-    reason: Reason
-    lease: LeaseOutcome
-
-
 class Placer(Generic[RouteT]):
     """Places one request of `route` for `model`: `now()`, then `wait()` when it must wait.
 
-    `pricing`: the request's prices, for a route whose patience is auto; without it such a
-    route waits the fixed default.
+    `prompt`: the prompt's block chain (routing/core/prefixes.py), for prefix affinity; empty
+    for none. `pricing`: the request's prices, for a route whose patience is auto; without it
+    such a route waits the fixed default.
     """
 
     def __init__(
@@ -166,8 +127,6 @@ class Placer(Generic[RouteT]):
         prompt: tuple[int, ...] = (),
         pricing: Pricing | None = None,
     ) -> None:
-        """`prompt`: the prompt's block chain (routing/core/prefixes.py), for prefix affinity;
-        empty for none."""
         self.fleet = fleet
         self.prompt = prompt
         self.route = route
@@ -178,13 +137,7 @@ class Placer(Generic[RouteT]):
         self._fallback: RouteT | None = None  # set once `fallback_after` has passed
         self._fallback_pairs: set[Pair] = set()
         self._pricing = pricing
-        self._priced: InLine | None = None  # the wait in line that priced patience prices
-        self._spent = False  # priced patience: the fixed default has passed
-        self._choices: dict[str, Priced] = {}  # the last choice about each host's free slot
-        self._last: Priced | None = None  # the last choice of the wait
-        # Priced patience: when the wait in line began and what it was priced then, for
-        # `Figures.waited` once home gives it its slot.
-        self._line: tuple[float, float] | None = None
+        self._priced: PricedWait | None = None  # priced patience over the current wait
 
     async def now(self) -> Placement | Waiting:
         """A placement, or a `Waiting` holding the request's place, taken in one step.
@@ -243,31 +196,25 @@ class Placer(Generic[RouteT]):
         return self._result(opened.got, self._by(affinity, opened.got, reason), lease)
 
     async def wait(self, waiting: Waiting) -> Placement:
-        """Wait for the slot; raises QueueTimeout after the route's queue_timeout.
+        """Wait for the slot: a grant, a deadline (QueueTimeout after the route's
+        queue_timeout), or a free slot elsewhere that patience lets take it.
 
         Cancel-safe: a cancelled wait gives back its place, and a slot handed over in the same
         loop turn is released.
         """
         loop = asyncio.get_running_loop()
         waiter = waiting.waiter
-        timers = [loop.call_at(self.started + self.route.queue_timeout, self._time_out, waiter)]
-        self._priced, self._spent, self._choices, self._last = None, False, {}, None
-        self._line = None
-        if waiting.host and len(self._ranking().listed) > 1:
-            patience = self.route.lease_patience
-            if patience is None:
-                self._priced = waiter
-                default = self._pricing.default if self._pricing else DEFAULT_PATIENCE
-                timers.append(loop.call_at(self.started + default, self._default_spent, waiter))
-            else:
-                timers.append(loop.call_at(self.started + patience, self._spill, waiter))
+        spills = bool(waiting.host) and len(self._ranking().listed) > 1  # other hosts to go to
+        priced = self._priced = (
+            PricedWait(self._pricing, waiter, self.model, self._free_elsewhere)
+            if spills and self.route.lease_patience is None
+            else None
+        )
         fallback = self.fleet.fallback_of(self.route)
-        if fallback is not None:
-            after = self.started + self.route.fallback_after
-            timers.append(loop.call_at(after, self._fall_back, waiter, fallback))
+        timers = self._deadlines(waiting, fallback, spills)
         try:
             slot: Held = await self._granted(waiter)
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, or a deadline: a slot handed over meanwhile goes back
             granted = waiter.cancel()
             if granted is not None:
                 granted.release()
@@ -275,12 +222,30 @@ class Placer(Generic[RouteT]):
         finally:
             for timer in timers:
                 timer.cancel()
-        if self._priced is not None and (slot.host, slot.model) == (waiting.host, self.model):
-            self._waited(slot.host, loop.time())  # the grant's time, before any placing I/O
+        if priced is not None and (slot.host, slot.model) == (waiting.host, self.model):
+            priced.waited(loop.time())  # the grant's time, before any placing I/O
         placement = await self._placed_after(waiting, slot, fallback)
-        if self._priced is None:
+        if priced is None:
             return placement
-        return replace(placement, patience=self._choices.get(slot.host, self._last))
+        return replace(placement, patience=priced.choice(slot.host))
+
+    def _deadlines(
+        self, waiting: Waiting, fallback: RouteT | None, spills: bool
+    ) -> list[asyncio.TimerHandle]:
+        """The wait's timers: its queue timeout, its patience (priced: the fixed default, for
+        the hosts without figures) and its fallback."""
+        loop, waiter, started = asyncio.get_running_loop(), waiting.waiter, self.started
+        timers = [loop.call_at(started + self.route.queue_timeout, self._time_out, waiter)]
+        patience = self.route.lease_patience
+        if self._priced is not None:
+            default = self._pricing.default if self._pricing else DEFAULT_PATIENCE
+            timers.append(loop.call_at(started + default, self._default_spent, waiter))
+        elif spills and patience is not None:
+            timers.append(loop.call_at(started + patience, self._spill, waiter))
+        if fallback is not None:
+            after = started + self.route.fallback_after
+            timers.append(loop.call_at(after, self._fall_back, waiter, fallback))
+        return timers
 
     async def _placed_after(
         self, waiting: Waiting, slot: Held, fallback: RouteT | None
@@ -323,7 +288,8 @@ class Placer(Generic[RouteT]):
         waiter = self.fleet.state.watcher()
         if waiter is None:  # shared state keeps no watch-only places: refuse as without one
             raise refusal
-        self.fleet.state.watch(waiter, self._pairs(hosts), self._accepts)
+        pairs = [(host, self.model) for host in hosts]
+        self.fleet.state.watch(waiter, pairs, self._accepts)
         return Waiting(waiter, "", reason, lease)
 
     def _result(
@@ -336,37 +302,31 @@ class Placer(Generic[RouteT]):
         return Waiting(waiter, waiter.host, reason, lease)
 
     async def _granted(self, waiter: InLine) -> Held:
-        """The slot `waiter` is handed. A priced wait is priced now (a free slot elsewhere
-        priced lower takes it at once) and again each time its place in line moves; a slot
-        freed elsewhere is priced by `_accepts` as it frees."""
-        if self._priced is None:
-            slot: Held = await waiter.granted
-            return slot
-        pricing = self._pricing
-        line = pricing.line(waiter.host, waiter.position) if pricing is not None else None
-        if line is not None:
-            self._line = (asyncio.get_running_loop().time(), line)
-        moved = waiter.changes()
+        """The slot `waiter` is handed. A slot freed on a pair it watches is offered to it
+        and decided here, in its own task (`settle`: `_accepts`). A priced wait is priced
+        now (a free slot elsewhere priced lower takes it at once) and again each time its
+        place in line moves."""
+        moved, reprice = None, True
+        if self._priced is not None:
+            self._priced.begin(asyncio.get_running_loop().time())
+            moved = waiter.changes()
         while not waiter.granted.done():
-            moved.clear()  # before pricing: a move from here on wakes the wait below
-            self._reprice(waiter)
+            if moved is not None and (reprice or moved.is_set()):
+                moved.clear()  # before pricing: a move from here on wakes the wait below
+                self._reprice(waiter)
+            reprice = False
+            waiter.settle()
             if waiter.granted.done():
                 break
-            moving = asyncio.ensure_future(moved.wait())
+            moving = asyncio.ensure_future(moved.wait()) if moved is not None else None
             try:
-                await asyncio.wait((waiter.granted, moving), return_when=asyncio.FIRST_COMPLETED)
+                events = [waiter.granted, waiter.offered, *([moving] if moving else [])]
+                await asyncio.wait(events, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                moving.cancel()
+                if moving is not None:
+                    moving.cancel()
         granted: Held = waiter.granted.result()  # raises as awaiting it would
         return granted
-
-    def _waited(self, home: str, now: float) -> None:
-        """Priced patience: home gave the request its slot; the wait it had been priced at
-        when it joined the line is compared with the wait it had (`Figures.waited`). Only the
-        requests that stayed are compared: a spilled one's wait at home is never known."""
-        if self._line is not None and self._pricing is not None:
-            began, priced = self._line
-            self._pricing.figures.waited(home, self.model, priced, now - began)
 
     def _spill(self, waiter: InLine) -> None:
         """Patience spent (or priced): a slot freed on another usable host of the route may
@@ -375,47 +335,21 @@ class Placer(Generic[RouteT]):
         another's line while it was down would otherwise wait there while it idles."""
         ranking = self._ranking()
         out = ranking.unusable()
-        pairs = [*ranking.pairs(), *self._pairs([host for host in ranking.listed if host in out])]
+        pairs = [*ranking.pairs(), *((host, self.model) for host in ranking.listed if host in out)]
         self.fleet.state.watch(waiter, pairs, self._accepts)
 
     def _default_spent(self, waiter: InLine) -> None:
         """Priced patience: the fixed default has passed, for the hosts without figures."""
-        self._spent = True
+        if self._priced is not None:
+            self._priced.spend()
         self._reprice(waiter)
 
     def _reprice(self, waiter: InLine) -> None:
         """Price staying against the soonest free slot elsewhere (the choice the row keeps if
         the request stays), then offer the free slots elsewhere to `_accepts`."""
-        stay, pricing = self._stay(waiter), self._pricing
-        free = self._free_elsewhere(waiter.host)
-        if not free:
-            self._last = Priced(Choice.DEFAULT if stay is None else Choice.STAY, stay, None)
-        else:
-            prices = [pricing.spill(host) for host in free] if pricing is not None else []
-            known = [price for price in prices if price is not None]
-            self._last = decide(stay, min(known, default=None), (), self._spent)
+        if self._priced is not None:
+            self._priced.reprice()
         self._spill(waiter)
-
-    def _stay(self, waiter: InLine) -> float | None:
-        pricing = self._pricing
-        return pricing.stay(waiter.host, waiter.position) if pricing is not None else None
-
-    def _takes(self, host: str) -> bool:
-        """Priced patience: whether a free slot on `host` is priced lower than the wait in
-        line (and than the other hosts' free slots). The choice is kept for the row."""
-        waiter, pricing = self._priced, self._pricing
-        if waiter is None:
-            return True  # patience was spent: any free slot
-        if host == waiter.host:
-            return True  # its own line's host (a slot there goes to its line first)
-        spill = pricing.spill(host) if pricing is not None else None
-        rivals: list[float | None] = []
-        if pricing is not None and spill is not None:
-            rivals = [pricing.spill(other) for other in self._free_elsewhere(host, waiter.host)]
-        priced = self._choices[host] = decide(self._stay(waiter), spill, rivals, self._spent)
-        if not priced.takes:
-            self._last = priced  # the row of a request that stays says what it turned down
-        return priced.takes
 
     def _free_elsewhere(self, *besides: str) -> list[str]:
         """The route's usable hosts, but `besides`, with a free slot and an empty line now."""
@@ -431,18 +365,15 @@ class Placer(Generic[RouteT]):
 
     def _fall_back(self, waiter: InLine, fallback: RouteT) -> None:
         """Waited `fallback_after`: a free slot of the fallback route may take it."""
-        model = self._fallback_model()
+        model = self.route.fallback_model or self.model
         pairs = list(self.fleet.ranking(fallback, model).pairs())
         self._fallback = fallback
         self._fallback_pairs.update(pairs)
         self.fleet.state.watch(waiter, pairs, self._accepts)
 
     def _time_out(self, waiter: InLine) -> None:
-        waiter.fail(
-            QueueTimeout(
-                f"queue timeout: no slot for {self.model} within {self.route.queue_timeout:g} s"
-            )
-        )
+        timeout = self.route.queue_timeout
+        waiter.fail(QueueTimeout(f"queue timeout: no slot for {self.model} within {timeout:g} s"))
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -451,24 +382,9 @@ class Placer(Generic[RouteT]):
         return self.fleet.ranking(self.route, self.model)
 
     def _affinity(self, order: Sequence[str]) -> Affinity | None:
-        state, model = self.fleet.state, self.model
-        return prefer(
-            order,
-            model,
-            self.prompt,
-            self.fleet.prefixes,
-            lambda host: (
-                state.in_flight(host, model)
-                + state.queued(host, model)
-                + state.leases_held(host, model)
-            ),
-            self.fleet.prefix_margin,
-            lambda host: (
-                state.leases_held(host, model)
-                < state.in_flight(host, model) + state.free_for(host, model)
-            ),
-            lambda host: None if state.free_for(host, model) else state.leases_held(host, model),
-        )
+        fleet = self.fleet
+        return prefer_in(fleet.state, order, self.model, self.prompt, fleet.prefixes,
+                         fleet.prefix_margin)  # fmt: skip
 
     def _pairs_for(self, ranking: Ranking, affinity: Affinity | None) -> Sequence[Pair]:
         """The ranking's pairs, the affinity's host first when there is one."""
@@ -482,9 +398,6 @@ class Placer(Generic[RouteT]):
         """`prefix` when the host put first for its cache is the one that took the request."""
         return Reason.PREFIX if affinity is not None and got.host == affinity.host else reason
 
-    def _pairs(self, hosts: Sequence[str]) -> list[Pair]:
-        return [(host, self.model) for host in hosts]
-
     def _usable(self, host: str) -> bool:
         return self.fleet.usable(self.route, self.model, host)
 
@@ -492,16 +405,14 @@ class Placer(Generic[RouteT]):
         """Whether a slot freed on `pair` may go to this request right now."""
         host, model = pair
         if model == self.model and self._usable(host):
-            return self._takes(host)
+            # Patience spent: any free slot; priced: one priced lower than staying.
+            return self._priced is None or self._priced.takes(host)
         fallback = self._fallback
         return (
             fallback is not None
             and pair in self._fallback_pairs
             and self.fleet.usable(fallback, model, host)
         )
-
-    def _fallback_model(self) -> str:
-        return self.route.fallback_model or self.model
 
     async def _spilled(self, home: str | None, slot: Held) -> LeaseOutcome:
         """A turn of a conversation leased to `home` runs on `slot`'s host, which now holds

@@ -57,11 +57,23 @@ class InLine(Protocol):
     """A request's place in one pair's line (or its watches only, when `host` is "").
 
     `granted` resolves to the `Held` slot it was handed. A wait that ends without using it
-    calls `cancel()` and releases what that returns.
+    calls `cancel()` and releases what that returns. The waiting task also waits for
+    `offered` and then calls `settle()`: a slot freed on a pair it watches is held for it,
+    and its own `accept` decides there, not in the code that freed the slot.
     """
 
     @property
     def granted(self) -> asyncio.Future[Any]: ...
+    @property
+    def offered(self) -> asyncio.Future[Any]:
+        """Done when a slot is held for this wait, to take or decline (`settle`)."""
+        ...
+
+    def settle(self) -> None:
+        """Decide the slots held for this wait: take the first its watch accepts, give the
+        others back (they go on to the next in line or watching at once)."""
+        ...
+
     @property
     def host(self) -> str: ...
     @property
@@ -90,7 +102,9 @@ class FleetState(Protocol):
         ...
 
     def watch(self, waiter: InLine, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
-        """Let `waiter` also take a slot freed on `pairs` whose lines are empty."""
+        """Let `waiter` also take a slot freed on `pairs` whose lines are empty, when
+        `accept(pair)` agrees: asked now (from the caller) for a free slot there, and later
+        only from the waiting task (`InLine.settle`)."""
         ...
 
     def wake(self, host: str) -> None:

@@ -114,6 +114,15 @@ class SharedPlace:
         if not self.granted.done():
             self.granted.set_exception(error)
 
+    @property
+    def offered(self) -> asyncio.Future[SharedSlot]:
+        """`granted`: Redis hands over a watched slot only where `watch` accepted it, so no
+        slot is ever held here for the wait to decide (`InLine.settle`)."""
+        return self.granted
+
+    def settle(self) -> None:
+        """Nothing to decide (`offered`)."""
+
     def watch(self, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
         """Let the place also take a free slot of those of `pairs` usable now, when no one
         waits there (one round trip, in a task of its own; a grant reaches the wait)."""

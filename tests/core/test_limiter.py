@@ -1,7 +1,8 @@
 """The limiter: slots per (host, model), a bounded FIFO line, and waits watching other pairs.
 
 Every test drives one event loop step by step: `place` is synchronous, and a waiter's grant is
-visible on its `granted` future at once, so nothing here depends on timing.
+visible on its `granted` future at once (a slot offered to a watcher once the test, standing for
+the waiting task, has called `settle`), so nothing here depends on timing.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -44,7 +46,11 @@ async def wait_for_slot(waiter: Waiter) -> Slot:
     """Await the grant as `Waiter`'s docstring tells a caller to: on cancellation, leave and
     release the slot that may have been handed over in the same loop turn."""
     try:
-        return await waiter.granted
+        while not waiter.granted.done():
+            waiter.settle()  # the slots offered to it: decided here, in the waiting task
+            if not waiter.granted.done():
+                await asyncio.wait((waiter.granted, waiter.offered), return_when="FIRST_COMPLETED")
+        return waiter.granted.result()
     except asyncio.CancelledError:
         slot = waiter.cancel()
         if slot is not None:
@@ -53,6 +59,8 @@ async def wait_for_slot(waiter: Waiter) -> Slot:
 
 
 def granted_slot(waiter: Waiter) -> Slot:
+    """The slot `waiter` holds, once its task has decided the slots offered to it."""
+    waiter.settle()
     assert waiter.granted.done(), "the waiter was not handed a slot"
     return waiter.granted.result()
 
@@ -398,6 +406,7 @@ async def test_a_watcher_is_handed_nothing_while_accept_refuses_the_pair() -> No
 
     limiter.watch(waiter, [("h2", "m")], accept=lambda pair: usable[pair[0]])
     busy.release()
+    waiter.settle()  # its task decides the slot offered to it
 
     assert not waiter.granted.done()
     assert limiter.in_flight("h2", "m") == 0
@@ -415,6 +424,7 @@ async def test_wake_offers_free_slots_again_once_accept_agrees() -> None:
     assert not waiter.granted.done()  # h2 is free, but refused
 
     limiter.wake("h2")
+    waiter.settle()
     assert not waiter.granted.done()
     usable["h2"] = True
     limiter.wake("h2")
@@ -523,6 +533,130 @@ async def test_a_cancelled_watcher_leaves_no_trace_on_the_watched_pair() -> None
 
     assert limiter.in_flight("h9", "m") == 0
     assert [snap.host for snap in limiter.snapshot()] == ["h1"]
+
+
+# -- a slot offered to a watcher: its own task decides --------------------------------------
+
+
+def two_watchers(accepts: dict[str, bool]) -> tuple[Limiter, Slot, Waiter, Waiter, list[str]]:
+    """h1 full with a line of two, both watching h2 (its one slot held: returned); each
+    watcher's accept says `accepts[name]` and notes its name in the list returned."""
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=2)
+    limiter.configure("h2", "m", parallel=1, queue_max=1)
+    take(limiter, "h1")
+    (busy,) = hold(limiter, 1, "h2")
+    first, second = line_up(limiter, "h1"), line_up(limiter, "h1")
+    asked: list[str] = []
+
+    def accept(name: str) -> Callable[[tuple[str, str]], bool]:
+        def asks(pair: tuple[str, str]) -> bool:
+            asked.append(name)
+            return accepts[name]
+
+        return asks
+
+    limiter.watch(first, [("h2", "m")], accept=accept("first"))
+    limiter.watch(second, [("h2", "m")], accept=accept("second"))
+    return limiter, busy, first, second, asked
+
+
+async def test_a_release_asks_no_watcher_and_holds_the_slot_for_the_first_one() -> None:
+    limiter, busy, first, second, asked = two_watchers({"first": True, "second": True})
+
+    busy.release()
+
+    assert asked == []  # nothing of the waiting requests ran inside the release
+    assert first.offered.done() and not second.offered.done()
+    assert limiter.in_flight("h2", "m") == 1  # held for the watcher: no newcomer takes it
+    assert isinstance(limiter.place([("h2", "m")]), Waiter)
+    assert granted_slot(first).host == "h2"
+    assert asked == ["first"]
+    assert limiter.in_flight("h2", "m") == 1
+
+
+async def test_a_slot_a_watcher_declines_is_offered_to_the_next_watcher_at_once() -> None:
+    limiter, busy, first, second, asked = two_watchers({"first": False, "second": True})
+
+    busy.release()
+    first.settle()
+
+    assert not first.granted.done()
+    assert second.offered.done()
+    assert granted_slot(second).host == "h2"
+    assert asked == ["first", "second"]
+    assert limiter.in_flight("h2", "m") == 1
+    assert first.position == 1  # declining kept its place at home
+
+
+async def test_a_slot_every_watcher_declines_is_free_again() -> None:
+    limiter, busy, first, second, asked = two_watchers({"first": False, "second": False})
+
+    busy.release()
+    first.settle()
+    second.settle()
+
+    assert asked == ["first", "second"]
+    assert not first.granted.done() and not second.granted.done()
+    assert (limiter.in_flight("h2", "m"), limiter.free_for("h2", "m")) == (0, 1)
+    take(limiter, "h2")  # a newcomer takes it
+
+
+async def test_a_declined_slot_goes_first_to_a_request_that_joined_its_line_meanwhile() -> None:
+    limiter, busy, first, second, asked = two_watchers({"first": False, "second": True})
+
+    busy.release()
+    own = line_up(limiter, "h2")  # the slot is held for the watcher: the newcomer queues
+    first.settle()
+
+    assert granted_slot(own).host == "h2"
+    second.settle()
+    assert not second.granted.done()
+    assert asked == ["first"]
+
+
+async def test_a_wait_that_ends_with_a_slot_offered_passes_it_to_the_next_watcher() -> None:
+    limiter, busy, first, second, asked = two_watchers({"first": True, "second": True})
+
+    busy.release()
+    first.fail(QueueTimeout("its deadline"))
+
+    assert second.offered.done()
+    assert granted_slot(second).host == "h2"
+    assert asked == ["second"]
+    assert limiter.in_flight("h2", "m") == 1
+
+
+async def test_a_cancelled_wait_with_a_slot_offered_gives_it_back() -> None:
+    limiter, busy, first, second, _ = two_watchers({"first": True, "second": True})
+    second.cancel()
+
+    busy.release()
+    assert first.cancel() is None
+
+    assert (limiter.in_flight("h2", "m"), limiter.queued("h1", "m")) == (0, 0)
+    assert limiter.free_for("h2", "m") == 1
+
+
+async def test_an_accept_that_raises_leaves_the_offer_with_the_wait_until_it_ends() -> None:
+    limiter = Limiter()
+    limiter.configure("h1", "m", parallel=1, queue_max=1)
+    limiter.configure("h2", "m", parallel=1, queue_max=0)
+    take(limiter, "h1")
+    (busy,) = hold(limiter, 1, "h2")
+    waiter = line_up(limiter, "h1")
+
+    def broken(pair: tuple[str, str]) -> bool:
+        raise RuntimeError("pricing failed")
+
+    limiter.watch(waiter, [("h2", "m")], accept=broken)
+    busy.release()
+    with pytest.raises(RuntimeError):
+        waiter.settle()
+    assert limiter.in_flight("h2", "m") == 1
+
+    assert waiter.cancel() is None
+    assert (limiter.in_flight("h2", "m"), limiter.free_for("h2", "m")) == (0, 1)
 
 
 # -- the place in line --------------------------------------------------------------------

@@ -58,6 +58,7 @@ async def test_a_watcher_is_handed_a_slot_when_its_host_wakes_and_accepts() -> N
     assert not waiter.granted.done()  # free, but not usable yet
     usable["h1"] = True
     state.wake("h1")
+    waiter.settle()  # the slot is offered; the waiting task takes it
 
     assert waiter.granted.result().host == "h1"
     assert state.in_flight("h1", "m") == 1

@@ -390,7 +390,9 @@ class RequestPath(RuleBasedStateMachine):
         return self.fleet  # one process
 
     async def rounds(self) -> None:
-        for _ in range(30):
+        # A slot declined by a watcher goes to the next one through its task: about three
+        # loop turns a watcher, and a route with a fallback may have a dozen watching.
+        for _ in range(120):
             await asyncio.sleep(0)
 
     def held(self, pair: tuple[str, str]) -> int:
