@@ -213,7 +213,7 @@ class QueueTimeout(GatewayError):
 class HostRemoved(GatewayError):
     """The host left the configuration (deleted, renamed away from its box, or no longer
     serving the model) while the request waited in its line. The limiter ends such a wait with
-    this; the passage then places the request again on the route's other hosts, and answers
+    this; the request's lifecycle then places it again on the route's other hosts, and answers
     it only when none of them can take it (the message then says why)."""
 
     status = 503
