@@ -16,16 +16,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
+import httpx
 import pytest
 
-from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown
+from routing.core.clients import Admitted, ClientGate, ClientSpec
+from routing.core.errors import ClientLimited, HostDown, NoHealthyHost, PinnedHostDown
 from routing.core.patience import Figures
 from routing.core.placement import Placement, Waiting
 from routing.core.prefixes import NO_PREFIX, Prefix
 from routing.core.running import RunningTable
+from routing.proxy import lifecycle as lifecycle_module
 from routing.proxy.ask import Ask
 from routing.proxy.lifecycle import Lifecycle
-from routing.proxy.record import Arrival, Trail
+from routing.proxy.record import Arrival, Outcome, Trail
 from routing.runtime import Runtime
 from tests.core.test_placement import (
     MODEL,
@@ -65,6 +68,9 @@ class Fleet(MemoryFleet):
         self.comes_back = ""
         self.running = RunningTable()
         self.figures = Figures()
+        self.clients = ClientGate(require=False)
+        self.head: Any = None  # what a healthy host answers: ("head of", host) unless set
+        self.stream_idle_timeout = WAIT
 
     @property
     def live(self) -> Fleet:
@@ -78,7 +84,10 @@ class Fleet(MemoryFleet):
         if name in self.resetting:
             self.mark(name, healthy=False)  # as the runtime marks it down
             raise HostDown(f"host {name} closed the connection")
-        return ("head of", name)
+        return ("head of", name) if self.head is None else self.head
+
+    async def admit(self, client: ClientSpec, route: str) -> Admitted:
+        return self.clients.admit(client, route)
 
     async def probe_down(self, route: object) -> None:
         self.probed.append(route)
@@ -223,3 +232,78 @@ async def test_an_operator_naming_one_host_reaches_it_whatever_its_health() -> N
 
     assert answered.upstream == ("head of", "gpu2")
     assert fleet.probed == []
+
+
+# -- what a request holds, given back on every way out ---------------------------------------
+
+ONE_AT_A_TIME = ClientSpec("alice", max_concurrent=1)
+GONE = Outcome(499, "client disconnected", "client_disconnected")
+
+
+async def _fails_at_its_host(life: Lifecycle, fleet: Fleet) -> None:
+    fleet.resetting.update(fleet.hosts)
+    with pytest.raises(HostDown) as failed:
+        await life.through()
+    life.fail(failed.value)
+
+
+async def _relayed_to_its_end(life: Lifecycle, fleet: Fleet) -> None:
+    await life.through()
+    assert [chunk async for chunk in life.relay()] == [b"{}"]
+
+
+async def _leaves_while_queued(life: Lifecycle, fleet: Fleet) -> None:
+    assert life.waiting is not None
+    task = asyncio.create_task(life.through())
+    await settle()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    life.end(GONE)
+
+
+async def _leaves_before_its_wait_began(life: Lifecycle, fleet: Fleet) -> None:
+    assert life.waiting is not None  # a status stream whose body never ran
+    life.end(GONE)
+
+
+async def _leaves_with_a_slot_not_yet_used(life: Lifecycle, fleet: Fleet) -> None:
+    assert life.waiting is None  # placed at once; the client left before the host was asked
+    life.end(GONE)
+
+
+@pytest.mark.parametrize(
+    "way_out",
+    [
+        _fails_at_its_host,
+        _relayed_to_its_end,
+        _leaves_while_queued,
+        _leaves_before_its_wait_began,
+        _leaves_with_a_slot_not_yet_used,
+    ],
+)
+async def test_every_way_out_gives_back_the_pass_the_slot_and_the_running_entry_with_one_row(
+    way_out: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows: list[Outcome] = []
+    monkeypatch.setattr(lifecycle_module, "finish", lambda trail, outcome: rows.append(outcome))
+    route = Route(hosts=("gpu1",))
+    fleet = fleet_of(route, gpu1=host(queue_max=1))
+    fleet.head = httpx.Response(200, stream=httpx.ByteStream(b"{}"))
+    queued = way_out in (_leaves_while_queued, _leaves_before_its_wait_began)
+    ahead = fleet.occupy("gpu1") if queued else None
+    life = Lifecycle(None, cast(Runtime, fleet), cast(Any, route), forward=fleet.forward)
+    await life.admit(ONE_AT_A_TIME)
+    with pytest.raises(ClientLimited):
+        await fleet.admit(ONE_AT_A_TIME, route.name)  # its one request is in flight
+    await life.place(cast(Ask, _Ask()))
+
+    await way_out(life, fleet)
+    life.end(GONE)  # a later ending (the handler's close, say) changes nothing
+    life.fail(HostDown("host gpu1 closed the connection"))
+
+    assert len(rows) == 1
+    assert fleet.running.snapshot() == []
+    (await fleet.admit(ONE_AT_A_TIME, route.name)).release()  # its pass was given back
+    if ahead is not None:
+        ahead.release()
+    assert_nothing_held(fleet)
