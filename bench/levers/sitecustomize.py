@@ -50,7 +50,7 @@ def _noaccounting(module: Any) -> None:
 #   app            the server calls the ASGI application (the request's head has arrived)
 #   body           the application has the last of the body (`receive`)
 #   view           crossbar's proxy view starts (Django's request and URLconf done)
-#   placed         placement done (crossbar's `_place`: runtime, route, access, body, slot)
+#   placed         placement done (crossbar's `Lifecycle.place`: runtime, route, access, body, slot)
 #   upstream_send  httpx's `AsyncClient.send` is called (the upstream request built)
 #   connected      aiohttp has a new connection to the host (a trace)
 #   request_sent   aiohttp has written the request's head (a trace)
@@ -159,19 +159,24 @@ def _aiohttp(module: Any) -> None:
 
 
 def _view(module: Any) -> None:
-    proxy, place = module.proxy, module._place
+    proxy = module.proxy
 
     async def timed_proxy(request: Any) -> Any:
         _mark("view")
         return await proxy(request)
 
-    async def timed_place(*args: Any, **kwargs: Any) -> Any:
-        passage = await place(*args, **kwargs)
-        _mark("placed")
-        return passage
-
     timed_proxy.csrf_exempt = True  # type: ignore[attr-defined]  # as the view it wraps
-    module.proxy, module._place = timed_proxy, timed_place
+    module.proxy = timed_proxy
+
+
+def _lifecycle(module: Any) -> None:
+    place = module.Lifecycle.place
+
+    async def timed_place(self: Any, *args: Any, **kwargs: Any) -> None:
+        await place(self, *args, **kwargs)
+        _mark("placed")
+
+    module.Lifecycle.place = timed_place
 
 
 def _write_stages() -> None:
@@ -190,6 +195,7 @@ LEVERS: dict[str, tuple[tuple[str, Callable[[ModuleType], None]], ...]] = {
         ("httpx", _httpx),
         ("aiohttp", _aiohttp),
         ("routing.proxy.view", _view),
+        ("routing.proxy.lifecycle", _lifecycle),
     ),
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from routing.core.errors import OUTCOMES, GatewayError, Outcome
+from routing.core.errors import OUTCOMES, GatewayError, CodeRow
 
 START = "<!-- error-codes: written by manage.py crossbar_error_table -->"
 END = "<!-- error-codes: end -->"
@@ -23,13 +23,13 @@ def error_classes(root: type[GatewayError] = GatewayError) -> Iterator[type[Gate
         yield from error_classes(sub)
 
 
-def rows() -> list[Outcome]:
+def rows() -> list[CodeRow]:
     """One row per code: the first class that sets it (a subclass that only inherits its
     parent's code, such as `HostDown`, adds none), then the outcomes."""
-    found: dict[str, Outcome] = {}
+    found: dict[str, CodeRow] = {}
     for cls in error_classes():
         if cls.code not in found:
-            found[cls.code] = Outcome(str(cls.status), cls.code, cls.when)
+            found[cls.code] = CodeRow(str(cls.status), cls.code, cls.when)
     for outcome in OUTCOMES:
         found.setdefault(outcome.code, outcome)
     return sorted(found.values(), key=lambda row: (row.status[:3], row.code))

@@ -213,7 +213,7 @@ class QueueTimeout(GatewayError):
 class HostRemoved(GatewayError):
     """The host left the configuration (deleted, renamed away from its box, or no longer
     serving the model) while the request waited in its line. The limiter ends such a wait with
-    this; the passage then places the request again on the route's other hosts, and answers
+    this; the request's lifecycle then places it again on the route's other hosts, and answers
     it only when none of them can take it (the message then says why)."""
 
     status = 503
@@ -338,7 +338,7 @@ class ClientLimited(GatewayError):
 
 
 @dataclass(slots=True, frozen=True)
-class Outcome:
+class CodeRow:
     """A code the proxy writes without raising a `GatewayError`, with its status and `when`."""
 
     status: str
@@ -346,28 +346,28 @@ class Outcome:
     when: str
 
 
-INTERNAL_ERROR = Outcome(
+INTERNAL_ERROR = CodeRow(
     "500", "internal_error", "anything unexpected (a bug: the log has its traceback)"
 )
 OUTCOMES = (
-    Outcome(
+    CodeRow(
         "the host's",
         "upstream_error",
         "the host answered an error of its own: its status and body pass through as they are"
         ' (in a stream already answered 200: one `data: {"error": ...}` event)',
     ),
-    Outcome(
+    CodeRow(
         "503",
         "slot_lost",
         "with shared state: this gateway lost touch with Redis past its hold TTL and another"
         ' request took the slot, so the stream ends with one `data: {"error": ...}` event',
     ),
-    Outcome(
+    CodeRow(
         "499",
         "client_disconnected",
         "in the row only: the client left, or read nothing for `CROSSBAR_STREAM_IDLE_TIMEOUT`",
     ),
-    Outcome(
+    CodeRow(
         "499",
         "client_too_slow",
         "in the row only: the client fell more than 1 MiB behind the host and was cut",

@@ -1,1 +1,1 @@
-"""The proxy: the view, what was asked, the passage to a host, the body back, the record."""
+"""The proxy: the view, what was asked, the request's lifecycle to its row, the body back."""

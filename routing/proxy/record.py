@@ -1,10 +1,10 @@
 """The record of one proxied request: built once, when it ends, from plain values.
 
-The view learns a request's facts step by step (route, client, model, host, ...) and hands them,
-frozen in a `Trail`, to whatever ends the request: its own error answer, or the body that
-streams the host's answer. `finish` then writes exactly one accounting row, counts the metrics
-and logs one line. Each request has one owner of its end, so `finish` runs once by
-construction; it never touches the database (the recorder's thread writes the row).
+The request's lifecycle (`routing.proxy.lifecycle`) learns its facts step by step (route,
+client, model, host, ...) as a `Trail` of plain values, and how it ended as an `Outcome`;
+`finish` writes exactly one accounting row from the two, counts the metrics and logs one line.
+The lifecycle is the one owner of the request's end, so `finish` runs once by construction; it
+never touches the database (the recorder's thread writes the row).
 """
 
 from __future__ import annotations
@@ -17,12 +17,10 @@ from typing import Any, NamedTuple
 
 from accounting.recorder import RequestRecord, get_recorder
 from accounting.rows import within_columns
-from routing.core.clients import Admitted
 from routing.core.named_slots import NamedSlot
 from routing.core.patience import Priced
 from routing.core.placement import Placement
 from routing.core.prefixes import NO_PREFIX, Prefix
-from routing.core.running import RunningRequest
 from routing.core.tee import Usage
 from routing.ops import metrics
 
@@ -43,7 +41,8 @@ class Arrival:
 
 
 class Trail(NamedTuple):
-    """What is known of a request so far. Immutable: each step makes the next (`_replace`).
+    """What is known of a request so far: plain values, no resources (the lifecycle holds
+    those). Immutable: each step makes the next (`_replace`).
 
     A named tuple rather than a frozen dataclass: a request makes seven or so, and a frozen
     dataclass of this size costs 15 µs to build or `replace` (each field set through
@@ -52,7 +51,6 @@ class Trail(NamedTuple):
     arrival: Arrival
     route: str = ""  # the route the client asked for
     client: str = ""  # the client key's name
-    client_pass: Admitted | None = None  # given back when the request ends
     model: str = ""
     fingerprint: str = ""
     host: str = ""
@@ -62,7 +60,6 @@ class Trail(NamedTuple):
     queued_ms: int = 0
     ttfb_ms: int | None = None
     streamed: bool = False
-    running: RunningRequest | None = None  # its line in the dashboard's running requests
     refused_by: tuple[str, ...] = ()  # the hosts that were full when the route refused it
     prefix: Prefix = NO_PREFIX  # the prompt in blocks (routing/core/prefixes.py)
     predicted_blocks: int | None = None  # the prefix index's guess of the host's cached blocks
@@ -72,10 +69,6 @@ class Trail(NamedTuple):
 
     def placed(self, placement: Placement) -> Trail:
         """Where the request runs. `route` stays the route the client asked for."""
-        if self.running is not None:
-            self.running.table.placed(
-                self.running, placement.host, int(placement.waited * 1000), placement.model
-            )
         return self._replace(
             host=placement.host,
             lease=str(placement.lease),
@@ -87,20 +80,27 @@ class Trail(NamedTuple):
         )
 
 
+@dataclass(slots=True, frozen=True)
+class Outcome:
+    """How a request ended, as its row says it: the status, the error and its code (empty for
+    none), the host's token counts, and the host's time evaluating the prompt (`prompt_ms`)."""
+
+    status: int
+    error: str = ""
+    code: str = ""
+    usage: Usage = NO_USAGE
+    prompt_ms: float | None = None
+
+
 def refused_by(trail: Trail, hosts: tuple[str, ...]) -> Trail:
     """A request the route refused because `hosts` were full: the refusal is the route's, so
     its row names no host (no host failed it) and lists the full ones in `refused_by`."""
     return trail._replace(host="", refused_by=hosts)
 
 
-def finish(
-    trail: Trail, status: int, error: str = "", code: str = "", usage: Usage = NO_USAGE
-) -> None:
-    """End the request: its row, its metrics, its log line; the client key's pass back."""
-    if trail.client_pass is not None:
-        trail.client_pass.release()
-    if trail.running is not None:
-        trail.running.table.finish(trail.running)
+def finish(trail: Trail, outcome: Outcome) -> None:
+    """The request's row, its metrics, its log line."""
+    status, error, usage = outcome.status, outcome.error, outcome.usage
     total_ms = trail.arrival.elapsed_ms()
     record = within_columns(
         RequestRecord(
@@ -122,7 +122,7 @@ def finish(
             client=trail.client,
             fallback=trail.fallback,
             placement=trail.placement,
-            code=code,
+            code=outcome.code,
             refused_by=" ".join(trail.refused_by),
             predicted_cached_blocks=trail.predicted_blocks,
             reported_cached_blocks=trail.reported_blocks,

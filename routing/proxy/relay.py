@@ -1,11 +1,17 @@
-"""The upstream body on its way to the client, chunk for chunk, at the host's pace."""
+"""The upstream body on its way to the client, chunk for chunk, at the host's pace.
+
+The relay only moves bytes: it tells the request's lifecycle when the host is done with
+(`host_done`: its slot goes back while a slow client still reads the buffer) and how the
+answer ended (`end`, with an `Outcome`); what is learnt from the answer, and the row, are the
+lifecycle's (routing/proxy/lifecycle.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -13,13 +19,9 @@ from hosts.failures import failure
 from routing.core import sse
 from routing.core.background import spawn
 from routing.core.errors import Answer
-from routing.core.running import data_events
-from routing.core.state import Held, on_lost
+from routing.core.running import RunningRequest, data_events
 from routing.core.tee import Tee
-from routing.proxy.figures import held, measured
-from routing.proxy.prefix_check import settled
-from routing.proxy.record import Trail, finish
-from routing.runtime import Runtime
+from routing.proxy.record import Outcome
 
 # How far a client may fall behind its host: bytes read from the host that the client's
 # connection has not taken yet (the server's write buffer, 64 KiB, and the kernel's socket
@@ -40,6 +42,17 @@ def close_soon(upstream: httpx.Response) -> None:
     spawn(upstream.aclose(), "crossbar-close-upstream")
 
 
+class Ending(Protocol):
+    """Who hears how the relayed answer goes: the request's lifecycle."""
+
+    def host_done(self) -> None:
+        """The host is done with (its stream ended, failed, or was cut): its slot back. The
+        relay may say so more than once; only the first counts."""
+
+    def end(self, outcome: Outcome) -> None:
+        """The request has ended, so (once)."""
+
+
 class Relay:
     """The upstream body as an async iterator for StreamingHttpResponse.
 
@@ -47,7 +60,7 @@ class Relay:
     timeout on reads of the host. The request ends exactly once, from whichever comes first:
     the body's end, a failure, the client's disconnect (the read is cancelled), `close()` (the
     response is closed by the handler without having been read to its end), or a client too
-    slow to read. Ending frees the slot, closes the upstream response and finishes the record.
+    slow to read. Ending closes the upstream response and hands the `Outcome` to `life.end`.
 
     The host is read at its own pace, not the client's. While the client keeps up, its own task
     reads the host and each chunk goes out as it arrives. A client away in the server's `send`
@@ -72,21 +85,27 @@ class Relay:
     """
 
     __slots__ = (
-        "_upstream", "_chunks", "_slot", "_tee", "_trail", "_idle", "_loop", "_status",
+        "_upstream", "_chunks", "_life", "_tee", "_host", "_idle", "_loop", "_status",
         "_closed", "_client", "_read_since", "_given", "_watchdog", "_interrupt", "_running",
-        "_pump", "_buffer", "_buffered", "_more", "_outcome", "_runtime",
+        "_pump", "_buffer", "_buffered", "_more", "_outcome",
     )  # fmt: skip
 
     def __init__(
-        self, upstream: httpx.Response, slot: Held | None, trail: Trail, runtime: Runtime
+        self,
+        upstream: httpx.Response,
+        life: Ending,
+        host: str,
+        idle: float,
+        running: RunningRequest | None = None,
     ) -> None:
+        """`host`: the host's name, for the errors it is named in; `idle`: the idle timeout;
+        `running`: the request's line among the running requests, whose tokens it counts."""
         self._upstream = upstream
         self._chunks = upstream.aiter_raw()
-        self._slot = slot
+        self._life = life
         self._tee = Tee(upstream.headers.get("content-type", ""))
-        self._trail = trail._replace(streamed=trail.streamed or self._tee.streamed)
-        self._idle = runtime.stream_idle_timeout
-        self._runtime = runtime  # its prefix index learns from the answer
+        self._host = host
+        self._idle = idle
         self._loop = asyncio.get_running_loop()
         self._status = upstream.status_code
         self._closed = False  # the request has ended: its row is written
@@ -99,14 +118,12 @@ class Relay:
         # or the slot was lost (status, message, code). None: the client left.
         self._interrupt: tuple[int, str, str] | None = None
         # Tokens so far, for the dashboard's running requests: one per SSE event read.
-        self._running = trail.running if self._tee.streamed else None
+        self._running = running if self._tee.streamed else None
         self._pump: asyncio.Task[None] | None = None
         self._buffer: deque[bytes] = deque()  # read from the host by the pump, not yet passed on
         self._buffered = 0
         self._more: asyncio.Future[None] | None = None  # the client's task waits for the pump
         self._outcome: tuple[int, str, str] | None = None  # how the host's stream ended (pump)
-        if slot is not None:
-            on_lost(slot, self._lost)
 
     @property
     def streamed(self) -> bool:
@@ -184,14 +201,14 @@ class Relay:
                     then = min(then, (given or now) + AWAY)
         self._watchdog = self._loop.call_at(then, self._watch)
 
-    def _lost(self) -> None:
+    def lost(self) -> None:
         """The shared state stopped counting this request's slot (its process was cut off past
         the hold TTL and another took the slot): the host may be running more than `parallel`,
         so the stream ends now, with an error the client and the row can read."""
         if self._closed or self._outcome is not None:
             return  # over already: the host's stream ended, and the slot was given back
         message = (
-            f"slot on host {self._trail.host} lost: this gateway lost touch with the shared "
+            f"slot on host {self._host} lost: this gateway lost touch with the shared "
             "state past its hold TTL and another request took the slot"
         )
         self._interrupt = (503, message, "slot_lost")
@@ -235,7 +252,7 @@ class Relay:
                               "client_too_slow")  # fmt: skip
                     return
         finally:
-            self._free_host()
+            self._life.host_done()
             await self._upstream.aclose()
 
     def _host_done(self, status: int, error: str = "", code: str = "") -> None:
@@ -289,10 +306,10 @@ class Relay:
         return chunk
 
     def _broken(self, exc: httpx.HTTPError) -> str:
-        return f"host {self._trail.host} failed mid-stream: {failure(exc)}"
+        return f"host {self._host} failed mid-stream: {failure(exc)}"
 
     def _silent(self) -> str:
-        return f"host {self._trail.host} sent nothing for {self._idle:g} s mid-stream"
+        return f"host {self._host} sent nothing for {self._idle:g} s mid-stream"
 
     async def _fail(self, status: int, message: str, code: str = "upstream_failed") -> bytes:
         """End a broken stream (the host's failure, or a lost slot): an SSE client gets one
@@ -313,7 +330,7 @@ class Relay:
                         break
         except (TimeoutError, httpx.HTTPError):
             pass
-        message = f"host {self._trail.host} answered {self._status}"
+        message = f"host {self._host} answered {self._status}"
         try:
             detail = json.loads(body)["error"]["message"]
             message = f"{message}: {detail}"
@@ -343,29 +360,11 @@ class Relay:
         else:
             close_soon(self._upstream)
 
-    def _free_host(self) -> None:
-        """The host is done with: its slot back (and how long it was held, to the figures)."""
-        if self._slot is not None:
-            held(self._trail, self._runtime)
-            if (running := self._trail.running) is not None:
-                running.table.freed(running)  # what a slow reader still reads holds no slot
-            self._slot.release()
-            self._slot = None
-
     def _end(self, status: int, error: str, code: str) -> None:
         self._closed = True
         if self._watchdog is not None:
             self._watchdog.cancel()
-        self._free_host()
+        self._life.host_done()
         if not code and status >= 400:
             code = "upstream_error"  # the host's own error answer, passed through as it is
-        usage = self._tee.usage()
-        measured(self._trail, self._runtime, usage, self._tee.prompt_ms(), status)
-        trail = settled(self._trail, self._runtime, usage, status)
-        named = trail.named_slot
-        if named is not None and status < 400:
-            self._runtime.live.named_answered(
-                named, usage.prompt_tokens, usage.cached_tokens,
-                trail.predicted_blocks, trail.reported_blocks,
-            )  # fmt: skip
-        finish(trail, status, error, code, usage)
+        self._life.end(Outcome(status, error, code, self._tee.usage(), self._tee.prompt_ms()))

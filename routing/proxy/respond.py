@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+import httpx
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils.cache import patch_vary_headers
 
 from routing.core.cors import grant
 from routing.core.errors import Answer
-from routing.proxy.passage import Answered
 from routing.proxy.record import Trail, said
 from routing.proxy.relay import Relay
 
@@ -91,11 +91,12 @@ def error_response(
     return response
 
 
-def streamed(answered: Answered, relay: Relay, origins: frozenset[str]) -> StreamedResponse:
+def streamed(
+    upstream: httpx.Response, trail: Trail, relay: Relay, origins: frozenset[str]
+) -> StreamedResponse:
     """The host's response: its status and headers (hop-by-hop and CORS ones dropped, and the
-    length of an SSE stream, which the relay may extend), our headers, and CORS headers by the
-    route's rule for the origin the client sent."""
-    upstream = answered.upstream
+    length of an SSE stream, which the relay may extend), our headers (from the request's
+    `trail`), and CORS headers by the route's rule for the origin the client sent."""
     response = StreamedResponse(relay, status=upstream.status_code)
     del response["Content-Type"]
     drop = _STREAM_DROP if relay.streamed else _RESPONSE_DROP
@@ -105,8 +106,8 @@ def streamed(answered: Answered, relay: Relay, origins: frozenset[str]) -> Strea
             response.headers[name] = value
     # The Origin the host was asked with is the client's own (it is forwarded unchanged).
     allow_origin(response, origins, upstream.request.headers.get("Origin"))
-    set_placement_headers(response, answered.trail)
-    response["X-Crossbar-Queued-Ms"] = str(answered.trail.queued_ms)
+    set_placement_headers(response, trail)
+    response["X-Crossbar-Queued-Ms"] = str(trail.queued_ms)
     return response
 
 

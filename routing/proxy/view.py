@@ -1,13 +1,11 @@
-"""The proxy view: route, client, ask, place, forward, relay; one record at the end.
+"""The proxy view: the route, then the request's lifecycle, which owns it to its row.
 
 The life of one request (docs/architecture.md, "One request"): the route comes from the path or
-`X-Crossbar-Route`; the client key is checked; the body gives the model and the conversation's
-fingerprint (`ask`); placement picks the host and takes a slot or a place in its queue in one
-step (`routing.core.placement`); the passage waits if needed and asks the host, placing again
-when the host turns out to be down (`passage`); the host's response streams back through a
-`Relay` while the tee reads token counts. Whatever ends the request (an error answered here, the
-end of the body, the client leaving) writes its one row, from the `Trail` of plain values the
-steps produced (`record`).
+`X-Crossbar-Route`; from then on the request's `Lifecycle` (`lifecycle`) holds it: the client
+key's pass, the ask (the body gives the model and the conversation's fingerprint: `ask`),
+placement from first try to last, the host's head, the relay of its answer, and whatever ends
+the request (an error answered here, the end of the body, the client leaving) writes its one
+row. The view only reads the request and answers it.
 """
 
 from __future__ import annotations
@@ -21,43 +19,29 @@ from django.template.loader import render_to_string
 from django.views.decorators.csrf import csrf_exempt
 
 from accounting.recorder import get_recorder
-from routing.config.shape import RouteConfig
 from routing.core.endpoints import Kind
-from routing.core.errors import (
-    MethodNotAllowed,
-    NoHealthyHost,
-    NotARoute,
-    answer_for,
-)
-from routing.core.placement import Placer, Waiting
-from routing.core.refusals import unknown_model
+from routing.core.errors import MethodNotAllowed
 from routing.proxy.access import check_access
 from routing.proxy.ask import (
     ROUTE_HEADER,
-    Ask,
     check_host,
     named_host,
     read_ask,
     resolve_route,
     wants_wait_status,
 )
-from routing.proxy.figures import pricing
+from routing.proxy.lifecycle import Lifecycle
 from routing.proxy.model_list import model_list
-from routing.proxy.passage import Answered, Passage
-from routing.proxy.record import Arrival, Trail, finish
-from routing.proxy.refusal import counted_where_it_happened, explained
-from routing.proxy.relay import Relay
+from routing.proxy.record import Outcome
 from routing.proxy.respond import (
     METHODS,
     StreamedResponse,
     allow_origin,
     error_response,
     preflight_response,
-    set_placement_headers,
-    streamed,
 )
-from routing.proxy.waiting import StatusStream
-from routing.runtime import STOPPING, Runtime, get_runtime
+from routing.proxy.waiting import waiting_response
+from routing.runtime import STOPPING, get_runtime
 
 log = logging.getLogger("crossbar.proxy")
 
@@ -105,25 +89,21 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
             return await gateway_health()
         if request.path == "/" and request.method in ("GET", "HEAD"):
             return gateway_home()
-    trail = Trail(Arrival())
-    passage: Passage | None = None  # once placed, the passage's trail is the request's
+    life = Lifecycle()
+    origin = request.headers.get("Origin")
     origins: frozenset[str] = frozenset()  # the route's CORS origins, once it is known
-    serving: tuple[Runtime, RouteConfig] | None = None  # once the route is known
     try:
         runtime = await get_runtime()
         await runtime.refresh()
         route, path, endpoint = resolve_route(request, runtime.fleet)
-        serving = (runtime, route)
         origins = route.cors_origins
         if request.method == "OPTIONS":
             return preflight_response(request, origins)  # a browser asking first: no row, no host
-        trail = trail._replace(route=route.name)
+        life.routed(runtime, route)
         check_host(request)
         pinned = named_host(route, path)
         caller = await check_access(request, runtime.clients, route, endpoint, path)
-        if caller.client is not None:
-            trail = trail._replace(client=caller.client.name)
-            trail = trail._replace(client_pass=await runtime.admit(caller.client, route.name))
+        await life.admit(caller.client)
         if (request.method or "GET") not in METHODS:
             raise MethodNotAllowed(
                 f"method {(request.method or '')[:20]} not allowed: use {', '.join(METHODS)}"
@@ -131,90 +111,25 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         if endpoint.kind is Kind.MODELS and request.method in ("GET", "HEAD"):
             query = request.META.get("QUERY_STRING", "")
             models_list = JsonResponse(await model_list(runtime, route, path, query))
-            finish(trail, 200)
-            allow_origin(models_list, origins, request.headers.get("Origin"))
+            life.end(Outcome(200))
+            allow_origin(models_list, origins, origin)
             return models_list
         models = runtime.live.served(route)
         ask = read_ask(request, route, path, endpoint, models, operator=caller.operator)
         if pinned is not None:
             ask = replace(ask, host=pinned[0], path=pinned[1])
-        running = runtime.running.add(route.name, ask.model or "", trail.client)
-        trail = trail._replace(
-            model=ask.model or "",
-            fingerprint=ask.fingerprint,
-            prefix=ask.prefix,
-            running=running,
-        )
-        try:
-            passage = await _place(runtime, route, ask, trail)
-        except NoHealthyHost:
-            await runtime.probe_down(route)  # a host that just came back serves at once
-            passage = await _place(runtime, route, ask, trail)
-        if isinstance(passage.waiting, Waiting) and wants_wait_status(ask, route):
-            status = _waiting_response(runtime, passage, passage.waiting)
-            allow_origin(status, origins, request.headers.get("Origin"))
+        await life.place(ask)
+        if life.waiting is not None and wants_wait_status(ask, route):
+            status = waiting_response(life)
+            allow_origin(status, origins, origin)
             return status
-        return _relayed(runtime, await passage.through(), origins)
+        await life.through()
+        return life.respond(origins)
     except asyncio.CancelledError:
-        ended = passage.trail if passage is not None else trail
-        finish(ended, 499, "client disconnected before the response", "client_disconnected")
+        life.end(Outcome(499, "client disconnected before the response", "client_disconnected"))
         raise
-    except NotARoute as exc:
-        return error_response(answer_for(exc), trail, request.headers.get("Origin"))
     except Exception as exc:
-        ended = passage.trail if passage is not None else trail
-        if serving is not None:
-            exc = explained(*serving, ended.model or None, exc)
-        answer = answer_for(exc)
+        answer = life.fail(exc)
         if answer.status == 500:
             log.exception("unexpected error serving %s", request.path[:200])
-        response = error_response(answer, ended, request.headers.get("Origin"), origins)
-        finish(counted_where_it_happened(ended, exc), answer.status, answer.message, answer.code)
-        return response
-
-
-def _relayed(runtime: Runtime, answered: Answered, origins: frozenset[str]) -> StreamedResponse:
-    """The response that relays the host's answer. The answer's slot and the host's response
-    are this step's until the response is handed to the server, whose handler closes it on
-    every way out (`Relay.close` ends the request): whatever fails before gives both back, and
-    the view answers the failure, with the request's row."""
-    try:
-        placement = answered.placement
-        slot = placement.slot if placement is not None else None
-        return streamed(answered, Relay(answered.upstream, slot, answered.trail, runtime), origins)
-    except BaseException:
-        answered.give_back()
-        raise
-
-
-async def _place(runtime: Runtime, route: RouteConfig, ask: Ask, trail: Trail) -> Passage:
-    """The request's passage: placed now, or holding its place in a queue, in one step.
-
-    Raises UnknownModel, QueueFull, NoHealthyHost or PinnedHostDown.
-    """
-    if ask.model is not None and not runtime.live.serves(route, ask.model):
-        raise unknown_model(route.name, ask.model, runtime.fleet.route_models(route))
-    if not ask.takes_slot:
-        return Passage(runtime, route, ask, trail, None, None)
-    assert ask.model is not None
-    prices = pricing(runtime, route, ask)
-    placer = Placer(
-        runtime.live, route, ask.model, ask.fingerprint, runtime.loop.time(), ask.prefix.blocks,
-        prices,
-    )  # fmt: skip
-    return Passage(runtime, route, ask, trail, placer, await placer.now())
-
-
-def _waiting_response(runtime: Runtime, passage: Passage, waiting: Waiting) -> StreamedResponse:
-    """The head now (200, SSE), the wait's status comments, then the host's stream."""
-    passage.trail = passage.trail._replace(
-        host=waiting.host,
-        lease=str(waiting.lease),
-        placement=str(waiting.reason),
-        streamed=True,
-    )
-    response = StreamedResponse(StatusStream(passage, runtime))
-    response["Content-Type"] = "text/event-stream"
-    response["Cache-Control"] = "no-cache"
-    set_placement_headers(response, passage.trail)
-    return response
+        return error_response(answer, life.trail, origin, origins)

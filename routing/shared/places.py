@@ -17,7 +17,7 @@ placement expects of any state (`Held`, `InLine` in routing/core/state.py):
 
 Watches are given only the pairs usable when they begin: Redis cannot ask this process
 whether a freed slot may go to a request. A slot granted on a host that went down meanwhile is
-found out by the request itself, which is then placed again (routing/proxy/passage.py).
+found out by the request itself, which is then placed again (routing/proxy/lifecycle.py).
 
 `Places` keeps this process's places and watchers, for the calls that reach them all: a host
 usable again (`wake`), a pair no longer configured (`end_waits`). Use it on one event loop.

@@ -124,6 +124,12 @@ class MemoryFleet:
             and model in spec["models"]
         )
 
+    def serves(self, route: Route, model: str) -> bool:
+        """Whether a host of `route` lists `model` (as `LiveFleet.serves`)."""
+        return any(
+            model in self.hosts[name]["models"] for name in route.hosts if name in self.hosts
+        )
+
     def fallback_of(self, route: Route) -> Route | None:
         return self.routes.get(route.fallback) if route.fallback else None
 

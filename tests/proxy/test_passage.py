@@ -1,9 +1,9 @@
-"""The passage from a placed (or waiting) request to the host's response head, seen from the
+"""A request's lifecycle from its placement to the host's response head, seen from the
 outside: the head it returns and the trail of the attempt that got it, what the client hears
 when hosts fail, where a waiting request shows it waits, and requests that take no slot.
 
 No server: the in-memory fleet of tests/core/test_placement.py, and hosts that answer
-`Passage.forward` as each test says (a head, or a reset that marks the host down, as
+the lifecycle's `forward` as each test says (a head, or a reset that marks the host down, as
 `routing.proxy.upstream.forward` does). The stateful model (test_passage_model.py) checks the
 slot promises over random runs; these pin what a client and the request's row see.
 """
@@ -16,14 +16,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
+import httpx
 import pytest
 
-from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown
+from routing.core.clients import Admitted, ClientGate, ClientSpec
+from routing.core.errors import ClientLimited, HostDown, NoHealthyHost, PinnedHostDown
+from routing.core.patience import Figures
 from routing.core.placement import Placement, Waiting
+from routing.core.prefixes import NO_PREFIX, Prefix
 from routing.core.running import RunningTable
+from routing.proxy import lifecycle as lifecycle_module
 from routing.proxy.ask import Ask
-from routing.proxy.passage import Passage
-from routing.proxy.record import Arrival, Trail
+from routing.proxy.lifecycle import Lifecycle
+from routing.proxy.record import Arrival, Outcome, Trail
 from routing.runtime import Runtime
 from tests.core.test_placement import (
     MODEL,
@@ -39,16 +44,21 @@ from tests.core.test_placement import (
 
 @dataclass(frozen=True)
 class _Ask:
-    """The fields of `Ask` a passage reads itself; the rest is `forward`'s."""
+    """The fields of `Ask` a lifecycle reads itself; the rest is `forward`'s."""
 
     model: str | None = MODEL
     host: str = ""
-    fingerprint: str = ""  # no conversation: no slot of its own to name
+    fingerprint: str = "conversation"  # as `placer`'s
+    takes_slot: bool = True
+    names_slot: bool = False  # no slot of its own to name
+    prefix: Prefix = NO_PREFIX
+    payload: None = None
 
 
 class Fleet(MemoryFleet):
-    """The in-memory fleet as the passage's runtime: its hosts answer `forward`, and
-    `probe_down` (asking hosts that are down how they are now) brings back `comes_back`."""
+    """The in-memory fleet as the lifecycle's runtime: its hosts answer `forward`, and
+    `probe_down` (asking hosts that are down how they are now) brings back `comes_back`;
+    `running` is the dashboard's table of running requests, `figures` the hosts' figures."""
 
     def __init__(self, hosts: dict[str, dict[str, Any]], route: Route, resetting: set[str]):
         super().__init__(hosts, route)
@@ -56,10 +66,15 @@ class Fleet(MemoryFleet):
         self.asked: list[tuple[object, object, str | None, str]] = []
         self.probed: list[object] = []
         self.comes_back = ""
+        self.running = RunningTable()
+        self.figures = Figures()
+        self.clients = ClientGate(require=False)
+        self.head: Any = None  # what a healthy host answers: ("head of", host) unless set
+        self.stream_idle_timeout = WAIT
 
     @property
     def live(self) -> Fleet:
-        """The runtime's live fleet: this one (the passage reads its ranking there)."""
+        """The runtime's live fleet: this one (the lifecycle places and ranks there)."""
         return self
 
     async def forward(
@@ -69,7 +84,10 @@ class Fleet(MemoryFleet):
         if name in self.resetting:
             self.mark(name, healthy=False)  # as the runtime marks it down
             raise HostDown(f"host {name} closed the connection")
-        return ("head of", name)
+        return ("head of", name) if self.head is None else self.head
+
+    async def admit(self, client: ClientSpec, route: str) -> Admitted:
+        return self.clients.admit(client, route)
 
     async def probe_down(self, route: object) -> None:
         self.probed.append(route)
@@ -79,14 +97,11 @@ class Fleet(MemoryFleet):
 
 async def passage(
     fleet: Fleet, route: Route, *, slot: bool = True, trail: Trail | None = None, **ask: Any
-) -> Passage:
-    """The passage of one request: placed now (it may wait), or one that takes no slot."""
-    request = placer(fleet, route) if slot else None
-    first = await request.now() if request is not None else None
-    return Passage(
-        cast(Runtime, fleet), cast(Any, route), cast(Ask, _Ask(**ask)),
-        trail or Trail(Arrival()), cast(Any, request), first, forward=fleet.forward,
-    )  # fmt: skip
+) -> Lifecycle:
+    """The lifecycle of one request: placed now (it may wait), or one that takes no slot."""
+    life = Lifecycle(trail, cast(Runtime, fleet), cast(Any, route), forward=fleet.forward)
+    await life.place(cast(Ask, _Ask(takes_slot=slot, **ask)))
+    return life
 
 
 def fleet_of(route: Route, resetting: Iterable[str] = (), **specs: dict[str, Any]) -> Fleet:
@@ -96,10 +111,9 @@ def fleet_of(route: Route, resetting: Iterable[str] = (), **specs: dict[str, Any
 async def test_the_head_returned_is_the_hosts_with_the_trail_of_the_attempt_that_got_it() -> None:
     route = Route()
     fleet = fleet_of(route)
-    table = RunningTable()
-    running = table.add(route.name, MODEL, "")
+    table = fleet.running
     arrival = Arrival(t0=time.perf_counter() - 2.0)  # it arrived two seconds ago
-    request = await passage(fleet, route, trail=Trail(arrival, running=running))
+    request = await passage(fleet, route, trail=Trail(arrival))
     assert request.waiting is None  # placed at once: nothing to show
 
     answered = await request.through()
@@ -107,13 +121,13 @@ async def test_the_head_returned_is_the_hosts_with_the_trail_of_the_attempt_that
     assert isinstance(answered.placement, Placement)
     served_by = answered.placement.host
     assert answered.upstream == ("head of", served_by)
-    assert fleet.asked == [(fleet, request.ask, MODEL, served_by)]  # the passage's runtime
+    assert fleet.asked == [(fleet, request.ask, MODEL, served_by)]  # the lifecycle's runtime
     trail = answered.trail
     assert (trail.host, trail.lease, trail.placement) == (served_by, "new", "new")
     assert trail.ttfb_ms is not None
     assert 2000 <= trail.ttfb_ms <= (time.perf_counter() - arrival.t0) * 1000
     assert [(row.host, row.queued_ms) for row in table.snapshot()] == [(served_by, 0)]
-    answered.placement.slot.release()
+    request.host_done()  # the host's stream has ended: its slot back
     assert_nothing_held(fleet)
 
 
@@ -159,7 +173,7 @@ async def test_a_waiting_request_shows_where_it_waits_until_it_has_its_slot() ->
     assert request.waiting is None
     assert answered.upstream == ("head of", "gpu1")
     assert answered.placement is not None
-    answered.placement.slot.release()
+    request.host_done()
     assert_nothing_held(fleet)
 
 
@@ -170,9 +184,8 @@ async def test_a_request_without_a_slot_skips_a_host_found_down_for_the_next() -
     route = Route()
     fleet = fleet_of(route, {"gpu1"})
 
-    table = RunningTable()
-    running = table.add(route.name, MODEL, "")
-    request = await passage(fleet, route, slot=False, trail=Trail(Arrival(), running=running))
+    table = fleet.running
+    request = await passage(fleet, route, slot=False)
 
     answered = await request.through()
 
@@ -219,3 +232,78 @@ async def test_an_operator_naming_one_host_reaches_it_whatever_its_health() -> N
 
     assert answered.upstream == ("head of", "gpu2")
     assert fleet.probed == []
+
+
+# -- what a request holds, given back on every way out ---------------------------------------
+
+ONE_AT_A_TIME = ClientSpec("alice", max_concurrent=1)
+GONE = Outcome(499, "client disconnected", "client_disconnected")
+
+
+async def _fails_at_its_host(life: Lifecycle, fleet: Fleet) -> None:
+    fleet.resetting.update(fleet.hosts)
+    with pytest.raises(HostDown) as failed:
+        await life.through()
+    life.fail(failed.value)
+
+
+async def _relayed_to_its_end(life: Lifecycle, fleet: Fleet) -> None:
+    await life.through()
+    assert [chunk async for chunk in life.relay()] == [b"{}"]
+
+
+async def _leaves_while_queued(life: Lifecycle, fleet: Fleet) -> None:
+    assert life.waiting is not None
+    task = asyncio.create_task(life.through())
+    await settle()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    life.end(GONE)
+
+
+async def _leaves_before_its_wait_began(life: Lifecycle, fleet: Fleet) -> None:
+    assert life.waiting is not None  # a status stream whose body never ran
+    life.end(GONE)
+
+
+async def _leaves_with_a_slot_not_yet_used(life: Lifecycle, fleet: Fleet) -> None:
+    assert life.waiting is None  # placed at once; the client left before the host was asked
+    life.end(GONE)
+
+
+@pytest.mark.parametrize(
+    "way_out",
+    [
+        _fails_at_its_host,
+        _relayed_to_its_end,
+        _leaves_while_queued,
+        _leaves_before_its_wait_began,
+        _leaves_with_a_slot_not_yet_used,
+    ],
+)
+async def test_every_way_out_gives_back_the_pass_the_slot_and_the_running_entry_with_one_row(
+    way_out: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows: list[Outcome] = []
+    monkeypatch.setattr(lifecycle_module, "finish", lambda trail, outcome: rows.append(outcome))
+    route = Route(hosts=("gpu1",))
+    fleet = fleet_of(route, gpu1=host(queue_max=1))
+    fleet.head = httpx.Response(200, stream=httpx.ByteStream(b"{}"))
+    queued = way_out in (_leaves_while_queued, _leaves_before_its_wait_began)
+    ahead = fleet.occupy("gpu1") if queued else None
+    life = Lifecycle(None, cast(Runtime, fleet), cast(Any, route), forward=fleet.forward)
+    await life.admit(ONE_AT_A_TIME)
+    with pytest.raises(ClientLimited):
+        await fleet.admit(ONE_AT_A_TIME, route.name)  # its one request is in flight
+    await life.place(cast(Ask, _Ask()))
+
+    await way_out(life, fleet)
+    life.end(GONE)  # a later ending (the handler's close, say) changes nothing
+    life.fail(HostDown("host gpu1 closed the connection"))
+
+    assert len(rows) == 1
+    assert fleet.running.snapshot() == []
+    (await fleet.admit(ONE_AT_A_TIME, route.name)).release()  # its pass was given back
+    if ahead is not None:
+        ahead.release()
+    assert_nothing_held(fleet)

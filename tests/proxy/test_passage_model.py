@@ -1,11 +1,11 @@
 """A model of the request path, checked against the code.
 
-Hypothesis drives the real `Passage` and `Placer` over a real `Limiter` and `LeaseTable`
+Hypothesis drives the real `Lifecycle` and `Placer` over a real `Limiter` and `LeaseTable`
 (`MemoryFleet`) through random sequences of what happens in production: requests arrive (new
 conversations, returning ones, none), hosts reset before their head, hang, go down, come back,
 drain; clients leave while queued, while waiting for the head, and mid-stream; hung hosts
 answer; `parallel` and `queue_max` are changed; time passes, so patience, `fallback_after`
-and `queue_timeout` fire. The one stand-in is how a host is asked (`Passage.forward`): a
+and `queue_timeout` fire. The one stand-in is how a host is asked (the lifecycle's `forward`): a
 fake that answers as each host's mode says, and marks a resetting host down as the real one
 does. Time is virtual (the loop's clock moves only when a step says so), so a run is the same
 on a busy machine.
@@ -42,10 +42,10 @@ from hypothesis.stateful import (
 from routing.core.choose import ranked
 from routing.core.errors import HostDown, NoHealthyHost, PinnedHostDown, QueueFull
 from routing.core.patience import DEFAULT_PATIENCE, Figures, Pricing
-from routing.core.placement import Placer, Waiting
-from routing.core.prefixes import PrefixIndex, prefix_blocks
+from routing.core.prefixes import NO_PREFIX, Prefix, PrefixIndex, prefix_blocks
+from routing.core.running import RunningTable
 from routing.proxy.ask import Ask
-from routing.proxy.passage import Answered, Passage
+from routing.proxy.lifecycle import Answered, Lifecycle
 from routing.proxy.record import Arrival, Trail
 from routing.runtime import Runtime
 from tests.core.test_placement import MODEL, MemoryFleet, Route, host
@@ -106,7 +106,7 @@ class RequestPath(RuleBasedStateMachine):
         self.hosts = {name: Host() for name in (*HOSTS, "cpu1")}
         # Requests in the line they joined on arrival, in arrival order (until they ask a host).
         self.lines: dict[str, list[Request]] = {name: [] for name in self.hosts}
-        self.passages: dict[int, Passage] = {}
+        self.lives: dict[int, Lifecycle] = {}
         self.fleet: MemoryFleet
         self.route: Route
         self.pricing: Pricing
@@ -210,38 +210,31 @@ class RequestPath(RuleBasedStateMachine):
         return object()
 
     def still_in_line(self, request: Request, name: str) -> bool:
-        passage = self.passage_of(request)
-        waiting = passage.waiting if passage is not None else None
+        life = self.lives.get(request.number)
+        waiting = life.waiting if life is not None else None
         return waiting is not None and waiting.host == name and not request.task.done()
-
-    def passage_of(self, request: Request) -> Passage | None:
-        return self.passages.get(request.number)
 
     # -- the rules ----------------------------------------------------------------------
 
     @rule(conversation=st.sampled_from(["", "a", "b", "c", "d"]), process=st.integers(0, 1))
     def arrive(self, conversation: str, process: int) -> None:
         number = next(self.numbers)
-        fleet = self.fleet_of(process)
-        placer = Placer(
-            fleet, self.route, MODEL, conversation, self.loop.time(), pricing=self.pricing
-        )
+        request = Request(number, conversation, cast(asyncio.Task[Answered], None))
+        life = Lifecycle(
+            Trail(Arrival()), cast(Runtime, _Runtime(self.fleet_of(process))),
+            cast(Any, self.route), forward=self.forward, prices=lambda *_: self.pricing,
+        )  # fmt: skip
         try:
-            first = self.loop.run_until_complete(placer.now())
+            self.loop.run_until_complete(life.place(cast(Ask, _Ask(request, conversation))))
         except (QueueFull, NoHealthyHost, PinnedHostDown) as refusal:
             self.check_refusal(refusal, conversation)
             return
-        request = Request(number, conversation, cast(asyncio.Task[Answered], None))
-        ask = cast(Ask, _Ask(request))
-        passage = Passage(
-            cast(Runtime, fleet), cast(Any, self.route), ask, Trail(Arrival()),
-            cast(Any, placer), first, forward=self.forward,
-        )  # fmt: skip
-        if isinstance(first, Waiting) and first.host:
+        first = life.waiting
+        if first is not None and first.host:
             request.line = first.host
             self.lines[first.host].append(request)
-        self.passages[number] = passage
-        request.task = self.loop.create_task(passage.through())
+        self.lives[number] = life
+        request.task = self.loop.create_task(life.through())
         self.requests.append(request)
         self.settle()
 
@@ -331,7 +324,7 @@ class RequestPath(RuleBasedStateMachine):
 
     def end_stream(self, request: Request) -> None:
         assert request.answered is not None and request.answered.placement is not None
-        self.act(request.answered.placement.slot.release)
+        self.act(self.lives[request.number].host_done)  # the relay: the host is done
         request.holding = None
         request.ended = True
 
@@ -424,12 +417,29 @@ class RequestPath(RuleBasedStateMachine):
 
 @dataclass(frozen=True)
 class _Ask:
-    """What the passage hands to `forward`: here, the model's own request."""
+    """What the lifecycle hands to `forward`: here, the model's own request."""
 
     request: Request
+    fingerprint: str
     model: str | None = MODEL
     host: str = ""
-    fingerprint: str = ""  # no conversation: no slot of its own to name
+    takes_slot: bool = True
+    names_slot: bool = False  # no slot of its own to name
+    prefix: Prefix = NO_PREFIX
+    payload: None = None
+
+
+class _Runtime:
+    """One process's runtime as the lifecycle reads it: the fleet placement reads, a table
+    of running requests, the hosts' figures; a down host asked again stays as it is."""
+
+    def __init__(self, fleet: MemoryFleet) -> None:
+        self.live = fleet
+        self.running = RunningTable()
+        self.figures = Figures()
+
+    async def probe_down(self, route: object) -> None:
+        pass
 
 
 RequestPath.TestCase.settings = settings(

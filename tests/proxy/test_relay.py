@@ -8,7 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 
 import httpx
@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from routing.core.patience import Figures
 from routing.core.tee import Usage
-from routing.proxy import relay as relay_module
-from routing.proxy.passage import Answered
+from routing.proxy import lifecycle as lifecycle_module
+from routing.proxy.lifecycle import Answered, Lifecycle
 from routing.proxy.record import Arrival, Trail
-from routing.proxy.relay import Relay
-from routing.proxy.view import _relayed
+from routing.runtime import Runtime
 from tests.core.test_tee import _streams
+from tests.proxy.test_relay_idle import _Ends, relayed
 
 SSE = "text/event-stream"
 
@@ -37,16 +37,6 @@ class _Upstream(httpx.AsyncByteStream):
             yield chunk
 
 
-class _Ends:
-    """Stands in for the request's record: keeps what each request was finished with."""
-
-    def __init__(self) -> None:
-        self.finished: list[tuple[object, ...]] = []
-
-    def __call__(self, trail: Trail, *outcome: object) -> None:
-        self.finished.append(outcome)
-
-
 def relay(chunks: list[bytes], content_type: str) -> tuple[list[bytes], tuple[object, ...]]:
     """What the client receives through a relay, and what the exchange was finished with."""
 
@@ -55,10 +45,8 @@ def relay(chunks: list[bytes], content_type: str) -> tuple[list[bytes], tuple[ob
             200, headers={"content-type": content_type}, stream=_Upstream(chunks)
         )
         ends = _Ends()
-        runtime = SimpleNamespace(stream_idle_timeout=5.0, figures=Figures())
-        trail = Trail(Arrival(), host="gpu1")
-        with mock.patch.object(relay_module, "finish", ends):
-            received = [chunk async for chunk in Relay(upstream, None, trail, runtime)]  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout and figures
+        with mock.patch.object(lifecycle_module, "finish", ends):
+            received = [chunk async for chunk in relayed(upstream)]
         (outcome,) = ends.finished
         return received, outcome
 
@@ -124,21 +112,30 @@ class _Slot:
 
 
 def test_a_response_that_cannot_be_built_gives_back_the_slot_and_closes_the_hosts_answer():
-    """Between the slot taken and the response handed to the server, the step that builds the
-    response owns them: whatever raises there (here Django refusing the host's status, which
-    the passage lets through to no other caller) gives both back before the view answers."""
+    """Between the slot taken and the response handed to the server, the lifecycle owns them:
+    whatever raises there (here Django refusing the host's status, which placement lets
+    through to no other caller) is answered by its `fail`, which gives both back, once."""
 
-    async def run() -> tuple[_Slot, bool]:
+    async def run() -> tuple[_Slot, bool, list[tuple[object, ...]]]:
         upstream = httpx.Response(999, headers={"content-type": SSE}, stream=_Upstream([]))
         slot = _Slot()
-        answered = Answered(upstream, SimpleNamespace(slot=slot), Trail(Arrival(), host="gpu1"))  # type: ignore[arg-type]  # a stand-in placement: only its slot is read
+        trail = Trail(Arrival(), host="gpu1")
         runtime = SimpleNamespace(stream_idle_timeout=5.0, figures=Figures())
-        with pytest.raises(ValueError, match="HTTP status code"):
-            _relayed(runtime, answered, frozenset())  # type: ignore[arg-type]  # a stand-in runtime, as above
+        life = Lifecycle(trail, cast(Runtime, runtime))
+        life.answered(Answered(upstream, cast(Any, SimpleNamespace(slot=slot)), trail))
+        ends = _Ends()
+        with mock.patch.object(lifecycle_module, "finish", ends):
+            with pytest.raises(ValueError, match="HTTP status code") as failed:
+                life.respond(frozenset())
+            life.fail(failed.value)
+            life.fail(failed.value)  # a second ending changes nothing
         # The host's answer is closed in a background task: let it run.
         await asyncio.gather(*asyncio.all_tasks() - {asyncio.current_task()})
-        return slot, upstream.is_closed
+        return slot, upstream.is_closed, ends.finished
 
-    slot, closed = asyncio.run(run())
+    slot, closed, finished = asyncio.run(run())
 
     assert slot.releases == 1 and closed
+    assert [outcome[:3] for outcome in finished] == [
+        (500, "internal gateway error", "internal_error")
+    ]

@@ -8,18 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from types import SimpleNamespace
 
 import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.core.patience import Figures
+from routing.proxy import lifecycle as lifecycle_module
 from routing.proxy import relay as relay_module
-from routing.proxy.record import Arrival, Trail
 from routing.proxy.relay import BUFFER_BYTES, Relay
-from tests.proxy.test_relay_idle import _Ends
+from tests.proxy.test_relay_idle import _Ends, relayed
 
 AWAY = 0.005  # a client away 5-10 ms gets a pump, so that the tests run quickly
 EVENT = b'data: {"choices": [{"delta": {"content": "tok "}}]}\n\n'
@@ -57,15 +55,14 @@ class _Host(httpx.AsyncByteStream):
 @pytest.fixture
 def ends(monkeypatch: pytest.MonkeyPatch) -> _Ends:
     recorded = _Ends()
-    monkeypatch.setattr(relay_module, "finish", recorded)
+    monkeypatch.setattr(lifecycle_module, "finish", recorded)
     monkeypatch.setattr(relay_module, "AWAY", AWAY)
     return recorded
 
 
 def make_relay(host: httpx.AsyncByteStream, slot: _Slot) -> Relay:
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=host)
-    runtime = SimpleNamespace(stream_idle_timeout=5.0, figures=Figures())
-    return Relay(response, slot, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout and figures
+    return relayed(response, slot)
 
 
 async def test_a_lagging_client_gets_every_byte_after_the_hosts_slot_is_freed(ends: _Ends):
@@ -150,7 +147,7 @@ def test_any_pace_of_the_client_gets_the_same_bytes_and_outcome(
     async def run() -> tuple[list[bytes], list[tuple[object, ...]]]:
         ends = _Ends()
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(relay_module, "finish", ends)
+            patch.setattr(lifecycle_module, "finish", ends)
             patch.setattr(relay_module, "AWAY", AWAY)
             relay = make_relay(_Host(chunks), _Slot())
             received = []

@@ -7,14 +7,17 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import pytest
 
 from routing.core.patience import Figures
-from routing.proxy import relay as relay_module
-from routing.proxy.record import Arrival, Trail
+from routing.proxy import lifecycle as lifecycle_module
+from routing.proxy.lifecycle import Answered, Lifecycle
+from routing.proxy.record import Arrival, Outcome, Trail
 from routing.proxy.relay import Relay
+from routing.runtime import Runtime
 
 FIRST = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
 
@@ -41,21 +44,31 @@ class _Ends:
     def __init__(self) -> None:
         self.finished: list[tuple[object, ...]] = []
 
-    def __call__(self, trail: Trail, *outcome: object) -> None:
-        self.finished.append(outcome)
+    def __call__(self, trail: Trail, outcome: Outcome) -> None:
+        self.finished.append((outcome.status, outcome.error, outcome.code, outcome.usage))
 
 
 @pytest.fixture
 def ends(monkeypatch: pytest.MonkeyPatch) -> _Ends:
     recorded = _Ends()
-    monkeypatch.setattr(relay_module, "finish", recorded)
+    monkeypatch.setattr(lifecycle_module, "finish", recorded)
     return recorded
+
+
+def relayed(response: httpx.Response, slot: object | None = None, idle: float = 5.0) -> Relay:
+    """The relay of `response` as the lifecycle of a request on host gpu1 holding `slot` builds
+    it, on a stand-in runtime (its idle timeout and the hosts' figures are all that is read)."""
+    trail = Trail(Arrival(), host="gpu1")
+    runtime = SimpleNamespace(stream_idle_timeout=idle, figures=Figures())
+    life = Lifecycle(trail, cast(Runtime, runtime))
+    placement = SimpleNamespace(slot=slot) if slot is not None else None
+    life.answered(Answered(response, cast(Any, placement), trail))
+    return life.relay()
 
 
 def make_relay(upstream: _Stalling, idle: float) -> Relay:
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=upstream)
-    runtime = SimpleNamespace(stream_idle_timeout=idle, figures=Figures())
-    return Relay(response, None, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout and figures
+    return relayed(response, idle=idle)
 
 
 async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error_event(ends: _Ends):
@@ -86,9 +99,7 @@ async def test_time_the_client_takes_to_read_is_not_counted_as_the_hosts_silence
 
 async def test_a_client_that_takes_nothing_for_the_idle_timeout_is_cut(ends: _Ends):
     upstream = _Stalling()
-    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=upstream)
-    runtime = SimpleNamespace(stream_idle_timeout=0.2, figures=Figures())
-    relay = Relay(response, None, Trail(Arrival(), host="gpu1"), runtime)  # type: ignore[arg-type]  # a stand-in runtime: Relay reads only stream_idle_timeout and figures
+    relay = make_relay(upstream, idle=0.2)
 
     async def client_stuck_in_send() -> None:
         await anext(relay)

@@ -1,10 +1,10 @@
 """The body of a waiting stream (`StatusStream`), driven directly, at moments a real client
 cannot hit on purpose: here, leaving just as the host's response head arrives.
 
-The stream runs on a real `Runtime` (its limiter holds the slot) and reads the request's passage
-through what `Passage` offers it: `waiting`, `trail` and `through()`. The passage is a stand-in
-whose host answers when the test says, so the test knows the answer is in while the body has
-not yet taken it up.
+The stream runs on a real `Runtime` (its limiter holds the slot) and reads the request's
+lifecycle through what it offers a status stream: `waiting`, `trail`, `through()`, `relay()`,
+`fail` and `end`. The host is a stand-in for the lifecycle's `forward` that answers when the
+test says, so the test knows the answer is in while the body has not yet taken it up.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -20,11 +20,11 @@ import pytest
 from accounting.models import Request
 from accounting.recorder import get_recorder
 from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig
-from routing.core.leases import LeaseOutcome
 from routing.core.limiter import Slot
-from routing.core.placement import Placement, Placer, Reason, Waiting
+from routing.core.placement import Waiting
+from routing.core.prefixes import NO_PREFIX
 from routing.proxy.ask import Ask
-from routing.proxy.passage import Answered, Passage
+from routing.proxy.lifecycle import Lifecycle
 from routing.proxy.record import Arrival, Trail
 from routing.proxy.waiting import StatusStream
 from routing.runtime import Runtime
@@ -48,21 +48,19 @@ class _Body(httpx.AsyncByteStream):
 
 
 class _AnswerOnCue:
-    """A passage whose request holds its slot and whose host answers when `answer()` is called."""
+    """A host that answers when `answer()` is called (the lifecycle's `forward`)."""
 
-    def __init__(self, placement: Placement, trail: Trail) -> None:
-        self.waiting = None
-        self.trail = trail.placed(placement)
+    def __init__(self) -> None:
         self.body = _Body()
-        self._placement = placement
+        self.asking = asyncio.Event()
         self._head = asyncio.Event()
         self._answered = asyncio.Event()
 
-    async def through(self) -> Answered:
+    async def forward(self, *_: object) -> httpx.Response:
+        self.asking.set()
         await self._head.wait()
-        answered = Answered(httpx.Response(200, stream=self.body), self._placement, self.trail)
         self._answered.set()  # in the step that returns: `through()` is over when it is seen
-        return answered
+        return httpx.Response(200, stream=self.body)
 
     async def answer(self) -> None:
         """Let the host's head arrive; return once `through()` has returned it."""
@@ -71,26 +69,40 @@ class _AnswerOnCue:
 
 
 class _AnswerThoughCancelled(_AnswerOnCue):
-    """A passage that loses its cancellation and answers anyway, as one whose Redis call ended
-    as the cancellation came did on Python 3.11 (its asyncio.wait_for drops it)."""
+    """A host call that loses its cancellation and answers anyway, as one whose Redis call
+    ended as the cancellation came did on Python 3.11 (its asyncio.wait_for drops it)."""
 
-    def __init__(self, placement: Placement, trail: Trail) -> None:
-        super().__init__(placement, trail)
-        self.asking = asyncio.Event()
-
-    async def through(self) -> Answered:
+    async def forward(self, *_: object) -> httpx.Response:
         self.asking.set()
         try:
             await self._head.wait()
         except asyncio.CancelledError:
             pass
-        return Answered(httpx.Response(200, stream=self.body), self._placement, self.trail)
+        return httpx.Response(200, stream=self.body)
+
+
+def _ask() -> Ask:
+    """A streamed chat of no conversation (no lease, no slot of its own to name)."""
+    return cast(Ask, SimpleNamespace(
+        model=MODEL, fingerprint="", prefix=NO_PREFIX, takes_slot=True, host="",
+        names_slot=False, payload=None,
+    ))  # fmt: skip
+
+
+async def _placed(runtime: Runtime, host: _AnswerOnCue) -> Lifecycle:
+    """The lifecycle of a request placed on gpu1, whose host is `host`."""
+    route = runtime.fleet.routes[ROUTE]
+    trail = Trail(Arrival(), route=ROUTE, model=MODEL, streamed=True)
+    life = Lifecycle(trail, runtime, route, forward=cast(Any, host.forward))
+    await life.place(_ask())
+    assert runtime.state.in_flight("gpu1", MODEL) == 1
+    return life
 
 
 def _fleet() -> Fleet:
     host = HostConfig(
         name="gpu1",
-        url="http://127.0.0.1:9",  # never asked: the passage stands in for the host
+        url="http://127.0.0.1:9",  # never asked: a stand-in answers for the host
         weight=1.0,
         enabled=True,
         draining=False,
@@ -114,18 +126,14 @@ async def _leave_as_the_head_arrives() -> tuple[bytes, int]:
     response was closed."""
     runtime = Runtime(_fleet(), 0)
     try:
-        slot = await runtime.state.place([("gpu1", MODEL)])
-        assert isinstance(slot, Slot) and runtime.state.in_flight("gpu1", MODEL) == 1
-        placement = Placement(slot, Reason.NEW, LeaseOutcome.NEW, ROUTE, MODEL, waited=0.5)
-        trail = Trail(Arrival(), route=ROUTE, model=MODEL, streamed=True)
-        passage = _AnswerOnCue(placement, trail)
-        stream = StatusStream(cast(Passage, passage), runtime)
+        host = _AnswerOnCue()
+        stream = StatusStream(await _placed(runtime, host))
 
         frame = await anext(aiter(stream))  # the client has "running", and reads no more
-        await passage.answer()  # the head is in; the body has not resumed to take it up
+        await host.answer()  # the head is in; the body has not resumed to take it up
         stream.close()  # the client is gone
 
-        await asyncio.wait_for(passage.body.closed.wait(), timeout=10)
+        await asyncio.wait_for(host.body.closed.wait(), timeout=10)
         return frame, runtime.state.in_flight("gpu1", MODEL)
     finally:
         await runtime.aclose()
@@ -134,7 +142,8 @@ async def _leave_as_the_head_arrives() -> tuple[bytes, int]:
 def test_a_client_leaving_as_the_hosts_head_arrives_gives_back_the_slot_and_closes_the_answer(
     settings,
 ):
-    settings.CROSSBAR = {**settings.CROSSBAR, "REDIS_URL": ""}  # the local limiter
+    # The local limiter; "running" is said on the first keepalive once the host is asked.
+    settings.CROSSBAR = {**settings.CROSSBAR, "REDIS_URL": "", "KEEPALIVE": 0.05}
 
     frame, in_flight = asyncio.run(_leave_as_the_head_arrives())
 
@@ -148,21 +157,17 @@ def test_a_client_leaving_as_the_hosts_head_arrives_gives_back_the_slot_and_clos
 
 
 async def _leave_a_passage_that_answers_anyway() -> int:
-    """The slots in flight once the client left a passage that answered after all."""
+    """The slots in flight once the client left a request whose host answered after all."""
     runtime = Runtime(_fleet(), 0)
     try:
-        slot = await runtime.state.place([("gpu1", MODEL)])
-        assert isinstance(slot, Slot)
-        placement = Placement(slot, Reason.NEW, LeaseOutcome.NEW, ROUTE, MODEL, waited=0.5)
-        trail = Trail(Arrival(), route=ROUTE, model=MODEL, streamed=True)
-        passage = _AnswerThoughCancelled(placement, trail)
-        stream = StatusStream(cast(Passage, passage), runtime)
+        host = _AnswerThoughCancelled()
+        stream = StatusStream(await _placed(runtime, host))
 
         await anext(aiter(stream))  # "running"
-        await passage.asking.wait()
-        stream.close()  # the client is gone while the passage asks the host
+        await host.asking.wait()
+        stream.close()  # the client is gone while the host is asked
 
-        await asyncio.wait_for(passage.body.closed.wait(), timeout=10)
+        await asyncio.wait_for(host.body.closed.wait(), timeout=10)
         return runtime.state.in_flight("gpu1", MODEL)
     finally:
         await runtime.aclose()
@@ -171,7 +176,7 @@ async def _leave_a_passage_that_answers_anyway() -> int:
 def test_a_client_leaving_a_passage_that_answers_anyway_gets_its_slot_and_answer_given_back(
     settings,
 ):
-    settings.CROSSBAR = {**settings.CROSSBAR, "REDIS_URL": ""}  # the local limiter
+    settings.CROSSBAR = {**settings.CROSSBAR, "REDIS_URL": "", "KEEPALIVE": 0.05}
 
     in_flight = asyncio.run(_leave_a_passage_that_answers_anyway())
 
@@ -188,18 +193,17 @@ async def _running_after_a_grant_while_the_client_reads() -> list[bytes]:
         route = runtime.fleet.routes[ROUTE]
         other = await runtime.state.place([("gpu1", MODEL)])  # another request's slot
         assert isinstance(other, Slot)
-        placer = Placer(runtime.live, route, MODEL, "", runtime.loop.time())
-        first = await placer.now()
-        assert isinstance(first, Waiting) and first.host == "gpu1"
         body = _Body()
 
         async def host_answers(*_: object) -> httpx.Response:
             return httpx.Response(200, stream=body)
 
         trail = Trail(Arrival(), route=ROUTE, model=MODEL, streamed=True)
-        ask = cast(Ask, SimpleNamespace(fingerprint=""))  # a request with no conversation
-        passage = Passage(runtime, route, ask, trail, placer, first, host_answers)
-        status = StatusStream(passage, runtime)
+        life = Lifecycle(trail, runtime, route, forward=host_answers)
+        await life.place(_ask())
+        first = life.waiting
+        assert isinstance(first, Waiting) and first.host == "gpu1"
+        status = StatusStream(life)
         stream = aiter(status)
         frames = [await anext(stream)]  # `waiting 1`: the client holds it, reads nothing more
         other.release()  # the slot goes to this request meanwhile
