@@ -132,6 +132,16 @@ _INTEGERS = tuple(
 )
 
 
+_RANGES = {name: (lowest, highest) for name, lowest, highest, _ in _INTEGERS}
+
+
+def fits(column: str, value: int | None) -> int | None:
+    """`value` when the Request row's integer `column` can hold it, else None: what a figure
+    beyond its column is worth to anything else that reads a host's figures."""
+    lowest, highest = _RANGES[column]
+    return value if value is not None and lowest <= value <= highest else None
+
+
 def within_columns(row: RequestRecord) -> RequestRecord:
     """`row` as its columns can hold it.
 
