@@ -11,7 +11,8 @@ import pytest
 
 from accounting.models import Request
 from accounting.recorder import RequestRecord
-from routing.ops.history import DatabaseHistory, History, read_steps
+from routing.ops.history_rings import History
+from routing.ops.history_rows import DatabaseHistory, read_steps
 
 T0 = 1_764_590_400.0  # 2025-12-01 12:00:00 UTC, on a minute (and so on every step)
 
