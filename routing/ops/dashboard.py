@@ -43,14 +43,9 @@ from routing.ops.dashboard_share import (
     running_entries,
     share_fleet,
 )
-from routing.ops.history import (
-    CARD_SECONDS,
-    RING_WINDOWS,
-    WINDOWS,
-    database_history,
-    ensure_sampler,
-    history,
-)
+from routing.ops.history import database_history, ensure_sampler, history
+from routing.ops.history_rings import CARD_SECONDS
+from routing.ops.history_steps import RING_WINDOWS, WINDOWS
 from routing.ops.live import host_lives
 from routing.ops.metrics import recent
 from routing.runtime import Runtime, get_runtime

@@ -53,15 +53,9 @@ from typing import Any
 
 from accounting.recorder import RequestRecord
 from routing.core.recent import RecentRequests
-from routing.ops.history import (
-    CARD_SECONDS,
-    HOUR_RING_SPARE,
-    WINDOWS,
-    History,
-    Stats,
-    Steps,
-    history,
-)
+from routing.ops.history import history
+from routing.ops.history_rings import CARD_SECONDS, HOUR_RING_SPARE, History
+from routing.ops.history_steps import WINDOWS, Stats, Steps
 from routing.ops.live import host_loads
 from routing.runtime import Runtime
 

@@ -46,6 +46,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from accounting.recorder import RequestRecord, get_recorder
 from accounting.report import COLD_TURN_SHARE, is_cache_lost, is_cold_turn
 from hosts.health import HostState
+from hosts.live import HostLive
 from routing.core.clients import bearer_token
 from routing.core.recent import RecentRequests
 from routing.ops import dashboard_share, history
@@ -337,6 +338,29 @@ class StateCollector:
 
 
 def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
+    lives = host_lives(runtime)
+    yield from _pair_state(runtime, lives)
+    yield from _host_state(lives)
+
+    clients = GaugeMetricFamily(
+        "crossbar_client_in_flight", "Requests in flight per client key.", labels=["client"]
+    )
+    if runtime.shared is None:  # shared counts live in Redis: a scrape costs no round trip
+        for spec in runtime.fleet.clients.values():
+            clients.add_metric([spec.name], runtime.clients.in_flight(spec.name))
+    yield clients
+
+    if runtime.shared is not None:
+        yield GaugeMetricFamily(
+            "crossbar_shared_state_up",
+            "1 while the shared state (Redis) answers; 0 while proxied requests get 503.",
+            value=1 if runtime.shared.available else 0,
+        )
+
+
+def _pair_state(runtime: Runtime, lives: tuple[HostLive, ...]) -> Iterator[Metric]:
+    """Per host and model: slots in flight and configured, the queue and its places, whether
+    slots are named, and the answers that found a named slot taken."""
     pairs = ["host", "model"]
     in_flight = GaugeMetricFamily("crossbar_in_flight", "Requests holding a slot.", labels=pairs)
     queued = GaugeMetricFamily("crossbar_queued", "Requests waiting for a slot.", labels=pairs)
@@ -345,17 +369,6 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
     )
     queue_max = GaugeMetricFamily(
         "crossbar_queue_max", "Queue places configured per host and model.", labels=pairs
-    )
-    state = GaugeMetricFamily(
-        "crossbar_host_state",
-        "1 for the host's current health state (unknown, up, loading, down), else 0.",
-        labels=["host", "state"],
-    )
-    draining = GaugeMetricFamily(
-        "crossbar_host_draining", "1 while the host drains.", labels=["host"]
-    )
-    leases = GaugeMetricFamily(
-        "crossbar_leases_held", "Unexpired conversation leases on the host.", labels=["host"]
     )
     naming = GaugeMetricFamily(
         "crossbar_slot_naming",
@@ -373,7 +386,7 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
         "changed): a host restarted, with the setting changed or not, starts again from 0.",
         labels=pairs,
     )
-    for host in host_lives(runtime):
+    for host in lives:
         for model in host.models:
             labels = [host.name, model.name]
             shared_lost.add_metric(labels, model.shared_slot_lost)
@@ -383,29 +396,31 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
             queue_max.add_metric(labels, model.queue_max)
             if model.slot_naming is not None:
                 naming.add_metric(labels, 1 if model.slot_naming else 0)
+    for pair in departed(runtime):  # until their requests end: a leak there must show
+        in_flight.add_metric([pair.host, pair.model], pair.in_flight)
+        queued.add_metric([pair.host, pair.model], pair.queued)
+    yield from (in_flight, queued, slots, queue_max, naming, shared_lost)
+
+
+def _host_state(lives: tuple[HostLive, ...]) -> Iterator[Metric]:
+    """Per host: its health state, whether it drains, the leases it holds."""
+    state = GaugeMetricFamily(
+        "crossbar_host_state",
+        "1 for the host's current health state (unknown, up, loading, down), else 0.",
+        labels=["host", "state"],
+    )
+    draining = GaugeMetricFamily(
+        "crossbar_host_draining", "1 while the host drains.", labels=["host"]
+    )
+    leases = GaugeMetricFamily(
+        "crossbar_leases_held", "Unexpired conversation leases on the host.", labels=["host"]
+    )
+    for host in lives:
         for each in HostState:
             state.add_metric([host.name, each.value], 1 if each == host.state else 0)
         draining.add_metric([host.name], 1 if host.draining else 0)
         leases.add_metric([host.name], host.leases)
-    for pair in departed(runtime):  # until their requests end: a leak there must show
-        in_flight.add_metric([pair.host, pair.model], pair.in_flight)
-        queued.add_metric([pair.host, pair.model], pair.queued)
-    yield from (in_flight, queued, slots, queue_max, state, draining, leases, naming, shared_lost)
-
-    clients = GaugeMetricFamily(
-        "crossbar_client_in_flight", "Requests in flight per client key.", labels=["client"]
-    )
-    if runtime.shared is None:  # shared counts live in Redis: a scrape costs no round trip
-        for spec in runtime.fleet.clients.values():
-            clients.add_metric([spec.name], runtime.clients.in_flight(spec.name))
-    yield clients
-
-    if runtime.shared is not None:
-        yield GaugeMetricFamily(
-            "crossbar_shared_state_up",
-            "1 while the shared state (Redis) answers; 0 while proxied requests get 503.",
-            value=1 if runtime.shared.available else 0,
-        )
+    yield from (state, draining, leases)
 
 
 REGISTRY.register(StateCollector())

@@ -352,7 +352,7 @@ async def test_choosing_a_window_sends_that_window_whole(connect):
 async def test_the_24_hour_window_is_read_from_the_request_rows(connect, monkeypatch):
     from accounting.models import Request
     from routing.ops import dashboard
-    from routing.ops.history import DatabaseHistory
+    from routing.ops.history_rows import DatabaseHistory
 
     monkeypatch.setattr(dashboard, "database_history", DatabaseHistory())
     communicator = await staff_on_dashboard(connect, "gpu-day")
@@ -381,7 +381,7 @@ async def test_a_dashboard_opened_after_a_restart_shows_the_requests_before_it(
     from accounting.models import Request
     from routing.ops import dashboard
     from routing.ops import history as history_module
-    from routing.ops.history import History
+    from routing.ops.history_rings import History
 
     ten_minutes_ago = datetime.now(UTC) - timedelta(minutes=10)
     for status in (200, 200, 503):
