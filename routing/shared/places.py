@@ -15,9 +15,13 @@ placement expects of any state (`Held`, `InLine` in routing/core/state.py):
   once `fallback_after` has passed (`watch`), make it try to place itself there; it then takes
   a free slot, or else a place in that line, waited in as a `SharedPlace` waits.
 
-Watches are given only the pairs usable when they begin: Redis cannot ask this process
-whether a freed slot may go to a request. A slot granted on a host that went down meanwhile is
-found out by the request itself, which is then placed again (routing/proxy/lifecycle.py).
+Redis cannot ask this process whether a freed slot may go to a request: a pair is watched in
+Redis only once `accept` says it may. A watched pair whose host is not usable when the watch
+begins is remembered, and reaches Redis when its host is usable again (`Places.wake`): a
+request moved into another host's line while its host restarted then takes a slot of that
+host come back, rather than waiting behind the other host's line while it idles. A slot
+granted on a host that went down meanwhile is found out by the request itself, which is then
+placed again (routing/proxy/lifecycle.py).
 
 `Places` keeps this process's places and watchers, for the calls that reach them all: a host
 usable again (`wake`), a pair no longer configured (`end_waits`). Use it on one event loop.
@@ -75,13 +79,16 @@ class SharedPlace:
     moves are not followed: that would cost a round trip per change per waiter).
     """
 
-    __slots__ = ("granted", "queued", "_places", "_changed")
+    __slots__ = ("granted", "queued", "_places", "_changed", "_pairs", "_accept", "_sent")
 
     def __init__(self, places: Places, queued: Queued | None) -> None:
         self.granted: asyncio.Future[SharedSlot] = asyncio.get_running_loop().create_future()
         self.queued = queued
         self._places = places
         self._changed: asyncio.Event | None = None
+        self._pairs: list[Pair] = []  # every pair watched, usable or not
+        self._accept: Callable[[Pair], bool] = lambda pair: True
+        self._sent: set[Pair] = set()  # the pairs watched in Redis (`_send`)
         places.spawn(self._run())
 
     @property
@@ -124,11 +131,37 @@ class SharedPlace:
         """Nothing to decide (`offered`)."""
 
     def watch(self, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
-        """Let the place also take a free slot of those of `pairs` usable now, when no one
-        waits there (one round trip, in a task of its own; a grant reaches the wait)."""
-        usable = [pair for pair in pairs if accept(pair)]
-        if usable and self.queued is not None and not self.granted.done():
-            self._places.spawn(self._watch(self.queued, usable))
+        """Let the place also take a free slot of `pairs` when no one waits there: of those
+        `accept` takes now at once (one round trip, in a task of its own; a grant reaches the
+        wait), of the others once their host is usable again (`wake`)."""
+        pairs = self._remember(pairs, accept)
+        self._send([pair for pair in pairs if accept(pair)])
+
+    def wake(self, host: str) -> None:
+        """`host` became usable here: the pairs of it this place watches and Redis does not
+        yet, if `accept` takes them now, are watched there now (a free slot taken at once)."""
+        sent, accept = self._sent, self._accept
+        self._send([pair for pair in self._pairs
+                    if pair[0] == host and pair not in sent and accept(pair)])  # fmt: skip
+
+    def _remember(self, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> list[Pair]:
+        pairs = list(pairs)
+        self._accept = accept
+        self._pairs.extend(pair for pair in pairs if pair not in self._pairs)
+        return pairs
+
+    def _send(self, pairs: list[Pair]) -> None:
+        """Watch in Redis those of `pairs` it does not watch yet. A slot freed on a pair
+        watched there comes to the place by its release (or to another in its line first),
+        so a pair is sent once."""
+        queued = self.queued
+        if queued is None or self.granted.done():
+            return
+        own = (queued.host, queued.model)  # its own line serves it first anyway
+        new = [pair for pair in pairs if pair != own and pair not in self._sent]
+        if new:
+            self._sent.update(new)
+            self._places.spawn(self._watch(queued, new))
 
     async def _watch(self, queued: Queued, pairs: list[Pair]) -> None:
         try:
@@ -186,11 +219,9 @@ class SharedWatcher(SharedPlace):
     later watches go to that place).
     """
 
-    __slots__ = ("_pairs", "_accept", "_poked")
+    __slots__ = ("_poked",)
 
     def __init__(self, places: Places) -> None:
-        self._pairs: list[Pair] = []
-        self._accept: Callable[[Pair], bool] = lambda pair: True
         self._poked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         super().__init__(places, None)
 
@@ -201,13 +232,17 @@ class SharedWatcher(SharedPlace):
         return any(pair[0] == host for pair in self._pairs)
 
     def watch(self, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
-        pairs = list(pairs)
-        self._accept = accept
-        self._pairs.extend(pair for pair in pairs if pair not in self._pairs)
         if self.queued is not None:
             super().watch(pairs, accept)
         else:
+            self._remember(pairs, accept)
             self.try_now()
+
+    def wake(self, host: str) -> None:
+        if self.watches(host):
+            self.try_now()
+        else:
+            super().wake(host)
 
     def try_now(self) -> None:
         """Try the usable watched pairs again: now, or once the attempt under way is over."""
@@ -221,7 +256,7 @@ class SharedWatcher(SharedPlace):
         self.queued = got
         self._places.in_line(self)
         if self._poked.done():  # watched more during the attempt: the place watches those
-            super().watch(self._pairs, self._accept)
+            self._send([pair for pair in self._pairs if self._accept(pair)])
         return await self._in_line(got)
 
     async def _attempts(self) -> Grant | Queued | None:
@@ -278,11 +313,12 @@ class Places:
         self._watchers.discard(watcher)
 
     def wake(self, host: str) -> None:
-        """The host became usable here: requests waiting in no line for it try it now. (A
-        line's waiters need nothing: every slot of that host comes back by a release.)"""
-        for watcher in list(self._watchers):
-            if watcher.watches(host):
-                watcher.try_now()
+        """The host became usable here: requests waiting in no line for it try it now, and
+        those waiting in a line that watch it watch it in Redis now (its free slots are
+        theirs at once). Its own line's waiters need nothing: its slots come back by a
+        release, and a release hands them over."""
+        for place in [*self._watchers, *self._places]:
+            place.wake(host)
 
     def end_waits(self, host: str, model: str) -> None:
         """End this process's waits in the line of a pair no longer configured with
