@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 
 from routing.core.leases import LeaseKey
-from routing.shared.state import VERSION, Shared
+from routing.shared.state import ALIVE, VERSION, Shared
 
 __all__ = ["LEASE_FUNCTIONS", "RedisLeases", "lease_id", "lease_ms", "parse_version"]
 
@@ -163,17 +163,26 @@ return out
 """
 )
 
-# ARGV: P, id, host, model, slots. Reply: the slot number the lease `id` keeps on `host` for
-# `model` (0 to slots - 1): the one it kept, else the one the fewest other live leases there
-# keep (the lowest of those); nil when the lease is not live on `host`. A lease's number
-# expires with it: it is written with the lease's TTL left, and an entry whose lease is gone,
-# moved, or numbered again is dropped as the hash is walked (only for a lease numbered anew).
+# ARGV: P, id, host, model, slots, proc. Reply: the slot number the lease `id` keeps on `host`
+# for `model` (0 to slots - 1): the one it kept, else the one the fewest other live leases
+# there keep (the lowest of those); nil when the lease is not live on `host`, or while another
+# live process holds a slot of the pair (`P held:<host>/<model>`, routing/shared/slots_lua.py):
+# the process naming a slot knows only its own requests, and one of another process's that
+# the host placed itself may run in that slot, where a request naming it would wait. A
+# lease's number expires with it: it is written with the lease's TTL left, and an entry whose
+# lease is gone, moved, or numbered again is dropped as the hash is walked (only for a lease
+# numbered anew).
 _NUMBER = (
-    _PRELUDE
+    ALIVE  # `local P`, and `alive(proc)`: a dead process's slots are its no longer
+    + VERSION
+    + LEASE_FUNCTIONS
     + r"""
-local id, host, model, slots = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local id, host, model, slots, proc = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 local lease = P .. 'lease:' .. id
 if redis.call('GET', lease) ~= host then return false end
+for _, holder in ipairs(redis.call('HVALS', P .. 'held:' .. host .. '/' .. model)) do
+  if holder ~= proc and alive(holder) then return false end
+end
 local left = redis.call('PTTL', lease)
 if left <= 0 then return false end
 local numbers = P .. 'slot-numbers:' .. host .. '\0' .. model
@@ -239,6 +248,7 @@ class RedisLeases:
         self._last_held: tuple[str, dict[str, int]] = ("", {})
         self._count = shared.script(_COUNT)
         self._number = shared.script(_NUMBER)
+        self._proc = shared.proc
 
     async def slide(self, key: LeaseKey, ttl: float) -> str | None:
         """The host of a live lease for `key`, its TTL slid to `ttl` from now; None without."""
@@ -279,8 +289,10 @@ class RedisLeases:
         """The slot number (0 to `slots` - 1) the conversation keeps on `host`, its lease's
         host, as `LeaseTable.slot_number` gives it in one process: the one it kept before,
         else the one the fewest other live leases of the (host, model) keep (the lowest of
-        those); None when its lease is not live there. One round trip."""
-        number = await self._number(lease_id(key), host, key.model, slots)
+        those); None when its lease is not live there, or while another process holds a slot
+        of the (host, model): its requests are not this process's to account for. One round
+        trip."""
+        number = await self._number(lease_id(key), host, key.model, slots, self._proc)
         return None if number is None else int(number)
 
     async def count(self) -> int:

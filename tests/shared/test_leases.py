@@ -211,3 +211,28 @@ async def test_slot_numbers_expire_with_their_leases_and_leave_no_key(redis_url)
 
         await eventually(gone, "the lease, its number and their index keys to expire")
     await client.aclose()
+
+
+async def test_no_slot_is_numbered_while_another_live_process_runs_a_request_on_the_pair(
+    redis_url,
+):
+    # A request of the other process's that the host placed itself may run in the slot this
+    # one would name, and a request naming a busy slot waits for it however idle the others.
+    here, there = Shared(redis_url), Shared(redis_url)
+    try:
+        leases = RedisLeases(here)
+        await lease(leases, conversation(0))
+        held = f"{there.prefix}held:h1/m"
+        await there.redis.hset(held, f"{there.proc}.1", there.proc)
+        await there.redis.set(f"{there.prefix}proc:{there.proc}", "1")
+        await here.redis.hset(held, f"{here.proc}.1", here.proc)  # this process's own: known
+
+        assert await numbers(leases, conversation(0)) == [None]
+        await there.redis.delete(f"{there.prefix}proc:{there.proc}")  # gone: its slot with it
+        assert await numbers(leases, conversation(0)) == [0]
+        await there.redis.set(f"{there.prefix}proc:{there.proc}", "1")
+        await there.redis.hdel(held, f"{there.proc}.1")  # its request ended
+        assert await numbers(leases, conversation(0)) == [0]
+    finally:
+        await here.aclose()
+        await there.aclose()
