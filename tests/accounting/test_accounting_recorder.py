@@ -22,7 +22,7 @@ from accounting.models import Request
 from accounting.recorder import Recorder, RequestRecord
 from accounting.rows import spooled
 from accounting.spool import Spool
-from tests.conftest import wait_until
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # The route of this module's rows: the session's gateway may still be writing rows of an

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.fleet import add_host, add_route, chat
+from tests.helpers.fleet import add_host, add_route, chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"

@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.browser import NEEDS_CHROMIUM, chromium
+from tests.helpers.browser import NEEDS_CHROMIUM, chromium
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

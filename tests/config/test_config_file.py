@@ -14,7 +14,7 @@ from routing.config.shape import ModelConfig
 from routing.config.toml import dump_config, parse_config
 from routing.config.validation import HostSpec, RouteSpec, config_problems
 from routing.models import Route
-from tests.fleet import add_host, add_route
+from tests.helpers.fleet import add_host, add_route
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -11,7 +11,7 @@ from routing.config.toml import dump_config, parse_config
 from routing.config.validation import config_problems
 from routing.models import Route
 from tests.config.test_config_file import crossbar_config, write
-from tests.fleet import add_host
+from tests.helpers.fleet import add_host
 from tests.ops.test_admin_routes import ADD, route_form
 
 ROUTES = """

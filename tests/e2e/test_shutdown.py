@@ -21,8 +21,9 @@ from django.utils import timezone
 from accounting.models import Request
 from tests.accounting.test_accounting_recorder import write_lock
 from tests.accounting.test_database_trouble import _postgres, _start_options
-from tests.conftest import running_gateway, wait_until
-from tests.fleet import add_host, add_route, chat
+from tests.helpers.fleet import add_host, add_route, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"

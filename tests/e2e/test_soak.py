@@ -17,10 +17,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import running_gateway
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.invariants import Ledger, rss_mib, wait_until_free
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.invariants import Ledger, rss_mib, wait_until_free
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.soak]
 

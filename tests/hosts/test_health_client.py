@@ -12,8 +12,8 @@ import pytest
 from hosts.health import HealthTable, HostState
 from hosts.health_client import HealthClient
 from hosts.poller import Poller, Probe
-from tests.conftest import free_port
 from tests.fakes.llama_server import FakeLlamaServer
+from tests.helpers.machine import free_port
 
 OK = b'HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{"status":"ok"}'
 

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 from django.contrib.auth.models import User
 
-from tests.browser import NEEDS_CHROMIUM, chromium
-from tests.conftest import ROOT
-from tests.fleet import add_host, add_route
+from tests.helpers.browser import NEEDS_CHROMIUM, chromium
+from tests.helpers.fleet import add_host, add_route
+from tests.helpers.machine import ROOT
 
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 

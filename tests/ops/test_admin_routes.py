@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from hosts.models import Host
 from routing.models import Route
-from tests.fleet import add_host, add_route
+from tests.helpers.fleet import add_host, add_route
 
 pytestmark = pytest.mark.django_db
 

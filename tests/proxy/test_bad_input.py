@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from tests.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.invariants import rss_mib
-from tests.wire import Answer, connect, exchange, read_one_answer
+from tests.helpers.fleet import MODEL, POLLS, add_host, add_route, chat
+from tests.helpers.invariants import rss_mib
+from tests.helpers.wire import Answer, connect, exchange, read_one_answer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MiB = 1024 * 1024

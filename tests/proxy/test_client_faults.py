@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_until
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import gauge
-from tests.wire import send
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.observe import gauge
+from tests.helpers.waits import wait_until
+from tests.helpers.wire import send
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"

@@ -16,8 +16,9 @@ from accounting.keys import hash_key
 from accounting.models import ClientKey, Request
 from routing.core.clients import ClientGate, ClientSpec, bearer_token
 from routing.core.errors import ClientLimited, InvalidKey, MissingKey, RouteNotAllowed, answer_for
-from tests.conftest import running_gateway, wait_until
-from tests.fleet import add_host, add_route, chat
+from tests.helpers.fleet import add_host, add_route, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.waits import wait_until
 
 # -- the gate, without a database ------------------------------------------------------------
 

@@ -9,10 +9,11 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import running_gateway, wait_until
 from tests.fakes.llama_server import SHORT_STREAM_EVENT
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.wire import KeptAlive
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.waits import wait_until
+from tests.helpers.wire import KeptAlive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"

@@ -18,9 +18,9 @@ from django.utils import timezone
 
 from accounting.models import Request
 from hosts.models import Host
-from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.waits import wait_until
 from tests.proxy.test_waiting import holding, slow
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,17 +17,18 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from tests import wire
-from tests.conftest import running_gateway, signed_in, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.observe import (
+from tests.helpers import wire
+from tests.helpers.fleet import MODEL, POLLS, add_host, add_route, chat
+from tests.helpers.gateway import running_gateway, signed_in
+from tests.helpers.observe import (
     gauge,
     slot_naming,
     wait_for_gauge,
     wait_for_health_poll,
     wait_for_host_state,
 )
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

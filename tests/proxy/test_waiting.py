@@ -12,10 +12,10 @@ import openai
 import pytest
 
 from accounting.models import Request
-from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import wait_for_gauge, wait_for_host_state
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.observe import wait_for_gauge, wait_for_host_state
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

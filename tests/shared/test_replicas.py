@@ -21,10 +21,10 @@ import redis
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.conftest import Gateway, running_gateway, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.shared.conftest import eventually
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import Gateway, running_gateway
+from tests.helpers.waits import eventually, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -235,7 +235,7 @@ def test_a_soak_through_two_gateways_leaves_no_slot_place_or_stray_key_in_redis(
 ):
     # The single-process soak's load and faults (tests/e2e/test_soak.py), through two gateways.
     from tests.e2e.test_soak import Faults, load
-    from tests.invariants import Ledger, wait_until_free
+    from tests.helpers.invariants import Ledger, wait_until_free
 
     with contextlib.ExitStack() as stack:
         fakes = [stack.enter_context(FakeLlamaServer(slots=4, token_delay=0.002)) for _ in range(4)]
