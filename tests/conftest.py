@@ -13,6 +13,8 @@ import pytest
 from hypothesis import settings
 
 from tests.fakes.llama_server import FakeLlamaServer
+from tests.helpers.browser import chromium
+from tests.helpers.fleet import add_host, add_route
 from tests.helpers.gateway import Gateway, running_gateway, server_under_test
 from tests.helpers.invariants import Ledger
 from tests.helpers.redis_server import RedisServer
@@ -58,6 +60,26 @@ def fake() -> Iterator[FakeLlamaServer]:
 def fake2() -> Iterator[FakeLlamaServer]:
     with FakeLlamaServer(slots=4) as server:
         yield server
+
+
+@pytest.fixture
+def chat_route(request, gateway, fake) -> str:
+    """Route `chat` over one host `gpu1` (the fake), loaded by the gateway; returns the route's
+    URL. A test module shapes them with `CHAT_HOST` (more of `add_host`'s options: its models'
+    limits, upstream names) and `CHAT_ROUTE` (more of `add_route`'s fields)."""
+    host = add_host("gpu1", fake.url, **getattr(request.module, "CHAT_HOST", {}))
+    add_route("chat", [host], **getattr(request.module, "CHAT_ROUTE", {}))
+    gateway.sync()
+    return f"{gateway.url}/chat"
+
+
+@pytest.fixture
+def page(monkeypatch) -> Iterator[object]:
+    """A chromium tab of a common laptop's screen (tests/helpers/browser.py)."""
+    with chromium(monkeypatch) as browser:
+        tab = browser.new_page(viewport={"width": 1366, "height": 768})
+        tab.set_default_timeout(15_000)
+        yield tab
 
 
 @pytest.fixture

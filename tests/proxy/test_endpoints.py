@@ -21,12 +21,7 @@ from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-@pytest.fixture
-def chat_route(gateway, fake):
-    add_route("chat", [add_host("gpu1", fake.url)], default_model=MODEL)
-    gateway.sync()
-    return f"{gateway.url}/chat"
+CHAT_ROUTE = {"default_model": MODEL}  # the `chat_route` fixture's route (tests/conftest.py)
 
 
 def rows_since(before: datetime, count: int) -> list[Request]:

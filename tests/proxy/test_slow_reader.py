@@ -20,12 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.flood_server import FloodServer
 from tests.fakes.llama_formats import text_of
+from tests.helpers.asking import PAIR, send_chat
 from tests.helpers.fleet import MODEL, add_host, add_route, chat
 from tests.helpers.invariants import rss_mib
 from tests.helpers.observe import gauge
 from tests.helpers.waits import wait_until
 from tests.helpers.wire import parse_answer
-from tests.proxy.test_client_faults import PAIR, send_chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 KiB, MiB = 1024, 1024 * 1024

@@ -22,8 +22,11 @@ from django.utils import timezone
 
 from accounting.models import Request
 from tests.fakes.llama_server import FakeLlamaServer
+from tests.helpers.asking import issue, post
 from tests.helpers.fleet import MODEL, add_host, add_route, chat
 from tests.helpers.gateway import Gateway, running_gateway
+from tests.helpers.invariants import Ledger, wait_until_free
+from tests.helpers.soak import Faults, load
 from tests.helpers.waits import eventually, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -234,9 +237,6 @@ def test_a_soak_through_two_gateways_leaves_no_slot_place_or_stray_key_in_redis(
     tmp_path, redis_url
 ):
     # The single-process soak's load and faults (tests/e2e/test_soak.py), through two gateways.
-    from tests.e2e.test_soak import Faults, load
-    from tests.helpers.invariants import Ledger, wait_until_free
-
     with contextlib.ExitStack() as stack:
         fakes = [stack.enter_context(FakeLlamaServer(slots=4, token_delay=0.002)) for _ in range(4)]
         hosts = [
@@ -288,8 +288,6 @@ def test_a_soak_through_two_gateways_leaves_no_slot_place_or_stray_key_in_redis(
 
 
 def test_a_keys_concurrency_limit_holds_across_gateways(tmp_path, redis_url):
-    from tests.proxy.test_client_keys import issue, post
-
     with FakeLlamaServer(slots=4, token_delay=0.1) as fake:
         add_route("chat", [add_host("gpu1", fake.url)])
         key = issue("team-a", max_concurrent=1)
