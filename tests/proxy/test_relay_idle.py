@@ -84,12 +84,14 @@ async def test_a_client_that_takes_nothing_for_the_idle_timeout_is_cut(ends: End
 async def test_a_client_that_leaves_is_not_taken_for_a_stall(ends: Ends):
     relay = make_relay(_Stalling(), idle=5)
 
+    first = asyncio.Event()
+
     async def consume() -> None:
         async for _ in relay:
-            pass
+            first.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(first.wait(), 10)  # mid-stream: the host's first chunk read
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 

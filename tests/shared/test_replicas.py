@@ -55,14 +55,19 @@ async def _burst(urls: list[str]) -> list[httpx.Response]:
     """One streaming new conversation per URL, all sent at the same instant, read to the end."""
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
         start = asyncio.Event()
+        lined_up, at_the_line = asyncio.Event(), 0
 
         async def one(number: int, url: str) -> httpx.Response:
+            nonlocal at_the_line
+            at_the_line += 1
+            if at_the_line == len(urls):
+                lined_up.set()
             await start.wait()
             body = chat(f"conversation {number}", stream=True, max_tokens=20)
             return await client.post(url, json=body)
 
         tasks = [asyncio.create_task(one(n, url)) for n, url in enumerate(urls)]
-        await asyncio.sleep(0.2)  # every task waits at the start line
+        await lined_up.wait()  # every task waits at the start line
         start.set()
         return await asyncio.gather(*tasks)
 
