@@ -10,28 +10,9 @@ from django.test import Client
 
 from accounting.admin import PeriodProbingQuerySet
 from accounting.models import Request
+from tests.helpers.request_rows import LIST, add, listed
 
 pytestmark = pytest.mark.django_db
-
-LIST = "/admin/accounting/request/"
-
-
-def add(**values: Any) -> Request:
-    row: dict[str, Any] = {
-        "route": "chat",
-        "fingerprint": "",
-        "model": "qwen",
-        "host": "gpu1",
-        "started": datetime(2026, 11, 30, 12, 0, tzinfo=UTC),
-        "queued_ms": 0,
-        "ttfb_ms": 100,
-        "total_ms": 1000,
-        "status": 200,
-        "streamed": True,
-        "lease": "new",
-    }
-    row.update(values)
-    return Request.objects.create(**row)
 
 
 @pytest.fixture
@@ -39,13 +20,6 @@ def admin_client() -> Client:
     client = Client()
     client.force_login(get_user_model().objects.create_superuser("root", "", "pw"))
     return client
-
-
-def listed(client: Client, query: str = "") -> list[str]:
-    """The fingerprints (first 8 characters) of the rows a changelist page shows, in order."""
-    response = client.get(LIST + query)
-    assert response.status_code == 200
-    return [obj.fingerprint[:8] for obj in response.context["cl"].result_list]
 
 
 def test_anonymous_users_are_sent_to_the_login_page() -> None:

@@ -8,21 +8,21 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection
 
 from accounting import recorder as recorder_module
 from accounting.models import Request
 from accounting.recorder import Recorder, RequestRecord
 from accounting.rows import spooled
 from accounting.spool import Spool
-from tests.conftest import wait_until
+from tests.helpers.database import write_lock
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # The route of this module's rows: the session's gateway may still be writing rows of an
@@ -61,33 +61,6 @@ def recorder() -> Iterator[Recorder]:
 def mine():
     """This module's rows (`ROUTE`), whatever else the table holds."""
     return Request.objects.filter(route=ROUTE)
-
-
-@contextmanager
-def write_lock() -> Iterator[None]:
-    """Hold the request table's write lock from another connection while the block runs."""
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                if connection.vendor == "postgresql":
-                    cursor.execute("LOCK TABLE accounting_request IN EXCLUSIVE MODE")
-                else:
-                    cursor.execute("DELETE FROM accounting_request WHERE id = -1")
-                locked.set()
-                release.wait(60)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert locked.wait(5), "could not take the write lock"
-        yield
-    finally:
-        release.set()
-        thread.join()
 
 
 def test_recorded_rows_are_written_with_every_field(recorder: Recorder) -> None:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounting.keys import hash_key
 from accounting.models import ClientKey, Request
-from tests.fleet import add_route
+from tests.helpers.fleet import add_route
 
 pytestmark = pytest.mark.django_db
 

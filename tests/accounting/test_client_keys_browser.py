@@ -13,8 +13,8 @@ from django.contrib.auth.models import User
 
 from accounting.keys import hash_key
 from accounting.models import ClientKey
-from tests.browser import NEEDS_CHROMIUM, chromium
-from tests.fleet import add_host, add_route, chat
+from tests.helpers.browser import NEEDS_CHROMIUM, chromium
+from tests.helpers.fleet import add_host, add_route, chat
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

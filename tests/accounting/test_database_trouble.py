@@ -7,23 +7,17 @@ from __future__ import annotations
 import os
 import shlex
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
-from tests.fleet import add_host, add_route, chat
+from tests.helpers.database import postgres, start_options
+from tests.helpers.fleet import add_host, add_route, chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"
-
-
-@pytest.fixture
-def chat_route(gateway, fake):
-    add_route("chat", [add_host("gpu1", fake.url)])
-    gateway.sync()
 
 
 def requests_for(seconds: float, ledger) -> list[int]:
@@ -56,27 +50,6 @@ def test_requests_flow_while_another_writer_holds_sqlite_and_their_rows_follow(
     assert ledger.statuses() == statuses  # every row, once the lock is gone
 
 
-def _postgres(command: str) -> None:
-    """Run a pg_ctl command as the PostgreSQL superuser, waiting up to 300 s: a stop's
-    checkpoint on two busy cores may take longer than pg_ctl's own minute."""
-    pg_ctl = f"{os.environ['CROSSBAR_PG_BIN']}/pg_ctl -D {os.environ['CROSSBAR_PG_DATA']} -t 300"
-    line = f"{pg_ctl} {command} >/dev/null"
-    if os.getuid() == 0:
-        subprocess.run(["su", "postgres", "-s", "/bin/sh", "-c", line], check=True)
-    else:
-        subprocess.run(line, shell=True, check=True)
-
-
-def _start_options() -> str:
-    """The options the server runs with now (pg_ctl start does not remember them)."""
-    data = os.environ["CROSSBAR_PG_DATA"]
-    args = shlex.split((Path(data) / "postmaster.opts").read_text())[1:]
-    if "-D" in args:
-        at = args.index("-D")
-        del args[at : at + 2]
-    return shlex.join(args)
-
-
 @pytest.mark.skipif(
     not (os.environ.get("CROSSBAR_PG_BIN") and os.environ.get("CROSSBAR_PG_DATA")),
     reason="needs a PostgreSQL this test may stop and start (CROSSBAR_PG_BIN, CROSSBAR_PG_DATA)",
@@ -87,13 +60,13 @@ def test_requests_flow_while_postgresql_is_down_and_their_rows_follow(
 ):
     if connection.vendor != "postgresql":
         pytest.skip("the suite runs on SQLite")
-    options = _start_options()
+    options = start_options()
     log = Path(os.environ["CROSSBAR_PG_DATA"]) / "log"
-    _postgres("-m fast -w stop")
+    postgres("-m fast -w stop")
     try:
         statuses = requests_for(3.0, ledger)
     finally:
-        _postgres(f"-w -l {log} -o {shlex.quote(options)} start")
+        postgres(f"-w -l {log} -o {shlex.quote(options)} start")
     connection.close()  # this process's connection died with the server
 
     assert statuses and set(statuses) == {200}

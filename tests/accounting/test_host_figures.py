@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import wait_until
-from tests.fleet import add_host, add_route, chat
+from tests.helpers.fleet import add_host, add_route, chat
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from django.test import Client
 
-from tests.accounting.test_accounting_admin import LIST, add, listed
+from tests.helpers.request_rows import LIST, add, listed
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,6 @@ only when chromium is not installed (`.ci/run` installs it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -14,7 +13,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.browser import NEEDS_CHROMIUM, chromium
+from tests.helpers.browser import NEEDS_CHROMIUM
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -49,14 +48,6 @@ ROWS = [
         "total_ms": 3,
     },
 ]
-
-
-@pytest.fixture
-def page(monkeypatch) -> Iterator[object]:
-    with chromium(monkeypatch) as browser:
-        tab = browser.new_page(viewport={"width": 1366, "height": 768})
-        tab.set_default_timeout(15_000)
-        yield tab
 
 
 def test_every_column_of_the_request_list_fits_a_1366_pixel_screen(gateway, page):

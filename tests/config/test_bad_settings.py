@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.machine import ROOT
 
 
 def check_with(**settings: str) -> subprocess.CompletedProcess[str]:

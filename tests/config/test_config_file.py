@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from hosts.models import Host, HostModel
@@ -14,7 +12,8 @@ from routing.config.shape import ModelConfig
 from routing.config.toml import dump_config, parse_config
 from routing.config.validation import HostSpec, RouteSpec, config_problems
 from routing.models import Route
-from tests.fleet import add_host, add_route
+from tests.helpers.config_file import crossbar_config, write
+from tests.helpers.fleet import add_host, add_route
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -54,23 +53,7 @@ hosts = ["gpu2", "gpu1"]
 
 
 # Its hosts are made up: nothing would answer there.
-pytestmark = pytest.mark.usefixtures("hosts_not_asked")
-
-
-@pytest.fixture(autouse=True)
-def gpu2_key(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("GPU2_KEY", "sk-gpu2-0123456789")
-    return "sk-gpu2-0123456789"
-
-
-def write(tmp_path: Path, text: str, name: str = "fleet.toml") -> str:
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
-
-
-def crossbar_config(*args: str) -> str:
-    return call_command("crossbar_config", *args, stdout=io.StringIO())
+pytestmark = pytest.mark.usefixtures("hosts_not_asked", "gpu2_key")
 
 
 def fleet_rows() -> tuple[list[tuple], list[tuple], list[tuple]]:

@@ -15,7 +15,7 @@ from django.test import Client
 from hosts.models import Host, HostModel
 from routing.models import ConfigFileLoad, Route
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("hosts_not_asked")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("hosts_not_asked", "gpu2_key")]
 
 FLEET = """
 [[hosts]]
@@ -46,12 +46,6 @@ hosts = ["gpu1", "gpu2"]
 """
 
 WHEN = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
-
-
-@pytest.fixture(autouse=True)
-def gpu2_key(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("GPU2_KEY", "sk-gpu2-0123456789")
-    return "sk-gpu2-0123456789"
 
 
 @pytest.fixture

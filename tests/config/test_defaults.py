@@ -16,7 +16,7 @@ from hosts.models import HostModel
 from routing.config.shape import ModelConfig
 from routing.config.toml import parse_config
 from routing.config.validation import HostSpec, RouteSpec, single_values
-from tests.fleet import chat
+from tests.helpers.fleet import chat
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -10,9 +10,9 @@ from django.core.management import CommandError, call_command
 
 from hosts.models import Host
 from routing.config.toml import parse_config
-from tests.conftest import free_port
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import add_host
+from tests.helpers.fleet import add_host
+from tests.helpers.machine import free_port
 
 # It looks in the database for a host it already knows at each URL.
 pytestmark = pytest.mark.django_db

@@ -11,9 +11,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from hosts.models import HostModel
-from tests.conftest import free_port
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import add_host
+from tests.helpers.fleet import add_host
+from tests.helpers.machine import free_port
 
 pytestmark = pytest.mark.django_db
 

@@ -10,9 +10,9 @@ from routing.config.reader import served_route
 from routing.config.toml import dump_config, parse_config
 from routing.config.validation import config_problems
 from routing.models import Route
-from tests.config.test_config_file import crossbar_config, write
-from tests.fleet import add_host
-from tests.ops.test_admin_routes import ADD, route_form
+from tests.helpers.config_file import crossbar_config, write
+from tests.helpers.fleet import add_host
+from tests.helpers.route_form import ADD, route_form
 
 ROUTES = """
 [[hosts]]

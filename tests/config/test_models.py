@@ -8,7 +8,7 @@ from django.db import models
 
 from hosts.models import Host, HostModel
 from routing.models import Route, RouteHost
-from tests.fleet import add_host, add_route
+from tests.helpers.fleet import add_host, add_route
 
 pytestmark = pytest.mark.django_db
 

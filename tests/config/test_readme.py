@@ -18,7 +18,8 @@ import httpx
 import pytest
 from django.core.management import call_command
 
-from tests.conftest import free_port, wait_until
+from tests.helpers.machine import free_port
+from tests.helpers.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 README = (ROOT / "README.md").read_text()

@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 
 from hosts.address import address
 from hosts.models import Host
-from tests.fleet import add_host
+from tests.helpers.fleet import add_host
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("hosts_not_asked")]
 

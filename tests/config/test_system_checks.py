@@ -14,8 +14,8 @@ from django.core.management.base import SystemCheckError
 from django.db import DatabaseError
 
 from routing import checks
-from tests.conftest import ROOT
-from tests.fleet import add_host, add_route
+from tests.helpers.fleet import add_host, add_route
+from tests.helpers.machine import ROOT
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from routing.core.limiter import Slot, Waiter
 from routing.core.patience import Choice, Figures, Pricing
 from routing.core.placement import Placement, Placer, Reason, Waiting
 from routing.core.prefixes import NO_PREFIX, PrefixIndex, prefix_blocks
-from tests.core.test_placement import (
+from tests.helpers.memory_fleet import (
     EARLY,
     LONG,
     MODEL,

@@ -7,16 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from routing.core.tee import MAX_BUFFER, Tee, Usage
+from tests.helpers.sse_streams import DONE, content_event, sse_event, streams
 
 SSE = "text/event-stream"
-
-
-def _event(document: object) -> bytes:
-    return b"data: " + json.dumps(document, ensure_ascii=False).encode() + b"\n\n"
-
-
-def _content(text: str) -> bytes:
-    return _event({"object": "chat.completion.chunk", "choices": [{"delta": {"content": text}}]})
 
 
 TIMINGS = {"prompt_n": 1, "prompt_ms": 3.2, "cache_n": 66, "predicted_n": 8, "predicted_ms": 40.0}
@@ -26,11 +19,10 @@ USAGE = {
     "total_tokens": 75,
     "prompt_tokens_details": {"cached_tokens": 66},
 }
-LAST_CONTENT = _event(
+LAST_CONTENT = sse_event(
     {"choices": [{"delta": {"content": "end"}, "finish_reason": "stop"}], "timings": TIMINGS}
 )
-USAGE_CHUNK = _event({"choices": [], "usage": USAGE})
-DONE = b"data: [DONE]\n\n"
+USAGE_CHUNK = sse_event({"choices": [], "usage": USAGE})
 
 
 def _usage_of(chunks: list[bytes], content_type: str = SSE) -> Usage:
@@ -41,14 +33,14 @@ def _usage_of(chunks: list[bytes], content_type: str = SSE) -> Usage:
 
 
 def test_timings_alone_give_prompt_as_evaluated_plus_cached_tokens():
-    stream = _content("hi ") + LAST_CONTENT + DONE
+    stream = content_event("hi ") + LAST_CONTENT + DONE
 
     assert _usage_of([stream]) == Usage(prompt_tokens=67, cached_tokens=66, completion_tokens=8)
 
 
 def test_usage_alone_gives_its_own_counts():
     usage = {**USAGE, "prompt_tokens": 70, "prompt_tokens_details": {"cached_tokens": 12}}
-    stream = _content("hi ") + _event({"choices": [], "usage": usage}) + DONE
+    stream = content_event("hi ") + sse_event({"choices": [], "usage": usage}) + DONE
 
     assert _usage_of([stream]) == Usage(prompt_tokens=70, cached_tokens=12, completion_tokens=8)
 
@@ -61,8 +53,8 @@ def test_usage_wins_over_timings_when_both_are_sent():
         "prompt_tokens_details": {"cached_tokens": 1},
     }
     stream = (
-        _event({"choices": [{"delta": {}, "finish_reason": "stop"}], "timings": timings})
-        + _event({"choices": [], "usage": usage})
+        sse_event({"choices": [{"delta": {}, "finish_reason": "stop"}], "timings": timings})
+        + sse_event({"choices": [], "usage": usage})
         + DONE
     )
 
@@ -71,33 +63,33 @@ def test_usage_wins_over_timings_when_both_are_sent():
 
 def test_missing_usage_fields_fall_back_to_timings_one_by_one():
     usage = {"completion_tokens": 8}
-    stream = LAST_CONTENT + _event({"choices": [], "usage": usage}) + DONE
+    stream = LAST_CONTENT + sse_event({"choices": [], "usage": usage}) + DONE
 
     assert _usage_of([stream]) == Usage(prompt_tokens=67, cached_tokens=66, completion_tokens=8)
 
 
 def test_a_stream_without_usage_or_timings_counts_nothing():
-    stream = b": keep-alive\n\n" + _content("a") + _content("b") + DONE
+    stream = b": keep-alive\n\n" + content_event("a") + content_event("b") + DONE
 
     assert _usage_of([stream]) == Usage(None, None, None)
 
 
 def test_null_usage_on_content_chunks_does_not_erase_the_final_usage():
-    null_usage = _event({"choices": [{"delta": {"content": "x"}}], "usage": None})
+    null_usage = sse_event({"choices": [{"delta": {"content": "x"}}], "usage": None})
     stream = null_usage + USAGE_CHUNK + null_usage + DONE
 
     assert _usage_of([stream]).prompt_tokens == 67
 
 
 def test_the_last_usage_seen_is_the_one_counted():
-    first = _event({"usage": {"prompt_tokens": 1, "completion_tokens": 1}})
-    second = _event({"usage": {"prompt_tokens": 2, "completion_tokens": 3}})
+    first = sse_event({"usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    second = sse_event({"usage": {"prompt_tokens": 2, "completion_tokens": 3}})
 
     assert _usage_of([first + second]) == Usage(2, None, 3)
 
 
 def test_a_data_line_split_at_every_byte_position_still_counts():
-    stream = _content("hello ") + LAST_CONTENT + USAGE_CHUNK + DONE
+    stream = content_event("hello ") + LAST_CONTENT + USAGE_CHUNK + DONE
     whole = _usage_of([stream])
 
     for cut in range(len(stream) + 1):
@@ -147,13 +139,13 @@ def test_invalid_json_comments_and_done_are_skipped_silently():
 def test_nonsense_counts_are_unknown_not_zero():
     usage = {"prompt_tokens": -1, "completion_tokens": True, "prompt_tokens_details": [1]}
     timings = {"prompt_n": "5", "cache_n": 2.0, "predicted_n": None}
-    stream = _event({"timings": timings}) + _event({"usage": usage})
+    stream = sse_event({"timings": timings}) + sse_event({"usage": usage})
 
     assert _usage_of([stream]) == Usage(None, None, None)
 
 
 def test_prompt_is_unknown_when_timings_lack_the_cached_part():
-    stream = _event({"timings": {"prompt_n": 5, "predicted_n": 2}})
+    stream = sse_event({"timings": {"prompt_n": 5, "predicted_n": 2}})
 
     assert _usage_of([stream]) == Usage(prompt_tokens=None, cached_tokens=None, completion_tokens=2)
 
@@ -217,7 +209,7 @@ def test_the_lines_after_an_over_long_sse_line_count_in_the_chunk_that_ends_it(e
 def test_a_zero_the_host_reports_is_recorded_as_zero_not_unknown():
     usage = {**USAGE, "prompt_tokens_details": {"cached_tokens": 0}}
 
-    assert _usage_of([_event({"choices": [], "usage": usage})]) == Usage(67, 0, 8)
+    assert _usage_of([sse_event({"choices": [], "usage": usage})]) == Usage(67, 0, 8)
 
 
 def test_other_content_types_count_nothing():
@@ -246,37 +238,7 @@ def test_usage_may_be_asked_more_than_once():
     assert tee.usage() == tee.usage() == Usage(67, 66, 8)
 
 
-_texts = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12
-) | st.sampled_from(["\u2028", "\r", "\n", '"usage"', "data: ", "\r\n"])
-_counts = st.integers(min_value=0, max_value=10_000)
-
-
-@st.composite
-def _streams(draw: st.DrawFn) -> bytes:
-    events = [_content(text) for text in draw(st.lists(_texts, max_size=6))]
-    if draw(st.booleans()):
-        timings = {
-            "prompt_n": draw(_counts),
-            "cache_n": draw(_counts),
-            "predicted_n": draw(_counts),
-        }
-        events.append(_event({"choices": [], "timings": timings}))
-    if draw(st.booleans()):
-        usage = {
-            "prompt_tokens": draw(_counts),
-            "completion_tokens": draw(_counts),
-            "prompt_tokens_details": {"cached_tokens": draw(_counts)},
-        }
-        events.append(_event({"choices": [], "usage": usage}))
-    events.append(DONE)
-    stream = b"".join(events)
-    if draw(st.booleans()):
-        stream = stream.replace(b"\n", b"\r\n")
-    return stream
-
-
-@given(stream=_streams(), data=st.data())
+@given(stream=streams(), data=st.data())
 def test_any_split_into_chunks_passes_the_same_bytes_and_counts_the_same(
     stream: bytes, data: st.DataObject
 ):
@@ -294,7 +256,7 @@ def test_any_split_into_chunks_passes_the_same_bytes_and_counts_the_same(
 
 
 def _named(event: str, document: object) -> bytes:
-    return f"event: {event}\n".encode() + _event(document)
+    return f"event: {event}\n".encode() + sse_event(document)
 
 
 def test_an_anthropic_stream_counts_its_cached_input_as_part_of_the_prompt():
@@ -343,11 +305,11 @@ def test_a_responses_stream_counts_the_usage_of_its_completed_response():
 def test_input_tokens_with_a_null_cache_count_give_the_prompt_and_no_cached_count(
     usage: dict[str, object],
 ):
-    assert _usage_of([_event({"usage": usage})]) == Usage(9, None, 2)
+    assert _usage_of([sse_event({"usage": usage})]) == Usage(9, None, 2)
 
 
 def test_the_hosts_prompt_time_is_read_from_its_timings():
-    stream = _content("hi ") + LAST_CONTENT + USAGE_CHUNK + DONE
+    stream = content_event("hi ") + LAST_CONTENT + USAGE_CHUNK + DONE
     tee = Tee(SSE)
     tee.feed(stream)
 
@@ -360,7 +322,7 @@ def test_the_hosts_prompt_time_is_read_from_its_timings():
 @pytest.mark.parametrize("value", [None, -1, "3.2", True, float("nan"), float("inf")])
 def test_a_prompt_time_that_is_no_duration_is_unknown(value: object):
     tee = Tee(SSE)
-    tee.feed(_event({"timings": {**TIMINGS, "prompt_ms": value}}))
+    tee.feed(sse_event({"timings": {**TIMINGS, "prompt_ms": value}}))
 
     assert tee.prompt_ms() is None
     assert Tee(SSE).prompt_ms() is None  # no timings at all

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import running_gateway
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import add_host, add_route, chat
-from tests.observe import series
-from tests.wire import KeptAlive, connect
+from tests.helpers.fleet import add_host, add_route, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.observe import series
+from tests.helpers.wire import KeptAlive, connect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"

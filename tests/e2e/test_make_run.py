@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-from tests.conftest import ROOT, free_port
+from tests.helpers.machine import ROOT, free_port
 
 NOT_STARTED = "make run: the gateway was not started (the error is above)"
 

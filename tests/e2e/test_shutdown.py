@@ -19,10 +19,10 @@ from django.db import connection
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.accounting.test_accounting_recorder import write_lock
-from tests.accounting.test_database_trouble import _postgres, _start_options
-from tests.conftest import running_gateway, wait_until
-from tests.fleet import add_host, add_route, chat
+from tests.helpers.database import postgres, start_options, write_lock
+from tests.helpers.fleet import add_host, add_route, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"
@@ -202,10 +202,10 @@ def test_rows_answered_while_postgresql_is_down_are_spooled_at_a_stop_and_writte
     started = timezone.now()
     var = tmp_path / "var"
     add_route("chat", [add_host("gpu1", fake.url)])
-    options = _start_options()
+    options = start_options()
     with running_gateway(tmp_path, CROSSBAR_VAR_DIR=str(var)) as gateway:
         gateway.sync()
-        _postgres("-m fast -w stop")
+        postgres("-m fast -w stop")
         try:
             for n in range(6):
                 body = chat(f"question {n}", max_tokens=3)
@@ -214,7 +214,7 @@ def test_rows_answered_while_postgresql_is_down_are_spooled_at_a_stop_and_writte
             exit_code = gateway.process.wait(timeout=60)
         finally:
             log = Path(os.environ["CROSSBAR_PG_DATA"]) / "log"
-            _postgres(f"-w -l {log} -o {shlex.quote(options)} start")
+            postgres(f"-w -l {log} -o {shlex.quote(options)} start")
     connection.close()  # this process's connection died with the server
 
     assert exit_code != 0

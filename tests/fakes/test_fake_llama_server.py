@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from routing.core.tee import Tee, Usage
-from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
+from tests.helpers.waits import wait_until
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from hosts.failures import failure
 from hosts.health_client import HealthClient
 from routing.upstream_aiohttp import aiohttp_transport
-from tests.conftest import free_port
+from tests.helpers.machine import free_port
 
 Get = Callable[[str], Awaitable[object]]
 

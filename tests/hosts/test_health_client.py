@@ -5,6 +5,7 @@ refuses, is seen as llama-server's operator would put it (the health table's rea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -12,8 +13,8 @@ import pytest
 from hosts.health import HealthTable, HostState
 from hosts.health_client import HealthClient
 from hosts.poller import Poller, Probe
-from tests.conftest import free_port
 from tests.fakes.llama_server import FakeLlamaServer
+from tests.helpers.machine import free_port
 
 OK = b'HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{"status":"ok"}'
 
@@ -29,6 +30,7 @@ class Host:
         self.answer = answer
         self.close_after = close_after
         self.connections = 0
+        self.closed = asyncio.Event()  # set once it closed a connection
         self.requests: list[bytes] = []
         self._server: asyncio.Server | None = None
 
@@ -61,6 +63,9 @@ class Host:
             pass
         finally:
             writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+            self.closed.set()
 
 
 @pytest.fixture
@@ -97,7 +102,7 @@ async def test_a_host_that_closes_the_connection_after_each_answer_is_asked_on_a
 ) -> None:
     async with Host(close_after=True) as host:
         first = await client.status(f"{host.url}/health", {})
-        await asyncio.sleep(0.05)  # its close arrives while the connection is idle
+        await asyncio.wait_for(host.closed.wait(), 10)  # its close arrives while it is idle
         second = await client.status(f"{host.url}/health", {})
 
     assert (first, second) == (200, 200)

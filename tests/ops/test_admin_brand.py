@@ -8,7 +8,7 @@ import httpx
 import pytest
 from django.contrib.auth import get_user_model
 
-from tests.conftest import signed_in
+from tests.helpers.gateway import signed_in
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ICON = ROOT / "crossbar_site" / "static" / "crossbar" / "favicon.ico"

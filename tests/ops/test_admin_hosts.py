@@ -11,9 +11,10 @@ from django.urls import reverse
 
 from hosts.models import DRAINING, Host, HostModel
 from routing.models import ConfigRevision
-from tests.conftest import free_port, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import add_host, add_route
+from tests.helpers.fleet import add_host, add_route
+from tests.helpers.machine import free_port
+from tests.helpers.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

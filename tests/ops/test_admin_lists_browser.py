@@ -7,14 +7,12 @@ var/test-artifacts/ (gitignored), to look at after a run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from django.contrib.auth.models import User
 
-from tests.browser import NEEDS_CHROMIUM, chromium
-from tests.conftest import ROOT
-from tests.fleet import add_host, add_route
+from tests.helpers.browser import NEEDS_CHROMIUM
+from tests.helpers.fleet import add_host, add_route
+from tests.helpers.machine import ROOT
 
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 
@@ -29,14 +27,6 @@ MODELS = {
     "qwen2.5-coder-32b-instruct-q5_k_m": (2, 4),
     "mistral-nemo-12b-instruct-2407-Q6_K": (1, 2),
 }
-
-
-@pytest.fixture
-def page(monkeypatch) -> Iterator[object]:
-    with chromium(monkeypatch) as browser:
-        tab = browser.new_page(viewport={"width": 1366, "height": 768})
-        tab.set_default_timeout(15_000)
-        yield tab
 
 
 def sign_in(page, gateway, then: str) -> None:

@@ -9,11 +9,15 @@ import httpx
 import pytest
 
 from hosts.models import Host
-from tests.conftest import signed_in, wait_until
-from tests.conversation import turns_on_a_shared_slot_taken_as_it_is, turns_on_an_emptying_host
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import wait_for_health_poll
+from tests.helpers.conversation import (
+    turns_on_a_shared_slot_taken_as_it_is,
+    turns_on_an_emptying_host,
+)
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import signed_in
+from tests.helpers.observe import wait_for_health_poll
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

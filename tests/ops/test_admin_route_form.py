@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tests.fleet import add_host, add_route
+from tests.helpers.fleet import add_host, add_route
 
 pytestmark = pytest.mark.django_db
 

@@ -8,12 +8,12 @@ from django.urls import reverse
 
 from hosts.models import Host
 from routing.models import Route
-from tests.fleet import add_host, add_route
+from tests.helpers.fleet import add_host, add_route
+from tests.helpers.route_form import ADD, route_form
 
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = reverse("admin:routing_route_changelist")
-ADD = reverse("admin:routing_route_add")
 
 
 def change_url(route: Route) -> str:
@@ -26,30 +26,6 @@ def gpus() -> tuple[Host, Host]:
         add_host("gpu1", "http://10.0.0.5:8080", models={"llama3": (4, 8)}),
         add_host("gpu2", "http://10.0.0.6:8080", models={"qwen": (2, 0)}),
     )
-
-
-def route_form(hosts: list[tuple[int, Host]], **fields: object) -> dict[str, object]:
-    """The POST the route add form sends, with `(position, host)` inline rows."""
-    data: dict[str, object] = {
-        "name": "chat",
-        "default_model": "llama3",
-        "lease_ttl": "1200",
-        "sticky": "prefer",
-        "enabled": "on",
-        "queue_timeout": "300",
-        "lease_patience": "2.0",
-        "fallback": "",
-        "fallback_after": "10.0",
-        "fallback_model": "",
-        "route_hosts-TOTAL_FORMS": str(len(hosts)),
-        "route_hosts-INITIAL_FORMS": "0",
-        "route_hosts-MIN_NUM_FORMS": "0",
-        "route_hosts-MAX_NUM_FORMS": "1000",
-    }
-    for index, (position, host) in enumerate(hosts):
-        data[f"route_hosts-{index}-position"] = str(position)
-        data[f"route_hosts-{index}-host"] = str(host.pk)
-    return {**data, **fields}
 
 
 @pytest.mark.parametrize("url", [CHANGELIST, ADD])

@@ -19,10 +19,10 @@ from hosts.models import DRAINING, Host
 from routing.ops import metrics
 from routing.ops.dashboard import DashboardConsumer
 from routing.runtime import close_runtime
-from tests.conftest import signed_in
-from tests.conversation import Conversation
-from tests.fleet import MODEL, add_host, add_route
-from tests.observe import dashboard, state_where
+from tests.helpers.conversation import Conversation
+from tests.helpers.fleet import MODEL, add_host, add_route
+from tests.helpers.gateway import signed_in
+from tests.helpers.observe import dashboard, state_where
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

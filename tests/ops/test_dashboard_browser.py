@@ -22,16 +22,18 @@ from django.utils import timezone
 
 from accounting.models import Request
 from hosts.models import Host
-from tests.browser import NEEDS_CHROMIUM, chromium
-from tests.conftest import ROOT, running_gateway, wait_until
-from tests.conversation import (
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.helpers.browser import NEEDS_CHROMIUM, chromium
+from tests.helpers.conversation import (
     Conversation,
     turns_on_a_shared_slot_taken_as_it_is,
     turns_on_an_emptying_host,
 )
-from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import wait_for_health_poll
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.machine import ROOT
+from tests.helpers.observe import wait_for_health_poll
+from tests.helpers.waits import wait_until
 
 WAIT = 15_000  # ms, for every expectation: the request runs about 6 s
 ARTIFACTS = ROOT / "var" / "test-artifacts"

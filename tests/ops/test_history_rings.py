@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from routing.ops.history_rings import History
-from tests.history_records import T0, point_at, record
+from tests.helpers.history_records import T0, point_at, record
 
 
 def test_requests_count_by_outcome_in_the_step_they_finish() -> None:

@@ -10,7 +10,7 @@ import pytest
 from accounting.models import Request
 from routing.ops.history_rings import History
 from routing.ops.history_rows import DatabaseHistory, read_steps
-from tests.history_records import T0, point_at, record
+from tests.helpers.history_records import T0, point_at, record
 
 
 def add_row(minute: float, **values: object) -> None:

@@ -16,7 +16,7 @@ from routing.core.limiter import Slot, Waiter
 from routing.ops.history_rings import History
 from routing.ops.history_sampler import ensure_sampler, sampling
 from routing.runtime import Runtime
-from tests.fleet import MODEL
+from tests.helpers.fleet import MODEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,7 +7,7 @@ import pytest
 from hosts.actions import set_draining
 from hosts.models import Host
 from routing import signals
-from tests.fleet import add_host
+from tests.helpers.fleet import add_host
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,7 +10,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.test import Client
 
 from hosts.models import Host
-from tests.accounting.test_accounting_admin import LIST, add
+from tests.helpers.request_rows import LIST, add
 
 pytestmark = pytest.mark.django_db
 

@@ -12,10 +12,11 @@ from django.utils import timezone
 
 from accounting.models import Request
 from hosts.models import HostModel
-from tests.conftest import free_port, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import POLLS, add_host, add_route
-from tests.observe import wait_for_gauge
+from tests.helpers.fleet import POLLS, add_host, add_route
+from tests.helpers.machine import free_port
+from tests.helpers.observe import wait_for_gauge
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,20 +13,18 @@ import json
 
 import pytest
 
-from tests.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.invariants import rss_mib
-from tests.wire import Answer, connect, exchange, read_one_answer
+from tests.helpers.fleet import MODEL, POLLS, chat
+from tests.helpers.invariants import rss_mib
+from tests.helpers.wire import Answer, connect, exchange, read_one_answer
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+CHAT_HOST = {
+    "upstream_names": {MODEL: "llama-3-8b"}
+}  # the `chat_route` fixture's host (tests/conftest.py)
 MiB = 1024 * 1024
 LIMIT = 16 * MiB
 BODY = json.dumps(chat()).encode()
-
-
-@pytest.fixture
-def chat_route(gateway, fake):
-    add_route("chat", [add_host("gpu1", fake.url, upstream_names={MODEL: "llama-3-8b"})])
-    gateway.sync()
 
 
 @pytest.fixture

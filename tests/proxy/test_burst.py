@@ -14,9 +14,9 @@ import pytest
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

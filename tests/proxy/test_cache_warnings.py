@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from hosts.actions import set_draining
-from tests.conftest import signed_in
-from tests.fleet import MODEL, add_host, add_route
-from tests.observe import series, slot_naming, wait_for_health_poll, wait_for_host_state
-from tests.proxy.test_slot_numbers import conversation, turn
+from tests.helpers.asking import conversation, turn
+from tests.helpers.fleet import MODEL, add_host, add_route
+from tests.helpers.gateway import signed_in
+from tests.helpers.observe import series, slot_naming, wait_for_health_poll, wait_for_host_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,25 +7,14 @@ checks slots, queues and rows after each test.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
-from tests.conftest import wait_until
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import gauge
-from tests.wire import send
+from tests.helpers.asking import PAIR, URL, send_chat
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.observe import gauge
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-URL = "/chat/v1/chat/completions"
-PAIR = {"host": "gpu1", "model": MODEL}
-
-
-def send_chat(gateway, ledger, body: dict, **options: Any):
-    """Send a chat request over a raw socket, to leave at a moment of the test's choosing."""
-    ledger.sent()
-    return send(gateway.url, b"POST", URL.encode(), json.dumps(body).encode(), **options)
 
 
 def completions(fake) -> list[str]:

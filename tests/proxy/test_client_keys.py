@@ -6,7 +6,6 @@ import hashlib
 import re
 import threading
 from datetime import UTC, datetime
-from typing import Any
 
 import httpx
 import pytest
@@ -16,8 +15,10 @@ from accounting.keys import hash_key
 from accounting.models import ClientKey, Request
 from routing.core.clients import ClientGate, ClientSpec, bearer_token
 from routing.core.errors import ClientLimited, InvalidKey, MissingKey, RouteNotAllowed, answer_for
-from tests.conftest import running_gateway, wait_until
-from tests.fleet import add_host, add_route, chat
+from tests.helpers.asking import issue, post
+from tests.helpers.fleet import add_host, add_route, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.waits import wait_until
 
 # -- the gate, without a database ------------------------------------------------------------
 
@@ -145,24 +146,6 @@ def test_bearer_token_reads_only_the_bearer_scheme() -> None:
 
 
 # -- the gateway ------------------------------------------------------------------------------
-
-
-def issue(name: str, **fields: object) -> str:
-    """Create a client key as the admin does; return the key."""
-    row = ClientKey(name=name, **fields)
-    key = row.issue_key()
-    row.save()
-    return key
-
-
-def post(gateway, route: str = "chat", key: str | None = None, **body: Any) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.post(
-        f"{gateway.url}/{route}/v1/chat/completions",
-        json=chat(**body) if body else chat(),
-        headers=headers,
-        timeout=30,
-    )
 
 
 def rows_for(n: int, since: datetime) -> list[Request]:

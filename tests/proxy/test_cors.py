@@ -12,8 +12,8 @@ from django.utils import timezone
 from accounting.models import Request
 from routing.config.toml import dump_config, parse_config
 from routing.config.validation import config_problems
-from tests.conftest import wait_until
-from tests.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

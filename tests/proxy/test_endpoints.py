@@ -14,18 +14,14 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.conftest import signed_in, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route
+from tests.helpers.fleet import MODEL, add_host, add_route
+from tests.helpers.gateway import signed_in
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-@pytest.fixture
-def chat_route(gateway, fake):
-    add_route("chat", [add_host("gpu1", fake.url)], default_model=MODEL)
-    gateway.sync()
-    return f"{gateway.url}/chat"
+CHAT_ROUTE = {"default_model": MODEL}  # the `chat_route` fixture's route (tests/conftest.py)
 
 
 def rows_since(before: datetime, count: int) -> list[Request]:
@@ -186,7 +182,7 @@ def test_client_credentials_in_any_header_never_reach_the_host(chat_route, fake)
 
 
 def test_a_host_that_comes_back_serves_at_once_not_after_the_next_poll(tmp_path, fake):
-    from tests.conftest import running_gateway
+    from tests.helpers.gateway import running_gateway
 
     add_route("chat", [add_host("gpu1", fake.url)], default_model=MODEL)
     with running_gateway(tmp_path, CROSSBAR_HEALTH_INTERVAL="3600") as gateway:
@@ -221,7 +217,7 @@ def test_an_operator_reaches_one_named_host_of_the_route(gateway, fake, fake2):
 
 
 def test_one_hosts_own_state_needs_the_operator_token_when_one_is_set(tmp_path, fake):
-    from tests.conftest import running_gateway
+    from tests.helpers.gateway import running_gateway
 
     add_route("chat", [add_host("gpu1", fake.url)])
     with running_gateway(tmp_path, CROSSBAR_METRICS_TOKEN="ops-secret") as gateway:

@@ -9,13 +9,16 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import running_gateway, wait_until
 from tests.fakes.llama_server import SHORT_STREAM_EVENT
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.wire import KeptAlive
+from tests.helpers.asking import URL, only_row, sse_events
+from tests.helpers.fleet import MODEL, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.waits import wait_until
+from tests.helpers.wire import KeptAlive
 
 pytestmark = pytest.mark.django_db(transaction=True)
-URL = "/chat/v1/chat/completions"
+
+CHAT_HOST = {"models": {MODEL: (1, 0)}}  # the `chat_route` fixture's host (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -25,18 +28,6 @@ def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
         log_dir = tmp_path_factory.mktemp("faults")
         with running_gateway(log_dir, CROSSBAR_HEALTH_INTERVAL="600") as gw:
             yield gw
-
-
-@pytest.fixture
-def chat_route(gateway, fake):
-    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 0)})])
-    gateway.sync()
-
-
-def only_row(ledger):
-    wait_until(lambda: ledger.rows().exists(), what="the request's row")
-    (row,) = ledger.rows()
-    return row
 
 
 @pytest.mark.parametrize(
@@ -88,10 +79,6 @@ def test_a_hosts_error_answer_is_passed_through_with_its_status_and_body(
 
     wait_until(lambda: ledger.rows().count() == 2, what="two rows")
     assert [row.status for row in ledger.rows()] == [status, status]
-
-
-def sse_events(body: bytes) -> list[bytes]:
-    return [line for line in body.split(b"\n") if line.startswith(b"data: ")]
 
 
 def test_a_reset_mid_stream_ends_the_stream_with_one_error_event(chat_route, fake, ledger):

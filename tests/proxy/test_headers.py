@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from routing.core.forwarding import forwarding_headers, trusted_networks
-from tests import wire
-from tests.conftest import Gateway, running_gateway
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import add_host, add_route, chat
+from tests.helpers import wire
+from tests.helpers.fleet import add_host, add_route, chat
+from tests.helpers.gateway import Gateway, running_gateway
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

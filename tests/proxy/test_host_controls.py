@@ -22,10 +22,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from accounting.models import ClientKey
-from tests.conftest import Gateway, running_gateway, signed_in
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.fakes.llama_wire import SeenRequest
-from tests.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import Gateway, running_gateway, signed_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,9 +7,9 @@ import pytest
 
 from routing.config.shape import HostConfig, ModelConfig
 from routing.proxy.model_list import merge
-from tests.conftest import free_port
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import add_host, add_route
+from tests.helpers.fleet import add_host, add_route
+from tests.helpers.machine import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -30,7 +30,7 @@ from routing.proxy.ask import Ask
 from routing.proxy.lifecycle import Lifecycle
 from routing.proxy.record import Arrival, Outcome, Trail
 from routing.runtime import Runtime
-from tests.core.test_placement import (
+from tests.helpers.memory_fleet import (
     MODEL,
     WAIT,
     MemoryFleet,

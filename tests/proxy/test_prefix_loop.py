@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from accounting.models import Request
 from routing.core.prefixes import prefix_blocks
-from tests.conftest import wait_until
-from tests.fleet import MODEL, add_host, add_route
-from tests.observe import series
+from tests.helpers.fleet import MODEL, add_host, add_route
+from tests.helpers.observe import series
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

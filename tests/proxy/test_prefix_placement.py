@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from accounting.models import Request
 from routing.core.prefixes import prefix_blocks
-from tests.conftest import wait_until
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import wait_for_gauge
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.observe import wait_for_gauge
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

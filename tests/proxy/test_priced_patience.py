@@ -10,7 +10,6 @@ gateway keeps the figures of every host it has served.
 from __future__ import annotations
 
 import time
-import uuid
 
 import httpx
 import pytest
@@ -18,46 +17,13 @@ from django.utils import timezone
 
 from accounting.models import Request
 from hosts.models import Host
-from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.proxy.test_waiting import holding, slow
+from tests.helpers.asking import holding, slow
+from tests.helpers.fleet import chat
+from tests.helpers.priced_patience import fresh_hosts, spilled_at_once
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def fresh_hosts(fake: FakeLlamaServer, fake2: FakeLlamaServer) -> tuple[str, str]:
-    """A route `chat` (patience left to its default: auto) over two new one-slot hosts."""
-    home, other = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("home", "other"))
-    add_route(
-        "chat",
-        [
-            add_host(home, fake.url, models={MODEL: (1, 4)}),
-            add_host(other, fake2.url, models={MODEL: (1, 4)}),
-        ],
-    )
-    return home, other
-
-
-def spilled_at_once(
-    url: str, fake: FakeLlamaServer, fake2: FakeLlamaServer, home: str, other: str
-) -> tuple[httpx.Response, Request]:
-    """Home serves slowly (its first answer takes some 0.4 s), the other host is free and
-    evaluates the short prompt in well under a millisecond: the next turn, with home busy,
-    spills at once. Returns its response and its row."""
-    fake.token_delay = 0.1
-    first = httpx.post(url, json=chat("mine", max_tokens=4), timeout=10)
-    assert first.headers["x-crossbar-host"] == home
-    theirs = httpx.post(url, json=chat("theirs", max_tokens=2), timeout=10)
-    assert theirs.headers["x-crossbar-host"] == other  # the other host's figures
-    since = timezone.now()
-
-    with holding(url, slow("mine", tokens=30), fake):  # home busy for some 3 s
-        spilled = httpx.post(url, json=chat("mine", max_tokens=2), timeout=10)
-
-    rows = Request.objects.filter(started__gte=since, host=other)
-    wait_until(rows.exists, what="the spilled request's row")
-    return spilled, rows.get()
 
 
 def test_a_busy_homes_request_spills_at_once_when_the_cold_start_is_priced_sooner(

@@ -11,16 +11,13 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import running_gateway, wait_until
-from tests.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.observe import wait_for_gauge, wait_for_health_poll, wait_for_host_state
+from tests.helpers.asking import completions
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.observe import wait_for_gauge, wait_for_health_poll, wait_for_host_state
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def completions(fake) -> list:
-    """What the fake saw besides the gateway's health polls."""
-    return [seen for seen in fake.seen if seen.path not in POLLS]
 
 
 def stream_lines(response: httpx.Response) -> list[bytes]:

@@ -10,11 +10,21 @@ import pytest
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.conftest import wait_until
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import wait_for_gauge
+from tests.helpers.fleet import MODEL, chat
+from tests.helpers.observe import wait_for_gauge
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+CHAT_HOST = {"models": {MODEL: (1, 1)}}  # the `chat_route` fixture's host (tests/conftest.py)
+
+
+@pytest.fixture
+def chat_route(chat_route: str) -> str:
+    """The chat completions URL of tests/conftest.py's route."""
+    return f"{chat_route}/v1/chat/completions"
+
+
 TEST_STARTED = timezone.now()
 
 
@@ -36,13 +46,6 @@ def rows(count: int) -> list[Request]:
     found = list(mine.order_by("started"))
     assert len(found) == count
     return found
-
-
-@pytest.fixture
-def chat_route(gateway, fake):
-    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 1)})])
-    gateway.sync()
-    return f"{gateway.url}/chat/v1/chat/completions"
 
 
 def test_a_streamed_answer_records_its_tokens_and_times(chat_route, fake):

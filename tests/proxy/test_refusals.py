@@ -18,9 +18,17 @@ import pytest
 from django.core.management import call_command
 
 from accounting.models import Request
-from tests.conftest import Gateway, free_port, wait_until
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import dashboard, series, state_where, wait_for_gauge, wait_for_host_state
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import Gateway
+from tests.helpers.machine import free_port
+from tests.helpers.observe import (
+    dashboard,
+    series,
+    state_where,
+    wait_for_gauge,
+    wait_for_host_state,
+)
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,7 +78,7 @@ def grew(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
 
 
 def key(name: str, **labels: str) -> str:
-    """A series as `tests.observe.series` names it."""
+    """A series as `tests.helpers.observe.series` names it."""
     return f"{name}{sorted(labels.items())}"
 
 

@@ -22,8 +22,8 @@ from routing.proxy import lifecycle as lifecycle_module
 from routing.proxy.lifecycle import Answered, Lifecycle
 from routing.proxy.record import Arrival, Trail
 from routing.runtime import Runtime
-from tests.core.test_tee import _streams
-from tests.proxy.test_relay_idle import _Ends, relayed
+from tests.helpers.relay import Ends, relayed
+from tests.helpers.sse_streams import streams
 
 SSE = "text/event-stream"
 
@@ -44,7 +44,7 @@ def relay(chunks: list[bytes], content_type: str) -> tuple[list[bytes], tuple[ob
         upstream = httpx.Response(
             200, headers={"content-type": content_type}, stream=_Upstream(chunks)
         )
-        ends = _Ends()
+        ends = Ends()
         with mock.patch.object(lifecycle_module, "finish", ends):
             received = [chunk async for chunk in relayed(upstream)]
         (outcome,) = ends.finished
@@ -58,7 +58,7 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
 
 
-@given(stream=_streams(), data=st.data())
+@given(stream=streams(), data=st.data())
 def test_any_chunking_of_a_stream_reaches_the_client_unchanged_with_the_same_counts(
     stream: bytes, data: st.DataObject
 ) -> None:
@@ -123,7 +123,7 @@ def test_a_response_that_cannot_be_built_gives_back_the_slot_and_closes_the_host
         runtime = SimpleNamespace(stream_idle_timeout=5.0, figures=Figures())
         life = Lifecycle(trail, cast(Runtime, runtime))
         life.answered(Answered(upstream, cast(Any, SimpleNamespace(slot=slot)), trail))
-        ends = _Ends()
+        ends = Ends()
         with mock.patch.object(lifecycle_module, "finish", ends):
             with pytest.raises(ValueError, match="HTTP status code") as failed:
                 life.respond(frozenset())

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from routing.proxy import lifecycle as lifecycle_module
 from routing.proxy import relay as relay_module
 from routing.proxy.relay import BUFFER_BYTES, Relay
-from tests.proxy.test_relay_idle import _Ends, relayed
+from tests.helpers.relay import Ends, relayed
 
 AWAY = 0.005  # a client away 5-10 ms gets a pump, so that the tests run quickly
 EVENT = b'data: {"choices": [{"delta": {"content": "tok "}}]}\n\n'
@@ -52,20 +52,19 @@ class _Host(httpx.AsyncByteStream):
         self.closed = True
 
 
-@pytest.fixture
-def ends(monkeypatch: pytest.MonkeyPatch) -> _Ends:
-    recorded = _Ends()
-    monkeypatch.setattr(lifecycle_module, "finish", recorded)
-    monkeypatch.setattr(relay_module, "AWAY", AWAY)
-    return recorded
-
-
 def make_relay(host: httpx.AsyncByteStream, slot: _Slot) -> Relay:
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=host)
     return relayed(response, slot)
 
 
-async def test_a_lagging_client_gets_every_byte_after_the_hosts_slot_is_freed(ends: _Ends):
+@pytest.fixture
+def ends(ends: Ends, monkeypatch: pytest.MonkeyPatch) -> Ends:
+    """tests/proxy/conftest.py's, with a client away for AWAY seconds given a pump."""
+    monkeypatch.setattr(relay_module, "AWAY", AWAY)
+    return ends
+
+
+async def test_a_lagging_client_gets_every_byte_after_the_hosts_slot_is_freed(ends: Ends):
     chunks = [EVENT] * 2000
     slot = _Slot()
     relay = make_relay(_Host(chunks), slot)
@@ -81,7 +80,7 @@ async def test_a_lagging_client_gets_every_byte_after_the_hosts_slot_is_freed(en
     assert len(ends.finished) == 1 and ends.finished[0][:3] == (200, "", "")
 
 
-async def test_a_client_further_behind_than_the_buffer_is_cut(ends: _Ends):
+async def test_a_client_further_behind_than_the_buffer_is_cut(ends: Ends):
     host = _Host([b"x" * 65536] * (BUFFER_BYTES // 65536 + 2))
     slot = _Slot()
     relay = make_relay(host, slot)
@@ -101,7 +100,7 @@ async def test_a_client_further_behind_than_the_buffer_is_cut(ends: _Ends):
 
 
 async def test_a_host_that_fails_while_the_client_lags_gives_the_buffer_then_one_error_event(
-    ends: _Ends,
+    ends: Ends,
 ):
     chunks = [EVENT] * 100
     slot = _Slot()
@@ -119,7 +118,7 @@ async def test_a_host_that_fails_while_the_client_lags_gives_the_buffer_then_one
     assert outcome[0] == 502 and outcome[1] == event["error"]["message"]
 
 
-async def test_a_client_that_leaves_while_reading_the_buffer_is_recorded_as_gone(ends: _Ends):
+async def test_a_client_that_leaves_while_reading_the_buffer_is_recorded_as_gone(ends: Ends):
     slot = _Slot()
     relay = make_relay(_Host([EVENT] * 100), slot)
 
@@ -145,7 +144,7 @@ def test_any_pace_of_the_client_gets_the_same_bytes_and_outcome(
     chunks = [bytes([65 + i % 26]) * size for i, size in enumerate(sizes)]
 
     async def run() -> tuple[list[bytes], list[tuple[object, ...]]]:
-        ends = _Ends()
+        ends = Ends()
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(lifecycle_module, "finish", ends)
             patch.setattr(relay_module, "AWAY", AWAY)
@@ -191,7 +190,7 @@ class _EndlessHost(httpx.AsyncByteStream):
 
 @pytest.mark.parametrize("lagging", [False, True], ids=["keeping up", "lagging"])
 async def test_a_lost_slot_ends_the_stream_with_one_error_event_and_closes_the_host(
-    ends: _Ends, lagging: bool
+    ends: Ends, lagging: bool
 ):
     slot = _LosableSlot()
     host = _EndlessHost()
@@ -213,7 +212,7 @@ async def test_a_lost_slot_ends_the_stream_with_one_error_event_and_closes_the_h
     assert host.closed
 
 
-async def test_a_slot_lost_before_the_body_is_read_answers_only_the_error(ends: _Ends):
+async def test_a_slot_lost_before_the_body_is_read_answers_only_the_error(ends: Ends):
     slot = _LosableSlot()
     relay = make_relay(_Host([EVENT] * 10), slot)
     assert slot.lose is not None

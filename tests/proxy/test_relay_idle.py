@@ -6,18 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
-from typing import Any, cast
 
 import httpx
-import pytest
 
-from routing.core.patience import Figures
-from routing.proxy import lifecycle as lifecycle_module
-from routing.proxy.lifecycle import Answered, Lifecycle
-from routing.proxy.record import Arrival, Outcome, Trail
 from routing.proxy.relay import Relay
-from routing.runtime import Runtime
+from tests.helpers.relay import Ends, relayed
 
 FIRST = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
 
@@ -38,40 +31,12 @@ class _Stalling(httpx.AsyncByteStream):
         yield b"data: [DONE]\n\n"
 
 
-class _Ends:
-    """Stands in for the request's record: keeps what each request was finished with."""
-
-    def __init__(self) -> None:
-        self.finished: list[tuple[object, ...]] = []
-
-    def __call__(self, trail: Trail, outcome: Outcome) -> None:
-        self.finished.append((outcome.status, outcome.error, outcome.code, outcome.usage))
-
-
-@pytest.fixture
-def ends(monkeypatch: pytest.MonkeyPatch) -> _Ends:
-    recorded = _Ends()
-    monkeypatch.setattr(lifecycle_module, "finish", recorded)
-    return recorded
-
-
-def relayed(response: httpx.Response, slot: object | None = None, idle: float = 5.0) -> Relay:
-    """The relay of `response` as the lifecycle of a request on host gpu1 holding `slot` builds
-    it, on a stand-in runtime (its idle timeout and the hosts' figures are all that is read)."""
-    trail = Trail(Arrival(), host="gpu1")
-    runtime = SimpleNamespace(stream_idle_timeout=idle, figures=Figures())
-    life = Lifecycle(trail, cast(Runtime, runtime))
-    placement = SimpleNamespace(slot=slot) if slot is not None else None
-    life.answered(Answered(response, cast(Any, placement), trail))
-    return life.relay()
-
-
 def make_relay(upstream: _Stalling, idle: float) -> Relay:
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=upstream)
     return relayed(response, idle=idle)
 
 
-async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error_event(ends: _Ends):
+async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error_event(ends: Ends):
     relay = make_relay(_Stalling(), idle=0.2)
 
     received = [chunk async for chunk in relay]
@@ -84,7 +49,7 @@ async def test_a_host_silent_past_the_idle_timeout_ends_the_stream_with_an_error
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]  # the watchdog's cancel was taken back (a test runs as a task)
 
 
-async def test_time_the_client_takes_to_read_is_not_counted_as_the_hosts_silence(ends: _Ends):
+async def test_time_the_client_takes_to_read_is_not_counted_as_the_hosts_silence(ends: Ends):
     upstream = _Stalling()
     relay = make_relay(upstream, idle=1.0)
 
@@ -97,7 +62,7 @@ async def test_time_the_client_takes_to_read_is_not_counted_as_the_hosts_silence
     assert ends.finished[0][0] == 200
 
 
-async def test_a_client_that_takes_nothing_for_the_idle_timeout_is_cut(ends: _Ends):
+async def test_a_client_that_takes_nothing_for_the_idle_timeout_is_cut(ends: Ends):
     upstream = _Stalling()
     relay = make_relay(upstream, idle=0.2)
 
@@ -116,15 +81,17 @@ async def test_a_client_that_takes_nothing_for_the_idle_timeout_is_cut(ends: _En
     await asyncio.wait_for(upstream.closed.wait(), 5)  # closed in a task of its own
 
 
-async def test_a_client_that_leaves_is_not_taken_for_a_stall(ends: _Ends):
+async def test_a_client_that_leaves_is_not_taken_for_a_stall(ends: Ends):
     relay = make_relay(_Stalling(), idle=5)
+
+    first = asyncio.Event()
 
     async def consume() -> None:
         async for _ in relay:
-            pass
+            first.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(first.wait(), 10)  # mid-stream: the host's first chunk read
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 

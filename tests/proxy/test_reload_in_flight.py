@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from hosts.models import Host
-from tests.conftest import wait_until
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import gauge, wait_for_gauge
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.observe import gauge, wait_for_gauge
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,10 +8,10 @@ import threading
 import httpx
 import pytest
 
-from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import add_host, add_route
-from tests.observe import wait_for_gauge, wait_for_health_poll
+from tests.helpers.fleet import add_host, add_route
+from tests.helpers.observe import wait_for_gauge, wait_for_health_poll
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,7 +12,7 @@ from routing.core.limiter import Slot, Waiter
 from routing.core.placement import Placement, Placer, Waiting
 from routing.core.state import LocalState
 from routing.runtime import Runtime, close_runtime, get_runtime
-from tests.fleet import MODEL, add_host, add_route
+from tests.helpers.fleet import MODEL, add_host, add_route
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ import pytest
 
 from accounting.models import ClientKey
 from hosts.models import Host
-from tests.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/chat/v1/chat/completions"

@@ -17,17 +17,18 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from tests import wire
-from tests.conftest import running_gateway, signed_in, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.observe import (
+from tests.helpers import wire
+from tests.helpers.asking import conversation, send, turn
+from tests.helpers.fleet import MODEL, POLLS, add_host, add_route, chat
+from tests.helpers.gateway import running_gateway, signed_in
+from tests.helpers.observe import (
     gauge,
     slot_naming,
-    wait_for_gauge,
     wait_for_health_poll,
     wait_for_host_state,
 )
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,35 +36,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def sent(fake: FakeLlamaServer) -> list[dict]:
     """The bodies of the generations the host was asked, in order."""
     return [json.loads(seen.body) for seen in fake.seen if seen.path not in POLLS]
-
-
-def conversation(opening: str, *later: str) -> dict:
-    """The body of a turn of the conversation that opens with `opening`, after `later`."""
-    body = chat(opening)
-    for number, content in enumerate(later):
-        body["messages"] += [
-            {"role": "assistant", "content": f"answer {number}"},
-            {"role": "user", "content": content},
-        ]
-    return body
-
-
-def turn(gateway, opening: str, *later: str, alone: bool = True) -> httpx.Response:
-    """One turn of the conversation that opens with `opening`: its history and a new question.
-    `alone` (no other request of the test's running): returned once the gateway has freed
-    every slot of the host, its own too, which may come an instant after the client read the
-    whole answer."""
-    return send(gateway, conversation(opening, *later), alone=alone)
-
-
-def send(gateway, body: dict, alone: bool = True) -> httpx.Response:
-    """One turn with the body `body` (see `turn`)."""
-    response = httpx.post(f"{gateway.url}/chat/v1/chat/completions", json=body, timeout=10)
-    assert response.status_code == 200, response.text
-    host = response.headers["X-Crossbar-Host"]
-    if alone:
-        wait_for_gauge(gateway.url, "crossbar_in_flight", 0, host=host, model=MODEL)
-    return response
 
 
 def test_each_conversation_names_a_slot_of_its_own_and_keeps_it_turn_after_turn(gateway, fake):

@@ -18,14 +18,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import wait_until
 from tests.fakes.flood_server import FloodServer
 from tests.fakes.llama_formats import text_of
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.invariants import rss_mib
-from tests.observe import gauge
-from tests.proxy.test_client_faults import PAIR, send_chat
-from tests.wire import parse_answer
+from tests.helpers.asking import PAIR, send_chat
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.invariants import rss_mib
+from tests.helpers.observe import gauge
+from tests.helpers.waits import wait_until
+from tests.helpers.wire import parse_answer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 KiB, MiB = 1024, 1024 * 1024

@@ -28,7 +28,7 @@ from routing.proxy.lifecycle import Lifecycle
 from routing.proxy.record import Arrival, Trail
 from routing.proxy.waiting import StatusStream
 from routing.runtime import Runtime
-from tests.fleet import MODEL
+from tests.helpers.fleet import MODEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROUTE = "status-stream-test"  # this module's rows: the session gateway may write others

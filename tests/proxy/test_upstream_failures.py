@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from tests.conftest import running_gateway, wait_until
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.proxy.test_faults import URL, only_row, sse_events
-from tests.proxy.test_proxy import completions
+from tests.helpers.asking import URL, completions, only_row, sse_events
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import running_gateway
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

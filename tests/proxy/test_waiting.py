@@ -2,39 +2,21 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import openai
 import pytest
 
 from accounting.models import Request
-from tests.conftest import wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.observe import wait_for_gauge, wait_for_host_state
+from tests.helpers.asking import holding, slow
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.observe import wait_for_gauge, wait_for_host_state
+from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@contextmanager
-def holding(url: str, body: dict, fake: FakeLlamaServer) -> Iterator[None]:
-    """Keep one slot busy with a slow streamed request while the block runs."""
-    before = fake.in_flight
-    thread = threading.Thread(target=lambda: httpx.post(url, json=body, timeout=60))
-    thread.start()
-    wait_until(lambda: fake.in_flight > before, what="the slot to be taken")
-    try:
-        yield
-    finally:
-        thread.join()
-
-
-def slow(content: str = "hold", tokens: int = 20) -> dict:
-    return chat(content, stream=True, max_tokens=tokens)
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from routing.core.clients import ClientSpec
 from routing.core.errors import ClientLimited, RouteNotAllowed
 from routing.shared.clients import RedisClients
 from routing.shared.state import Shared, StateUnavailable
-from tests.shared.conftest import LONG, RedisServer, eventually, holding_process
+from tests.helpers.redis_server import RedisServer, holding_process
+from tests.helpers.waits import LONG, eventually
 
 
 @contextlib.asynccontextmanager

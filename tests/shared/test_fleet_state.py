@@ -24,7 +24,8 @@ from routing.shared.fleet_state import SharedState
 from routing.shared.grants import Grant
 from routing.shared.places import SharedPlace, SharedSlot
 from routing.shared.state import DEFAULT_PREFIX, StateUnavailable
-from tests.shared.conftest import LONG, RedisServer, eventually
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.waits import LONG, eventually
 
 H1: Pair = ("h1", "m")
 H2: Pair = ("h2", "m")

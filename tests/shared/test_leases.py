@@ -12,7 +12,8 @@ import redis.asyncio as aioredis
 from routing.core.leases import LeaseKey
 from routing.shared.leases import RedisLeases, lease_id
 from routing.shared.state import Shared, StateUnavailable
-from tests.shared.conftest import RedisServer, eventually
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.waits import eventually
 
 KEY = LeaseKey("chat", "fingerprint-1", "m")
 

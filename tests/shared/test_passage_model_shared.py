@@ -26,9 +26,9 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, Phase, settings
 
 from routing.shared.fleet_state import SharedState
-from tests.core.test_placement import MODEL, MemoryFleet, Route
-from tests.proxy.test_passage_model import RequestPath
-from tests.shared.conftest import RedisServer
+from tests.helpers.memory_fleet import MODEL, MemoryFleet, Route
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.request_path import RequestPath
 
 SETTLED = 3  # polls in a row that saw nothing change
 POLL = 0.02  # seconds between them

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import running_gateway
-from tests.proxy.test_priced_patience import fresh_hosts, spilled_at_once
+from tests.helpers.gateway import running_gateway
+from tests.helpers.priced_patience import fresh_hosts, spilled_at_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,10 +21,13 @@ import redis
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.conftest import Gateway, running_gateway, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
-from tests.shared.conftest import eventually
+from tests.helpers.asking import issue, post
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import Gateway, running_gateway
+from tests.helpers.invariants import Ledger, wait_until_free
+from tests.helpers.soak import Faults, load
+from tests.helpers.waits import eventually, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,14 +55,19 @@ async def _burst(urls: list[str]) -> list[httpx.Response]:
     """One streaming new conversation per URL, all sent at the same instant, read to the end."""
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
         start = asyncio.Event()
+        lined_up, at_the_line = asyncio.Event(), 0
 
         async def one(number: int, url: str) -> httpx.Response:
+            nonlocal at_the_line
+            at_the_line += 1
+            if at_the_line == len(urls):
+                lined_up.set()
             await start.wait()
             body = chat(f"conversation {number}", stream=True, max_tokens=20)
             return await client.post(url, json=body)
 
         tasks = [asyncio.create_task(one(n, url)) for n, url in enumerate(urls)]
-        await asyncio.sleep(0.2)  # every task waits at the start line
+        await lined_up.wait()  # every task waits at the start line
         start.set()
         return await asyncio.gather(*tasks)
 
@@ -234,9 +242,6 @@ def test_a_soak_through_two_gateways_leaves_no_slot_place_or_stray_key_in_redis(
     tmp_path, redis_url
 ):
     # The single-process soak's load and faults (tests/e2e/test_soak.py), through two gateways.
-    from tests.e2e.test_soak import Faults, load
-    from tests.invariants import Ledger, wait_until_free
-
     with contextlib.ExitStack() as stack:
         fakes = [stack.enter_context(FakeLlamaServer(slots=4, token_delay=0.002)) for _ in range(4)]
         hosts = [
@@ -288,8 +293,6 @@ def test_a_soak_through_two_gateways_leaves_no_slot_place_or_stray_key_in_redis(
 
 
 def test_a_keys_concurrency_limit_holds_across_gateways(tmp_path, redis_url):
-    from tests.proxy.test_client_keys import issue, post
-
     with FakeLlamaServer(slots=4, token_delay=0.1) as fake:
         add_route("chat", [add_host("gpu1", fake.url)])
         key = issue("team-a", max_concurrent=1)

@@ -17,7 +17,8 @@ from routing.core.limiter import PairSnapshot
 from routing.shared.grants import Grant, Queued
 from routing.shared.slots import RedisSlots
 from routing.shared.state import Shared, StateUnavailable
-from tests.shared.conftest import LONG, RedisServer, eventually, holding_process
+from tests.helpers.redis_server import RedisServer, holding_process
+from tests.helpers.waits import LONG, eventually
 
 
 @contextlib.asynccontextmanager

@@ -24,9 +24,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from accounting.models import Request
-from tests.conftest import ROOT, free_port, running_gateway, signed_in, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.gateway import running_gateway, signed_in
+from tests.helpers.machine import ROOT, free_port
+from tests.helpers.waits import wait_until
 
 URL = "/chat/v1/chat/completions"
 

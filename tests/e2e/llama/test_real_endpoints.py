@@ -12,10 +12,11 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.conftest import signed_in, wait_until
 from tests.e2e.llama.locate import NOT_BUILT, binary_expected
 from tests.e2e.llama.server import ALIAS
-from tests.fleet import add_host, add_route
+from tests.helpers.fleet import add_host, add_route
+from tests.helpers.gateway import signed_in
+from tests.helpers.waits import wait_until
 
 pytestmark = [
     pytest.mark.e2e,

@@ -17,12 +17,13 @@ from django.utils import timezone
 from openai.types.chat import ChatCompletionMessageParam
 
 from accounting.models import Request
-from tests.conftest import running_gateway, wait_until
 from tests.e2e.llama.locate import NOT_BUILT, binary_expected
 from tests.e2e.llama.server import ALIAS
-from tests.fleet import add_host, add_route
-from tests.invariants import Ledger
-from tests.observe import gauge, slot_naming, wait_for_gauge, wait_for_host_state
+from tests.helpers.fleet import add_host, add_route
+from tests.helpers.gateway import running_gateway
+from tests.helpers.invariants import Ledger
+from tests.helpers.observe import gauge, slot_naming, wait_for_gauge, wait_for_host_state
+from tests.helpers.waits import wait_until
 
 pytestmark = [
     pytest.mark.e2e,

@@ -1,13 +1,13 @@
 """crossbar in front of each llama-server the upstream suite starts.
 
-One gateway (`manage.py crossbar_serve`, as `tests.conftest.running_gateway` runs it) serves the
-whole upstream session, on its own SQLite database. Each time a test starts a llama-server, the
-fleet is rewritten to that one server, configured as an operator who wants llama-server's own
-behaviour would: one host (its `--api-key` as the host's key), a model per id its `/v1/models`
-lists, and one route `llama` whose clients may do what llama-server's may (`open_host_controls`,
-`manage_models`; a single-model server's route maps any model name to its model,
-`map_unknown_models`, as the server ignores the name), with llama-server's CORS rule where
-crossbar has it (`cors_origins`). A test
+One gateway (`manage.py crossbar_serve`, as `tests.helpers.gateway.running_gateway` runs it)
+serves the whole upstream session, on its own SQLite database. Each time a test starts a
+llama-server, the fleet is rewritten to that one server, configured as an operator who wants
+llama-server's own behaviour would: one host (its `--api-key` as the host's key), a model per
+id its `/v1/models` lists, and one route `llama` whose clients may do what llama-server's may
+(`open_host_controls`, `manage_models`; a single-model server's route maps any model name to
+its model, `map_unknown_models`, as the server ignores the name), with llama-server's CORS rule
+where crossbar has it (`cors_origins`). A test
 that starts llama-server with `--api-key K` talks to crossbar with the same key: crossbar is
 given a client key K, so a missing or wrong key meets crossbar's own check.
 """
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import ROOT
+from tests.helpers.machine import ROOT
 
 ROUTE = "llama"
 QUEUE_MAX = 64  # the suite fires a few requests at once at a server; llama-server queues them
@@ -53,7 +53,7 @@ class Front:
 
     def __init__(self, work: Path) -> None:
         setup_django(work)
-        from tests.conftest import running_gateway
+        from tests.helpers.gateway import running_gateway
 
         log_dir = work / "gateway"
         log_dir.mkdir(exist_ok=True)
@@ -75,7 +75,7 @@ class Front:
         from hosts.describe import Unreachable, read_host
         from hosts.models import Host
         from routing.models import Route
-        from tests.fleet import add_host, add_route
+        from tests.helpers.fleet import add_host, add_route
 
         api_key = server.api_key or ""
         try:

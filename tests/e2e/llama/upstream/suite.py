@@ -24,12 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.conftest import ROOT, free_port
 from tests.e2e.llama.locate import NOT_BUILT, cache_dir, find_binary, vocab_path
 from tests.e2e.llama.tiny_model import write_tiny_model
 from tests.e2e.llama.upstream.differences import explain
 from tests.e2e.llama.upstream.hub import write_hub
 from tests.e2e.llama.upstream.results import Outcome, read_outcomes
+from tests.helpers.machine import ROOT, free_port
 
 SUITE = "llama.cpp/tools/server/tests"
 # Files llama.cpp's tests read by relative path (chat templates, the media directory).

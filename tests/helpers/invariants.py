@@ -23,8 +23,9 @@ import httpx
 from django.utils import timezone
 
 from accounting.models import Request
-from tests.conftest import Gateway, wait_until
-from tests.observe import series
+from tests.helpers.gateway import Gateway
+from tests.helpers.observe import series
+from tests.helpers.waits import wait_until
 
 HELD = ("crossbar_in_flight", "crossbar_queued", "crossbar_client_in_flight")
 _NOT_PROXIED = ("/health", "/metrics")  # the gateway's own: no row

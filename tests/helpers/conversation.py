@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 
 from tests.fakes.llama_server import FakeLlamaServer
-from tests.fleet import MODEL
-from tests.observe import wait_for_gauge
+from tests.helpers.fleet import MODEL
+from tests.helpers.observe import wait_for_gauge
 
 
 class Conversation:

@@ -19,8 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import ClientConnection, connect
 
-from tests.conftest import Gateway, signed_in, wait_until
 from tests.fakes.llama_server import FakeLlamaServer
+from tests.helpers.gateway import Gateway, signed_in
+from tests.helpers.waits import wait_until
 
 
 def series(url: str, names: Collection[str]) -> dict[str, float]:

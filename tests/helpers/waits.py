@@ -1,0 +1,35 @@
+"""Waiting for a condition rather than for a time: each wait is bounded, and fails the test
+saying what it waited for."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+LONG = 30.0  # seconds a test waits for something that must happen (a busy machine is slow)
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
+    """Poll until `predicate()` is truthy and return it; fail the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+async def eventually(predicate, what: str):
+    """Await until `predicate()` (an async function) is truthy and return it; fail after LONG."""
+    try:
+        async with asyncio.timeout(LONG):
+            while True:
+                if value := await predicate():
+                    return value
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"timed out after {LONG} s waiting for {what}")
