@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from routing.core.errors import QueueTimeout
 from routing.core.leases import LeaseKey
@@ -23,30 +21,20 @@ from routing.core.state import on_lost
 from routing.shared.fleet_state import SharedState
 from routing.shared.grants import Grant
 from routing.shared.places import SharedPlace, SharedSlot
-from routing.shared.state import DEFAULT_PREFIX, StateUnavailable
+from routing.shared.state import StateUnavailable
 from tests.helpers.redis_server import RedisServer
+from tests.helpers.shared_state import (
+    H1,
+    counted,
+    gateway,
+    in_flight,
+    nothing_left,
+    redis_keys,
+    slot_of,
+)
 from tests.helpers.waits import LONG, eventually
 
-H1: Pair = ("h1", "m")
 H2: Pair = ("h2", "m")
-
-
-@contextlib.asynccontextmanager
-async def gateway(
-    url: str, *, hold_ttl: float = 5.0, beating: bool = True
-) -> AsyncIterator[SharedState]:
-    """One gateway process's SharedState. Not `beating`: its liveness is renewed once, then only
-    when the test calls `state.shared.beat()`, as in a process that stalls between ticks."""
-    state = SharedState(url, hold_ttl=hold_ttl)
-    if beating:
-        await state.start()
-    else:
-        await state.shared.beat()
-        await state.slots.start()
-    try:
-        yield state
-    finally:
-        await state.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -64,38 +52,6 @@ async def fleet(
         yield a, b
         await eventually(lambda: nothing_left(url, a), "every slot and place given back")
         assert a.slots.held() == b.slots.held() == 0
-
-
-async def nothing_left(url: str, state: SharedState) -> bool:
-    snapshot = await state.slots.snapshot()
-    if any(pair.in_flight or pair.queued for pair in snapshot):
-        return False
-    return not await _keys(url, "waiter:*") and not await _keys(url, "watch:*")
-
-
-async def _keys(url: str, pattern: str) -> list[Any]:
-    """Redis's keys under the gateway's prefix that match `pattern`."""
-    client = aioredis.Redis.from_url(url)
-    try:
-        return await client.keys(f"{DEFAULT_PREFIX}{pattern}")
-    finally:
-        await client.aclose()
-
-
-async def in_flight(state: SharedState, pair: Pair = H1) -> int:
-    """Redis's count of the pair's slots held, over every process."""
-    return next(s.in_flight for s in await state.slots.snapshot() if (s.host, s.model) == pair)
-
-
-async def counted(state: SharedState, slots: int, pair: Pair = H1) -> bool:
-    """Whether Redis counts `slots` of the pair's slots held, over every process."""
-    return await in_flight(state, pair) == slots
-
-
-async def slot_of(state: SharedState, pairs: list[Pair]) -> SharedSlot:
-    got = await state.place(pairs)
-    assert isinstance(got, SharedSlot), got
-    return got
 
 
 async def place_of(state: SharedState, pairs: list[Pair]) -> SharedPlace:
@@ -504,7 +460,7 @@ async def test_a_watcher_in_a_line_takes_a_slot_freed_on_pairs_it_watches_later(
         await eventually(lambda: _queued(b, H1), "the watcher's place in h1's line")
 
         a.watch(watcher, [H2], usable_when(up))  # a fallback: h2 is watched from now on
-        await eventually(lambda: _keys(redis_url, "watch:h2/m"), "the watch on h2 in Redis")
+        await eventually(lambda: redis_keys(redis_url, "watch:h2/m"), "the watch on h2 in Redis")
         on_h2.release()
 
         slot = await granted(watcher)

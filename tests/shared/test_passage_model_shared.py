@@ -29,19 +29,10 @@ from routing.shared.fleet_state import SharedState
 from tests.helpers.memory_fleet import MODEL, MemoryFleet, Route
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.request_path import RequestPath
+from tests.helpers.shared_state import SharedFleet
 
 SETTLED = 3  # polls in a row that saw nothing change
 POLL = 0.02  # seconds between them
-
-
-class SharedFleet(MemoryFleet):
-    """A `MemoryFleet` whose slots, lines and leases are one process's `SharedState`."""
-
-    def __init__(
-        self, state: SharedState, hosts: dict[str, dict[str, Any]], *routes: Route
-    ) -> None:
-        super().__init__(hosts, *routes)
-        self.state = state  # type: ignore[assignment]  # the shared backing stands in
 
 
 class SharedRequestPath(RequestPath):

@@ -18,10 +18,9 @@ import pytest
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.placement import Reason, Waiting
 from routing.shared.fleet_state import SharedState
-from tests.core.test_placement import MODEL, SHORT, Route, host, placed, placer, settle
-from tests.shared.conftest import LONG, eventually
-from tests.shared.test_fleet_state import counted, gateway, nothing_left, slot_of
-from tests.shared.test_passage_model_shared import SharedFleet
+from tests.helpers.memory_fleet import MODEL, SHORT, Route, host, placed, placer, settle
+from tests.helpers.shared_state import SharedFleet, counted, gateway, nothing_left, slot_of
+from tests.helpers.waits import LONG, eventually
 
 
 @contextlib.asynccontextmanager
