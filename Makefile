@@ -117,7 +117,7 @@ MUTANTS_INSTALLED := mutants/.requirements-installed
 MUTANTS ?= routing.core.limiter routing.core.pairs routing.core.leases routing.core.choose routing.core.ranking \
 	routing.core.placement routing.core.patience routing.core.priced_wait routing.core.slot_names \
 	routing.core.state routing.core.clients routing.core.endpoints routing.core.tee \
-	routing.core.fingerprint routing.core.sse routing.proxy.passage
+	routing.core.fingerprint routing.core.sse routing.core.affinity routing.proxy.lifecycle
 
 .PHONY: mutants
 
