@@ -11,7 +11,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from accounting.models import Request
-from routing.config.shape import Fleet, HostConfig, ModelConfig
+from routing.config.shape import FleetConfig, HostConfig, ModelConfig
 from routing.core.limiter import Slot, Waiter
 from routing.ops.history_rings import History
 from routing.ops.history_sampler import ensure_sampler, sampling
@@ -21,7 +21,7 @@ from tests.fleet import MODEL
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _fleet() -> Fleet:
+def _fleet() -> FleetConfig:
     host = HostConfig(
         name="gpu1",
         url="http://127.0.0.1:9",  # never asked: the test takes the slots itself
@@ -31,7 +31,7 @@ def _fleet() -> Fleet:
         api_key="",
         models={MODEL: ModelConfig(MODEL, "", parallel=1, queue_max=1)},
     )
-    return Fleet(hosts={"gpu1": host}, routes={}, revision=0)
+    return FleetConfig(hosts={"gpu1": host}, routes={}, revision=0)
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from accounting.models import Request
 from accounting.recorder import get_recorder
-from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig
+from routing.config.shape import FleetConfig, HostConfig, ModelConfig, RouteConfig
 from routing.core.limiter import Slot
 from routing.core.placement import Waiting
 from routing.core.prefixes import NO_PREFIX
@@ -99,7 +99,7 @@ async def _placed(runtime: Runtime, host: _AnswerOnCue) -> Lifecycle:
     return life
 
 
-def _fleet() -> Fleet:
+def _fleet() -> FleetConfig:
     host = HostConfig(
         name="gpu1",
         url="http://127.0.0.1:9",  # never asked: a stand-in answers for the host
@@ -118,7 +118,7 @@ def _fleet() -> Fleet:
         hosts=("gpu1",),
         wait_status=True,
     )
-    return Fleet(hosts={"gpu1": host}, routes={ROUTE: route}, revision=0)
+    return FleetConfig(hosts={"gpu1": host}, routes={ROUTE: route}, revision=0)
 
 
 async def _leave_as_the_head_arrives() -> tuple[bytes, int]:
