@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from routing.core.errors import OUTCOMES, GatewayError, CodeRow
+from routing.core.errors import OUTCOMES, CodeRow, GatewayError
 
 START = "<!-- error-codes: written by manage.py crossbar_error_table -->"
 END = "<!-- error-codes: end -->"
