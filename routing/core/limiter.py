@@ -126,7 +126,7 @@ class Waiter:
         offers = self._offers
         while offers and self._live():  # ended: `_on_done` gives the offers back
             pair = offers[0]
-            takes = self._accept((pair.host, pair.model))
+            takes = self._accept(Pair(pair.host, pair.model))
             offers.pop(0)
             if takes:
                 self._leave()  # gives back the other offers
@@ -282,7 +282,7 @@ class Limiter:
             pair.watchers.append(waiter)
             waiter._watching.append(pair)
         for pair in list(waiter._watching):
-            if pair.has_free_slot() and pair.queued == 0 and accept((pair.host, pair.model)):
+            if pair.has_free_slot() and pair.queued == 0 and accept(Pair(pair.host, pair.model)):
                 waiter._grant(pair)
                 return
 

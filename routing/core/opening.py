@@ -76,7 +76,7 @@ async def open_with(
     key, ttl = opening.key, opening.ttl
     home = await state.find_lease(key, ttl) if found is UNREAD else found
     if home is not None and opening.usable(home):
-        own = (home, key.model)
+        own = Pair(home, key.model)
         if opening.patient:
             got = await state.place([own])
             # Home has neither a slot nor room in its line: the others, in order.

@@ -288,7 +288,7 @@ class Placer(Generic[RouteT]):
         waiter = self.fleet.state.watcher()
         if waiter is None:  # shared state keeps no watch-only places: refuse as without one
             raise refusal
-        pairs = [(host, self.model) for host in hosts]
+        pairs = [Pair(host, self.model) for host in hosts]
         self.fleet.state.watch(waiter, pairs, self._accepts)
         return Waiting(waiter, "", reason, lease)
 
@@ -335,7 +335,10 @@ class Placer(Generic[RouteT]):
         another's line while it was down would otherwise wait there while it idles."""
         ranking = self._ranking()
         out = ranking.unusable()
-        pairs = [*ranking.pairs(), *((host, self.model) for host in ranking.listed if host in out)]
+        pairs = [
+            *ranking.pairs(),
+            *(Pair(host, self.model) for host in ranking.listed if host in out),
+        ]
         self.fleet.state.watch(waiter, pairs, self._accepts)
 
     def _default_spent(self, waiter: InLine) -> None:
@@ -390,7 +393,7 @@ class Placer(Generic[RouteT]):
         """The ranking's pairs, the affinity's host first when there is one."""
         if affinity is None:
             return ranking.pairs()
-        first = (affinity.host, self.model)
+        first = Pair(affinity.host, self.model)
         return [first, *(pair for pair in ranking.pairs() if pair != first)]
 
     @staticmethod

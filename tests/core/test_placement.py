@@ -22,6 +22,7 @@ from routing.core.choose import Candidate
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout, answer_for
 from routing.core.leases import LeaseKey, LeaseOutcome, LeaseTable
 from routing.core.limiter import Limiter, Slot
+from routing.core.pairs import Pair
 from routing.core.placement import Placement, Placer, Reason, Waiting
 from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking, Rankings
@@ -147,7 +148,7 @@ class MemoryFleet:
 
     def occupy(self, name: str, model: str = MODEL) -> Slot:
         """Hold one slot of the host from outside placement (another client's request)."""
-        got = self.limiter.place([(name, model)])
+        got = self.limiter.place([Pair(name, model)])
         assert isinstance(got, Slot), f"{name} has no free slot for {model}"
         return got
 

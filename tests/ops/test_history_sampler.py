@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from accounting.models import Request
 from routing.config.shape import FleetConfig, HostConfig, ModelConfig
 from routing.core.limiter import Slot, Waiter
+from routing.core.pairs import Pair
 from routing.ops.history_rings import History
 from routing.ops.history_sampler import ensure_sampler, sampling
 from routing.runtime import Runtime
@@ -56,8 +57,8 @@ async def test_the_sampler_adds_each_hosts_load_and_the_rows_before_it_to_the_ri
     runtime = Runtime(_fleet(), 0)
     history = History()
     try:
-        slot = await runtime.state.place([("gpu1", MODEL)])
-        waiter = await runtime.state.place([("gpu1", MODEL)])
+        slot = await runtime.state.place([Pair("gpu1", MODEL)])
+        waiter = await runtime.state.place([Pair("gpu1", MODEL)])
         assert isinstance(slot, Slot) and isinstance(waiter, Waiter)
 
         ensure_sampler(runtime, history)

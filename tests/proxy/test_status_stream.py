@@ -21,6 +21,7 @@ from accounting.models import Request
 from accounting.recorder import get_recorder
 from routing.config.shape import FleetConfig, HostConfig, ModelConfig, RouteConfig
 from routing.core.limiter import Slot
+from routing.core.pairs import Pair
 from routing.core.placement import Waiting
 from routing.core.prefixes import NO_PREFIX
 from routing.proxy.ask import Ask
@@ -191,7 +192,7 @@ async def _running_after_a_grant_while_the_client_reads() -> list[bytes]:
     runtime = Runtime(_fleet(), 0)
     try:
         route = runtime.fleet.routes[ROUTE]
-        other = await runtime.state.place([("gpu1", MODEL)])  # another request's slot
+        other = await runtime.state.place([Pair("gpu1", MODEL)])  # another request's slot
         assert isinstance(other, Slot)
         body = _Body()
 
