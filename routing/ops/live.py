@@ -81,7 +81,7 @@ def host_loads(runtime: Runtime) -> list[HostLoad]:
     a tenth of an idle gateway's upkeep went to building `host_lives` for it)."""
     state = runtime.state
     return [
-        (
+        HostLoad(
             name,
             sum(state.in_flight(name, model) for model in host.models),
             sum(state.queued(name, model) for model in host.models),
@@ -145,7 +145,7 @@ def standings(runtime: Runtime, hosts: Iterable[str], model: str | None) -> list
                 reason=health.reason,
                 enabled=host.enabled,
                 draining=host.draining,
-                running=sum(state.in_flight(name, spec.name) for spec in specs),
+                in_flight=sum(state.in_flight(name, spec.name) for spec in specs),
                 parallel=sum(spec.parallel for spec in specs),
                 queued=sum(state.queued(name, spec.name) for spec in specs),
                 queue_max=sum(spec.queue_max for spec in specs),
