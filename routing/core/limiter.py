@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from routing.core.errors import HostRemoved
 from routing.core.pairs import Pair, PairSnapshot, PairState, Slot
@@ -55,6 +56,8 @@ class Waiter:
         "granted", "offered", "_limiter", "_home", "_watching", "_accept", "_changed",
         "_attached", "_offers",
     )  # fmt: skip
+
+    held: Final = False  # `routing.core.state.InLine`: a place in line, not a slot
 
     def __init__(self, limiter: Limiter, home: PairState | None) -> None:
         loop = asyncio.get_running_loop()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 if TYPE_CHECKING:
     from routing.core.limiter import Limiter, Waiter
@@ -73,6 +73,8 @@ class Slot:
     """
 
     __slots__ = ("host", "model", "_limiter", "_pair", "_released")
+
+    held: Final = True  # `routing.core.state.Held`: a slot, not a place in line
 
     def __init__(self, limiter: Limiter, pair: PairState) -> None:
         self.host = pair.host

@@ -37,13 +37,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Generic, Protocol, TypeVar, cast
+from typing import Generic, Protocol, TypeVar
 
 from routing.core.affinity import Affinity, prefer_in
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.limiter import Pair
-from routing.core.opening import Opening, is_held, keep_or_give_back
+from routing.core.opening import Opening, keep_or_give_back
 from routing.core.patience import DEFAULT_PATIENCE, Pricing
 from routing.core.placed import Placement, Reason, Waiting
 from routing.core.prefixes import PrefixIndex
@@ -181,7 +181,7 @@ class Placer(Generic[RouteT]):
                 raise QueueFull([home, *others], self.model)
             if opened.got.host != home:
                 lease = LeaseOutcome.SPILLED
-                if is_held(opened.got):
+                if opened.got.held:
                     lease = await self._spilled(home, opened.got)
                 return self._result(opened.got, Reason.SPILLED, lease)
             return self._result(opened.got, Reason.HOME, LeaseOutcome.REUSED)
@@ -295,11 +295,10 @@ class Placer(Generic[RouteT]):
     def _result(
         self, got: Held | InLine, reason: Reason, lease: LeaseOutcome
     ) -> Placement | Waiting:
-        if is_held(got):
+        if got.held:
             # A slot at once spent no time in a line (a shared state's round trips are not one).
             return Placement(got, reason, lease, self.route.name, self.model, 0.0)
-        waiter = cast(InLine, got)
-        return Waiting(waiter, waiter.host, reason, lease)
+        return Waiting(got, got.host, reason, lease)
 
     async def _granted(self, waiter: InLine) -> Held:
         """The slot `waiter` is handed. A slot freed on a pair it watches is offered to it
