@@ -52,6 +52,17 @@ def test_a_full_route_names_every_full_host_with_its_counts_and_says_to_retry_in
     assert [h["name"] for h in body["hosts"]] == ["gpu1", "gpu2"]
 
 
+def test_a_refusals_detail_gives_each_hosts_counts_as_its_message_does():
+    full = host("gpu1", in_flight=3, parallel=3, queued=5, queue_max=5)
+
+    answer = answer_for(queue_full("chat", "llama", [full]))
+
+    assert "gpu1 full (3/3 running, 5/5 queued)" in answer.message
+    [shown] = error(answer)["hosts"]
+    counts = (shown["state"], shown["running"], shown["parallel"], shown["queued"])
+    assert counts + (shown["queue_max"],) == ("full", 3, 3, 5, 5)
+
+
 def test_a_drained_route_says_how_to_serve_again_and_gives_no_retry_after():
     refusal = no_healthy_host("chat", "llama", [host("gpu1", draining=True)])
 
