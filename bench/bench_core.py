@@ -29,11 +29,11 @@ async def run() -> None:
     from routing.core.choose import Candidate, ranked
     from routing.core.fingerprint import fingerprint
     from routing.core.leases import LeaseKey, LeaseTable
-    from routing.core.limiter import Limiter, Slot
+    from routing.core.limiter import Limiter, Pair, Slot
 
     limiter = Limiter()
     limiter.configure("h1", "qwen", parallel=4, queue_max=4)
-    pairs = [("h1", "qwen")]
+    pairs = [Pair("h1", "qwen")]
 
     def place_release(iterations: int) -> None:
         for _ in range(iterations):

@@ -13,13 +13,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from hosts.health import HostState
 
-# A host's name, its requests in flight and those queued, over all its models: what the
-# dashboard's history samples every second (`routing.ops.live.host_loads`), without the rest.
-HostLoad = tuple[str, int, int]
+
+class HostLoad(NamedTuple):
+    """A host's requests in flight and queued, over all its models: what the dashboard's
+    history samples every second (`routing.ops.live.host_loads`), without the rest of
+    `HostLive`. The same names as `HostLive`'s and `ModelLive`'s counts."""
+
+    host: str
+    in_flight: int
+    queued: int
 
 
 @dataclass(slots=True, frozen=True)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from accounting.report import is_cache_lost
 from hosts.describe import Described, ModelState
 from hosts.health import HealthTable, HostHealth
-from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig, renamed_hosts
+from routing.config.shape import FleetConfig, HostConfig, ModelConfig, RouteConfig, renamed_hosts
 from routing.core.choose import Candidate
 from routing.core.leases import LeaseKey
 from routing.core.named_slots import NamedSlot
@@ -42,7 +42,7 @@ class LiveFleet:
 
     def __init__(
         self,
-        config: Fleet,
+        config: FleetConfig,
         make_state: MakeState,
         prefixes: PrefixIndex,
         prefix_margin: int,
@@ -67,11 +67,11 @@ class LiveFleet:
         self.slot_names = SlotNames(figures, prefixes, slot_similarity)
         self.config = config
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
-        # Every name each route serves a model by, to the model's own (`Fleet.route_names`).
+        # Every name each route serves a model by, to the model's own (`FleetConfig.route_names`).
         self._served: dict[str, Mapping[str, str]] = {}
         self.apply(config)
 
-    def apply(self, config: Fleet) -> None:
+    def apply(self, config: FleetConfig) -> None:
         """Serve `config` from now on. A host gone, or replaced by another machine under the
         same name, is forgotten: its caches hold nothing of ours any more. A host renamed (its
         box under another name: `renamed_hosts`) keeps its slots in flight under the new name;
@@ -118,7 +118,7 @@ class LiveFleet:
 
     def served(self, route: RouteConfig) -> Mapping[str, str]:
         """Every name the route's enabled hosts serve a model by (its own or an alias), to the
-        model's own name, kept at each reload: a request asks, and `Fleet.route_names` walks
+        model's own name, kept at each reload: a request asks, and `FleetConfig.route_names` walks
         every host of the route (4.5% of a request's CPU on 200)."""
         return self._served.get(route.name, {})
 

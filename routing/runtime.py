@@ -10,8 +10,8 @@ There is one `Runtime` per event loop (in production: daphne's one loop; in test
 loop), built lazily from the database on first use. Configuration changes reach it two ways:
 this process's signals bump a generation that `refresh()` compares on every request (admin edits
 apply to the next request), and a watcher task polls the shared `ConfigRevision` row for changes
-made by other processes. A reload swaps in a new immutable `Fleet` and reconfigures the limiter
-in place, so in-flight slots, queues and the leases of hosts that still exist survive it.
+made by other processes. A reload swaps in a new immutable `FleetConfig` and reconfigures the
+limiter in place, so in-flight slots, queues and the leases of hosts that still exist survive it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from django.conf import settings
 from hosts.poller import Poller, Probe
 from routing import signals
 from routing.config.reader import current_revision, load_fleet
-from routing.config.shape import Fleet, RouteConfig
+from routing.config.shape import FleetConfig, RouteConfig
 from routing.core.clients import Admitted, ClientGate, ClientSpec
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
@@ -50,7 +50,7 @@ STOPPING = threading.Event()
 class Runtime:
     """Everything the proxy needs, bound to one event loop. Not thread-safe: use it on its loop."""
 
-    def __init__(self, fleet: Fleet, generation: int) -> None:
+    def __init__(self, fleet: FleetConfig, generation: int) -> None:
         conf = settings.CROSSBAR
         self.loop = asyncio.get_running_loop()
         self.shared: SharedState | None = None
@@ -93,7 +93,7 @@ class Runtime:
         self._configured(fleet)
 
     @property
-    def fleet(self) -> Fleet:
+    def fleet(self) -> FleetConfig:
         """The fleet as configured now (replaced whole by a reload)."""
         return self.live.config
 
@@ -128,7 +128,7 @@ class Runtime:
         """Whether this process committed a configuration change the runtime has not loaded."""
         return signals.config_generation() != self._generation
 
-    async def adopt(self, generation: int, fleet: Fleet) -> None:
+    async def adopt(self, generation: int, fleet: FleetConfig) -> None:
         """Apply `fleet`, read as of `generation` by a thread that may use the ORM: a sync
         admin view's, which holds the thread `reload`'s `sync_to_async` would read it in."""
         async with self._reload_lock:
@@ -146,11 +146,11 @@ class Runtime:
             self._generation = generation
             self._apply(fleet)
 
-    def _apply(self, fleet: Fleet) -> None:
+    def _apply(self, fleet: FleetConfig) -> None:
         self.live.apply(fleet)
         self._configured(fleet)
 
-    def _configured(self, fleet: Fleet) -> None:
+    def _configured(self, fleet: FleetConfig) -> None:
         self.clients.configure(fleet.clients)
         log.info(
             "config loaded: revision=%s hosts=%d routes=%d",

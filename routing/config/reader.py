@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, close_old_connections, connection
 
-from routing.config.shape import Fleet, HostConfig, RouteConfig
+from routing.config.shape import FleetConfig, HostConfig, RouteConfig
 from routing.core.clients import ClientSpec
 from routing.core.cors import parse_origins
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the specs read Django's models, which load once the apps ar
     from routing.config.validation import HostSpec, RouteSpec
 
 
-def load_fleet() -> Fleet:
+def load_fleet() -> FleetConfig:
     """Read hosts, models and routes from the database. Sync: call through sync_to_async."""
     from hosts.models import Host
     from routing.config.validation import HostSpec, RouteSpec
@@ -31,7 +31,7 @@ def load_fleet() -> Fleet:
         route.name: served_route(RouteSpec.from_route(route))
         for route in Route.objects.select_related("fallback").prefetch_related("route_hosts__host")
     }
-    return Fleet(hosts=hosts, routes=routes, revision=revision, clients=_load_clients())
+    return FleetConfig(hosts=hosts, routes=routes, revision=revision, clients=_load_clients())
 
 
 def served_host(spec: HostSpec, api_key: str) -> HostConfig:

@@ -70,7 +70,10 @@ class RouteConfig:
 
 
 @dataclass(slots=True, frozen=True)
-class Fleet:
+class FleetConfig:
+    """The configuration as one frozen value: hosts, routes and client keys at one revision
+    (the live fleet as placement sees it is `routing.core.placement.Fleet`)."""
+
     hosts: Mapping[str, HostConfig]
     routes: Mapping[str, RouteConfig]
     revision: int
@@ -99,7 +102,7 @@ class Fleet:
         return names
 
 
-def renamed_hosts(old: Fleet, new: Fleet) -> dict[str, str]:
+def renamed_hosts(old: FleetConfig, new: FleetConfig) -> dict[str, str]:
     """The hosts of `old` that `new` calls by another name: old name -> new name.
 
     A host is the box its URL leads to (`hosts.address`, the rule that keeps one host per

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from routing.core.pairs import Pair
+
 __all__ = ["LeaseKey", "LeaseOutcome", "LeaseTable"]
 
 
@@ -66,9 +68,9 @@ class LeaseTable:
         self._changed = on_change
         self._leases: OrderedDict[_Key, _Lease] = OrderedDict()
         self._held: dict[str, int] = {}  # stored leases per host
-        self._held_models: dict[tuple[str, str], int] = {}  # ... per (host, model)
+        self._held_models: dict[Pair, int] = {}  # ... per (host, model)
         # The slot numbers kept by leases, per (host, model): number -> the leases keeping it.
-        self._numbered: dict[tuple[str, str], dict[int, set[_Key]]] = {}
+        self._numbered: dict[Pair, dict[int, set[_Key]]] = {}
 
     def find(self, key: LeaseKey) -> str | None:
         """The host holding an unexpired lease for ``key``, without refreshing it."""
@@ -119,7 +121,7 @@ class LeaseTable:
         if 0 <= current[2] < slots:
             return current[2]
         self._unnumber(stored, current)  # a number beyond `slots` (fewer since) is given up
-        kept = self._numbered.setdefault((host, key.model), {})
+        kept = self._numbered.setdefault(Pair(host, key.model), {})
         number = min(range(slots), key=lambda n: len(kept.get(n, ())))  # the lowest of ties
         self._leases[stored] = (host, current[1], number)
         kept.setdefault(number, set()).add(stored)
@@ -138,7 +140,7 @@ class LeaseTable:
         still count until it is looked up or reaches that end."""
         self._trim(self._clock())
         if model is not None:
-            return self._held_models.get((host, model), 0)
+            return self._held_models.get(Pair(host, model), 0)
         return self._held.get(host, 0)
 
     def expire(self) -> None:
@@ -174,7 +176,7 @@ class LeaseTable:
         """Free the slot number `lease` keeps, if any (the lease itself is left as it is)."""
         if lease[2] < 0:
             return
-        pair = (lease[0], key[2])
+        pair = Pair(lease[0], key[2])
         kept = self._numbered.get(pair, {})
         holders = kept.get(lease[2], set())
         if key in holders:
@@ -186,7 +188,7 @@ class LeaseTable:
 
     def _count(self, host: str, model: str, change: int) -> None:
         _add(self._held, host, change)
-        _add(self._held_models, (host, model), change)
+        _add(self._held_models, Pair(host, model), change)
         if self._changed is not None:
             self._changed(host)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from routing.core.errors import HostRemoved
 from routing.core.pairs import Pair, PairSnapshot, PairState, Slot
@@ -55,6 +56,8 @@ class Waiter:
         "granted", "offered", "_limiter", "_home", "_watching", "_accept", "_changed",
         "_attached", "_offers",
     )  # fmt: skip
+
+    held: Final = False  # `routing.core.state.InLine`: a place in line, not a slot
 
     def __init__(self, limiter: Limiter, home: PairState | None) -> None:
         loop = asyncio.get_running_loop()
@@ -126,7 +129,7 @@ class Waiter:
         offers = self._offers
         while offers and self._live():  # ended: `_on_done` gives the offers back
             pair = offers[0]
-            takes = self._accept((pair.host, pair.model))
+            takes = self._accept(Pair(pair.host, pair.model))
             offers.pop(0)
             if takes:
                 self._leave()  # gives back the other offers
@@ -282,7 +285,7 @@ class Limiter:
             pair.watchers.append(waiter)
             waiter._watching.append(pair)
         for pair in list(waiter._watching):
-            if pair.has_free_slot() and pair.queued == 0 and accept((pair.host, pair.model)):
+            if pair.has_free_slot() and pair.queued == 0 and accept(Pair(pair.host, pair.model)):
                 waiter._grant(pair)
                 return
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Literal, TypeGuard
+from typing import TYPE_CHECKING, Literal
 
 from routing.core.leases import LeaseKey
 from routing.core.limiter import Pair
@@ -32,7 +32,7 @@ from routing.core.limiter import Pair
 if TYPE_CHECKING:
     from routing.core.state import FleetState, Held, InLine
 
-__all__ = ["UNREAD", "Opened", "Opening", "give_back", "is_held", "keep_or_give_back", "open_with"]
+__all__ = ["UNREAD", "Opened", "Opening", "give_back", "keep_or_give_back", "open_with"]
 
 
 class _Unread(Enum):
@@ -76,7 +76,7 @@ async def open_with(
     key, ttl = opening.key, opening.ttl
     home = await state.find_lease(key, ttl) if found is UNREAD else found
     if home is not None and opening.usable(home):
-        own = (home, key.model)
+        own = Pair(home, key.model)
         if opening.patient:
             got = await state.place([own])
             # Home has neither a slot nor room in its line: the others, in order.
@@ -114,10 +114,10 @@ async def keep_or_give_back(
 
 def give_back(got: Held | InLine) -> None:
     """Release a held slot, or leave a line (releasing a slot handed over meanwhile)."""
-    if is_held(got):
+    if got.held:
         got.release()
         return
-    granted = got.cancel()  # type: ignore[union-attr]  # an InLine, by is_held
+    granted = got.cancel()
     if granted is not None:
         granted.release()
 
@@ -139,7 +139,3 @@ class _Order:
         for pair in self.rest:
             if pair != self.skip:
                 yield pair
-
-
-def is_held(got: Any) -> TypeGuard[Held]:
-    return not hasattr(got, "granted")  # a place in line has a future; a slot has none

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 if TYPE_CHECKING:
     from routing.core.limiter import Limiter, Waiter
 
 __all__ = ["Pair", "PairSnapshot", "PairState", "Slot"]
 
-Pair = tuple[str, str]  # (host, model)
+
+class Pair(NamedTuple):
+    """One model on one host: what the limiter counts slots and lines for, and what every
+    table keyed by a host's model (leases, figures, named slots, the running table) is keyed
+    by. A tuple, so it hashes and compares as `(host, model)` at a tuple's cost."""
+
+    host: str
+    model: str
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,6 +73,8 @@ class Slot:
     """
 
     __slots__ = ("host", "model", "_limiter", "_pair", "_released")
+
+    held: Final = True  # `routing.core.state.Held`: a slot, not a place in line
 
     def __init__(self, limiter: Limiter, pair: PairState) -> None:
         self.host = pair.host

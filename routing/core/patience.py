@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
+from routing.core.pairs import Pair
 from routing.core.prefixes import Prefix, PrefixIndex
 
 __all__ = [
@@ -194,21 +195,21 @@ class Figures:
     __slots__ = ("_service", "_speed", "_units", "_lateness")
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._service: _Table[tuple[str, str]] = _Table(max_entries)
-        self._lateness: _Table[tuple[str, str]] = _Table(max_entries)
+        self._service: _Table[Pair] = _Table(max_entries)
+        self._lateness: _Table[Pair] = _Table(max_entries)
         self._speed: _Table[str] = _Table(max_entries)
         self._units: _Table[tuple[str, int]] = _Table(max_entries)
 
     def held(self, host: str, model: str, seconds: float) -> None:
         """A slot of (host, model) was held `seconds`, from the grant to its release."""
         if seconds >= 0:
-            self._service.add((host, model), seconds, 1.0)
+            self._service.add(Pair(host, model), seconds, 1.0)
 
     def waited(self, host: str, model: str, priced: float, actual: float) -> None:
         """A request priced to wait `priced` seconds in the line of (host, model), before
         `lateness` corrected the price, was given a slot there after `actual` seconds."""
         if priced > 0 and actual >= 0:
-            self._lateness.add((host, model), actual, priced)
+            self._lateness.add(Pair(host, model), actual, priced)
 
     def prompted(
         self,
@@ -243,12 +244,12 @@ class Figures:
 
     def service(self, host: str, model: str) -> float | None:
         """Recent seconds a slot of (host, model) is held; None before any answer."""
-        return self._service.get((host, model))
+        return self._service.get(Pair(host, model))
 
     def lateness(self, host: str, model: str) -> float:
         """The recent waits in the line of (host, model) over what they were priced
         (`waited`), within `LATENESS_BOUNDS`; 1 before any."""
-        ratio = self._lateness.get((host, model))
+        ratio = self._lateness.get(Pair(host, model))
         if ratio is None:
             return 1.0
         low, high = LATENESS_BOUNDS

@@ -1,5 +1,13 @@
 """What placement hands out: where a request runs (`Placement`), or where it waits (`Waiting`),
-and why (`Reason`). Values only; `routing.core.placement` makes them."""
+and why (`Reason`). Values only; `routing.core.placement` makes them.
+
+A request's place has one shape per step, each told apart by its type or its tag, never by
+probing for an attribute: the fleet state hands a slot (`Held`) or a place in a line
+(`InLine`), told apart by their `held` tag (routing/core/state.py); a conversation's opening
+(`Opened`, routing/core/opening.py) is what its first place took and the lease it found;
+placement makes of either a `Placement` or a `Waiting`, and a `Waiting` becomes a `Placement`
+once its slot comes; the host's head on a placement is the lifecycle's `Answered`
+(routing/proxy/lifecycle.py)."""
 
 from __future__ import annotations
 

@@ -37,13 +37,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Generic, Protocol, TypeVar, cast
+from typing import Generic, Protocol, TypeVar
 
 from routing.core.affinity import Affinity, prefer_in
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.limiter import Pair
-from routing.core.opening import Opening, is_held, keep_or_give_back
+from routing.core.opening import Opening, keep_or_give_back
 from routing.core.patience import DEFAULT_PATIENCE, Pricing
 from routing.core.placed import Placement, Reason, Waiting
 from routing.core.prefixes import PrefixIndex
@@ -181,7 +181,7 @@ class Placer(Generic[RouteT]):
                 raise QueueFull([home, *others], self.model)
             if opened.got.host != home:
                 lease = LeaseOutcome.SPILLED
-                if is_held(opened.got):
+                if opened.got.held:
                     lease = await self._spilled(home, opened.got)
                 return self._result(opened.got, Reason.SPILLED, lease)
             return self._result(opened.got, Reason.HOME, LeaseOutcome.REUSED)
@@ -288,18 +288,17 @@ class Placer(Generic[RouteT]):
         waiter = self.fleet.state.watcher()
         if waiter is None:  # shared state keeps no watch-only places: refuse as without one
             raise refusal
-        pairs = [(host, self.model) for host in hosts]
+        pairs = [Pair(host, self.model) for host in hosts]
         self.fleet.state.watch(waiter, pairs, self._accepts)
         return Waiting(waiter, "", reason, lease)
 
     def _result(
         self, got: Held | InLine, reason: Reason, lease: LeaseOutcome
     ) -> Placement | Waiting:
-        if is_held(got):
+        if got.held:
             # A slot at once spent no time in a line (a shared state's round trips are not one).
             return Placement(got, reason, lease, self.route.name, self.model, 0.0)
-        waiter = cast(InLine, got)
-        return Waiting(waiter, waiter.host, reason, lease)
+        return Waiting(got, got.host, reason, lease)
 
     async def _granted(self, waiter: InLine) -> Held:
         """The slot `waiter` is handed. A slot freed on a pair it watches is offered to it
@@ -335,7 +334,10 @@ class Placer(Generic[RouteT]):
         another's line while it was down would otherwise wait there while it idles."""
         ranking = self._ranking()
         out = ranking.unusable()
-        pairs = [*ranking.pairs(), *((host, self.model) for host in ranking.listed if host in out)]
+        pairs = [
+            *ranking.pairs(),
+            *(Pair(host, self.model) for host in ranking.listed if host in out),
+        ]
         self.fleet.state.watch(waiter, pairs, self._accepts)
 
     def _default_spent(self, waiter: InLine) -> None:
@@ -390,7 +392,7 @@ class Placer(Generic[RouteT]):
         """The ranking's pairs, the affinity's host first when there is one."""
         if affinity is None:
             return ranking.pairs()
-        first = (affinity.host, self.model)
+        first = Pair(affinity.host, self.model)
         return [first, *(pair for pair in ranking.pairs() if pair != first)]
 
     @staticmethod

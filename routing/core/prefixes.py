@@ -22,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from routing.core.pairs import Pair
+
 __all__ = ["BLOCK_CHARS", "BLOCK_TOKENS", "NO_PREFIX", "Prefix", "PrefixIndex", "prefix_blocks"]
 
 # 256 characters of a prompt are some 50-70 tokens of English: a prediction is off by
@@ -170,16 +172,16 @@ class PrefixIndex:
         # host: one int per lookup instead of a tuple to build and hash (a quarter of the cost
         # of `learn`). Two entries collide with a chance of one in 2**64.
         self._entries: OrderedDict[int, str] = OrderedDict()
-        self._salts: dict[tuple[str, str], int] = {}
+        self._salts: dict[Pair, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def learn(self, host: str, model: str, chain: tuple[int, ...]) -> None:
         """The host now holds `chain` (it was sent there and answered)."""
-        salt = self._salts.get((host, model))
+        salt = self._salts.get(Pair(host, model))
         if salt is None:
-            salt = self._salts[(host, model)] = random.getrandbits(64)
+            salt = self._salts[Pair(host, model)] = random.getrandbits(64)
         entries = self._entries
         for block in reversed(chain[: self.max_entries]):
             key = block ^ salt
@@ -192,7 +194,7 @@ class PrefixIndex:
 
     def match(self, host: str, model: str, chain: tuple[int, ...]) -> int:
         """How many leading blocks of `chain` the index believes the host holds."""
-        salt = self._salts.get((host, model))
+        salt = self._salts.get(Pair(host, model))
         if salt is None:
             return 0
         entries = self._entries
@@ -218,7 +220,7 @@ class PrefixIndex:
         block = chain[max(beyond, 0)]
         best: tuple[str, int] | None = None
         for host in hosts:
-            salt = salts.get((host, model))
+            salt = salts.get(Pair(host, model))
             if salt is None or block ^ salt not in entries:
                 continue
             depth = self.match(host, model, chain)  # fewer than it seems after a rare hole
@@ -229,7 +231,7 @@ class PrefixIndex:
     def correct(self, host: str, model: str, chain: tuple[int, ...], cached_blocks: int) -> None:
         """The host reported holding only `cached_blocks` leading blocks of `chain`: forget
         its blocks of the chain past them."""
-        salt = self._salts.get((host, model))
+        salt = self._salts.get(Pair(host, model))
         if salt is None:
             return
         entries = self._entries
@@ -245,4 +247,4 @@ class PrefixIndex:
         self._entries = OrderedDict(
             (key, host) for key, host in self._entries.items() if host not in gone
         )
-        self._salts = {pair: salt for pair, salt in self._salts.items() if pair[0] not in gone}
+        self._salts = {pair: salt for pair, salt in self._salts.items() if pair.host not in gone}

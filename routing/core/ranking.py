@@ -63,7 +63,7 @@ class Ranking:
         for key, host in keyed:
             self._keys.append(key)
             self._hosts.append(host)
-            self._pairs.append((host, model or ""))
+            self._pairs.append(Pair(host, model or ""))
             self._key_of[host] = key
         self._out = {host for host in self.listed if host not in self._key_of}
 
@@ -114,7 +114,7 @@ class Ranking:
             at = bisect_left(self._keys, new)
             self._keys.insert(at, new)
             self._hosts.insert(at, host)
-            self._pairs.insert(at, (host, self.model or ""))
+            self._pairs.insert(at, Pair(host, self.model or ""))
             self._key_of[host] = new
         if host in self._listed:
             if new is None:

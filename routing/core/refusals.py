@@ -3,7 +3,7 @@
 A request placement cannot serve is refused with a stable `code` (`routing.core.errors`); the
 functions here give that refusal its words and its facts: the route, the model, each host
 concerned and its state (down since when and why, loading, draining, disabled, full with its
-running/parallel and queued/queue_max), the route's models for a model it does not serve, and
+in_flight/parallel and queued/queue_max), the route's models for a model it does not serve, and
 `Retry-After` only where waiting helps (a host that is down or loading comes back by itself;
 one an operator drained or disabled does not).
 
@@ -37,7 +37,7 @@ class Standing:
     reason: str = ""  # what the last poll or failed connection said
     enabled: bool = True
     draining: bool = False
-    running: int = 0
+    in_flight: int = 0
     parallel: int = 0
     queued: int = 0
     queue_max: int = 0
@@ -52,7 +52,7 @@ class Standing:
             return "draining"
         if self.health in ("down", "loading"):
             return self.health
-        if self.running >= self.parallel and self.queued >= self.queue_max:
+        if self.in_flight >= self.parallel and self.queued >= self.queue_max:
             return "full"
         return "up"
 
@@ -76,14 +76,14 @@ class Standing:
             "health": self.health,
             "since": datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds"),
             "reason": self.reason,
-            "running": self.running,
+            "running": self.in_flight,  # the refusal's word for it, as its message says
             "parallel": self.parallel,
             "queued": self.queued,
             "queue_max": self.queue_max,
         }
 
     def _counts(self) -> str:
-        return f"{self.running}/{self.parallel} running, {self.queued}/{self.queue_max} queued"
+        return f"{self.in_flight}/{self.parallel} running, {self.queued}/{self.queue_max} queued"
 
 
 def queue_full(route: str, model: str, hosts: Sequence[Standing]) -> QueueFull:

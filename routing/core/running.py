@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from routing.core.pairs import Pair
+
 _DATA_LINE = b"\ndata:"
 _DONE = b"data: [DONE]"
 
@@ -55,7 +57,7 @@ class RunningRequest:
         self.t0 = t0
         self.line: Line | None = None  # the place it waits in, while it waits
         self.granted = 0.0  # the table's clock when it was placed
-        self.holds: tuple[str, str] | None = None  # (host, model) of its slot, once placed
+        self.holds: Pair | None = None  # the pair of its slot, once placed
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,7 +84,7 @@ class RunningTable:
         self._numbers = itertools.count(1)
         self._entries: dict[int, RunningRequest] = {}
         # (host, model) -> the requests placed there, by number: what `holding` reads.
-        self._placed: dict[tuple[str, str], dict[int, RunningRequest]] = {}
+        self._placed: dict[Pair, dict[int, RunningRequest]] = {}
         self._lock = threading.Lock()
 
     def add(self, route: str, model: str, client: str) -> RunningRequest:
@@ -105,7 +107,7 @@ class RunningTable:
         with self._lock:
             self._unplace(entry)
             entry.granted = self._clock()
-            entry.holds = (host, model)
+            entry.holds = Pair(host, model)
             self._placed.setdefault(entry.holds, {})[entry.number] = entry
 
     def freed(self, entry: RunningRequest) -> None:
@@ -125,7 +127,7 @@ class RunningTable:
         seconds, for those that hold it still (priced patience's `line_wait`)."""
         now = self._clock()
         with self._lock:
-            there = list(self._placed.get((host, model), {}).values())
+            there = list(self._placed.get(Pair(host, model), {}).values())
         return [now - entry.granted for entry in there]
 
     def _unplace(self, entry: RunningRequest) -> None:

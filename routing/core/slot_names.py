@@ -21,7 +21,7 @@ name it. Pure: standard library only. Not thread-safe: use it on its event loop.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from routing.core.leases import LeaseKey
 from routing.core.named_slots import (
@@ -32,34 +32,26 @@ from routing.core.named_slots import (
     kept_only_shared,
     waits_for_its_slot,
 )
+from routing.core.pairs import Pair
 from routing.core.patience import Figures, prefill
 from routing.core.prefixes import Prefix, PrefixIndex
 from routing.core.state import Held
 
-__all__ = ["HostModel", "SlotKey", "SlotNames"]
+__all__ = ["SlotKey", "SlotNames"]
 
 log = logging.getLogger("crossbar.slots")
 
 
-@dataclass(slots=True, frozen=True)
-class HostModel:
-    """One model on one host: what a host's slot naming is decided for."""
-
-    host: str
-    model: str
-
-
-@dataclass(slots=True, frozen=True)
-class SlotKey:
-    """One slot of the fleet: slot `number` of `model` on `host`."""
+class SlotKey(NamedTuple):
+    """One slot of the fleet: slot `number` of `model` on `host` (a tuple, as `Pair` is)."""
 
     host: str
     model: str
     number: int
 
     @property
-    def pair(self) -> HostModel:
-        return HostModel(self.host, self.model)
+    def pair(self) -> Pair:
+        return Pair(self.host, self.model)
 
 
 class SlotNames:
@@ -77,17 +69,17 @@ class SlotNames:
         # requests, and, per model on a host, when one slot was found so twice: named no
         # more until the host is read anew.
         self._emptied: dict[SlotKey, object] = {}
-        self._emptying: dict[HostModel, object] = {}
+        self._emptying: dict[Pair, object] = {}
         # Answers that found only what they share with the slot's last conversation, and the
         # host's description when that was last logged.
         # The answers that kept only what they share, counted since the host was last read
         # (its description then).
-        self._shared_lost: dict[HostModel, tuple[object, int]] = {}
-        self._shared_logged: dict[HostModel, object] = {}
+        self._shared_lost: dict[Pair, tuple[object, int]] = {}
+        self._shared_logged: dict[Pair, object] = {}
 
     def emptying(self, host: str, model: str, described: object) -> bool:
         """Whether the host, as `described`, was found emptying its slots (`answered`)."""
-        return self._emptying.get(HostModel(host, model)) is described
+        return self._emptying.get(Pair(host, model)) is described
 
     def name(
         self,
@@ -172,11 +164,11 @@ class SlotNames:
         """How many answers on `host` for `model` found only what they share with the
         conversation that used their named slot last (`answered`), since the host was read as
         `described` (its health table's description now): 0 once it was read anew."""
-        since, count = self._shared_lost.get(HostModel(host, model), (None, 0))
+        since, count = self._shared_lost.get(Pair(host, model), (None, 0))
         return count if since is not None and since is described else 0
 
     def _kept_shared(self, named: NamedSlot) -> None:
-        pair = HostModel(named.host, named.key.model)
+        pair = Pair(named.host, named.key.model)
         since, count = self._shared_lost.get(pair, (named.described, 0))
         if since is not named.described:  # read anew since: what was counted is of the past
             count = 0
@@ -192,11 +184,11 @@ class SlotNames:
             named.host, named.key.model, named.number,
         )  # fmt: skip
 
-    def _holders(self, pair: HostModel, slots: int) -> list[NamedSlot | None]:
+    def _holders(self, pair: Pair, slots: int) -> list[NamedSlot | None]:
         """The last request named in each slot of `pair`, by number (None: never named)."""
         return [self._named.get(SlotKey(pair.host, pair.model, n)) for n in range(slots)]
 
-    def _unplaced_by_us(self, pair: HostModel, slots: int, in_flight: int) -> bool:
+    def _unplaced_by_us(self, pair: Pair, slots: int, in_flight: int) -> bool:
         """Whether a request runs on the pair in a slot llama-server chose (one spilled there,
         or told no slot), besides the one being named: it may be in any slot not known busy.
         A request naming a busy slot waits for it in llama-server however idle the others are
@@ -256,7 +248,7 @@ class SlotNames:
         # it, and nothing to lose.
         free = [
             other.prefix
-            for other in self._holders(HostModel(host, model), slots)
+            for other in self._holders(Pair(host, model), slots)
             if other is not None and other.slot.released and other.prefix.block_size == size
         ]
         shared, there = max(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from routing.core.leases import LeaseKey, LeaseTable
 from routing.core.limiter import Limiter, Pair, PairSnapshot, Slot, Waiter
@@ -24,8 +24,14 @@ __all__ = ["FleetState", "Held", "InLine", "LocalState", "on_lost"]
 
 
 class Held(Protocol):
-    """One held slot of a (host, model) pair; `release()` is idempotent and never raises."""
+    """One held slot of a (host, model) pair; `release()` is idempotent and never raises.
 
+    `held` is True, where an `InLine`'s is False: what a place's result (`Held | InLine`) is
+    told apart by, an attribute read (an `isinstance` against a runtime-checkable protocol
+    walks its members on every call)."""
+
+    @property
+    def held(self) -> Literal[True]: ...
     @property
     def host(self) -> str: ...
     @property
@@ -61,6 +67,11 @@ class InLine(Protocol):
     `offered` and then calls `settle()`: a slot freed on a pair it watches is held for it,
     and its own `accept` decides there, not in the code that freed the slot.
     """
+
+    @property
+    def held(self) -> Literal[False]:
+        """False: a place, not a slot (`Held.held`)."""
+        ...
 
     @property
     def granted(self) -> asyncio.Future[Any]: ...

@@ -16,6 +16,7 @@ from hosts.health import HostState
 from hosts.live import HostLive, HostLoad, HostStates, ModelLive
 from routing.config.reader import load_fleet
 from routing.core.limiter import PairSnapshot
+from routing.core.pairs import Pair
 from routing.core.refusals import Standing
 from routing.runtime import Runtime, current_runtime
 from routing.signals import config_generation
@@ -25,14 +26,14 @@ def host_lives(runtime: Runtime) -> tuple[HostLive, ...]:
     """Every configured host with its models, sorted by name. Call on the runtime's loop."""
     health = runtime.health.snapshot()
     held = runtime.state.leases_by_host()
-    pairs = {(pair.host, pair.model): pair for pair in runtime.state.snapshot()}
+    pairs = {Pair(snap.host, snap.model): snap for snap in runtime.state.snapshot()}
     routed = {name for route in runtime.fleet.routes.values() for name in route.hosts}
     hosts = []
     for name, host in sorted(runtime.fleet.hosts.items()):
         known = health.get(name)
         models = []
         for model in sorted(host.models.values(), key=lambda m: m.name):
-            pair = pairs.get((name, model.name))
+            pair = pairs.get(Pair(name, model.name))
             models.append(
                 ModelLive(
                     name=model.name,
@@ -80,7 +81,7 @@ def host_loads(runtime: Runtime) -> list[HostLoad]:
     a tenth of an idle gateway's upkeep went to building `host_lives` for it)."""
     state = runtime.state
     return [
-        (
+        HostLoad(
             name,
             sum(state.in_flight(name, model) for model in host.models),
             sum(state.queued(name, model) for model in host.models),
@@ -144,7 +145,7 @@ def standings(runtime: Runtime, hosts: Iterable[str], model: str | None) -> list
                 reason=health.reason,
                 enabled=host.enabled,
                 draining=host.draining,
-                running=sum(state.in_flight(name, spec.name) for spec in specs),
+                in_flight=sum(state.in_flight(name, spec.name) for spec in specs),
                 parallel=sum(spec.parallel for spec in specs),
                 queued=sum(state.queued(name, spec.name) for spec in specs),
                 queue_max=sum(spec.queue_max for spec in specs),

@@ -11,7 +11,7 @@ from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
-from routing.config.shape import Fleet, RouteConfig
+from routing.config.shape import FleetConfig, RouteConfig
 from routing.core.endpoints import Endpoint, Kind, endpoint_of
 from routing.core.errors import (
     BadBody,
@@ -102,7 +102,7 @@ def check_host(request: HttpRequest) -> None:
         raise BadHostHeader(f"invalid Host header: “{raw[:100]}” is not served here")
 
 
-def resolve_route(request: HttpRequest, fleet: Fleet) -> tuple[RouteConfig, str, Endpoint]:
+def resolve_route(request: HttpRequest, fleet: FleetConfig) -> tuple[RouteConfig, str, Endpoint]:
     """The route, the upstream path (`/hosts/<name>/...` for one named host) and the endpoint
     it reaches (for one named host: the host's endpoint, one about the host).
 

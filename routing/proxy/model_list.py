@@ -1,6 +1,6 @@
 """`/<route>/v1/models` and `/<route>/models`: what the route serves, as its hosts describe it.
 
-The list holds each model the route serves (`Fleet.route_models`, in route order), under the
+The list holds each model the route serves (`FleetConfig.route_models`, in route order), under the
 name clients send. Every enabled host of the route is asked for the same path and query at once
 (so `?reload=1` reaches a router-mode host, which re-reads its presets first), and a model's
 entry is the one its host reports (llama-server's `aliases`, `tags`, `meta`, a router's

@@ -42,11 +42,11 @@ class SharedCounts:
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:
         """The pair's limits as this process configures them."""
-        self._limits[(host, model)] = (max(1, parallel), max(0, queue_max))
+        self._limits[Pair(host, model)] = (max(1, parallel), max(0, queue_max))
 
     def remove(self, host: str, model: str) -> None:
         """The pair is no longer configured here (its counts stay while requests run there)."""
-        self._limits.pop((host, model), None)
+        self._limits.pop(Pair(host, model), None)
 
     def models_of(self, host: str) -> list[str]:
         """The models configured here on `host`."""
@@ -72,7 +72,7 @@ class SharedCounts:
             if self._others.get(pair) != others:
                 self._others[pair] = others
                 self._own_read[pair] = own
-                self._changed(pair[0])
+                self._changed(pair.host)
 
     def leased(self, host: str, version: int | None) -> None:
         """A lease to `host` was written here (its write left the leases at `version`):
@@ -92,9 +92,9 @@ class SharedCounts:
         leases = await self._leases.held_by_host()
         changed: set[str] = set()
         if fresh:
-            others = {(snap.host, snap.model): snap for snap in pairs}
-            changed.update(pair[0] for pair in others.keys() ^ self._others.keys())
-            changed.update(p[0] for p, snap in others.items() if self._others.get(p) != snap)
+            others = {Pair(snap.host, snap.model): snap for snap in pairs}
+            changed.update(pair.host for pair in others.keys() ^ self._others.keys())
+            changed.update(p.host for p, snap in others.items() if self._others.get(p) != snap)
             self._others, self._others_read, self._own_read = others, pairs, own
         if leases is not self._lease_counts or self._new_leases:
             hosts = leases.keys() | self._new_leases.keys() | self._lease_counts.keys()
@@ -108,18 +108,18 @@ class SharedCounts:
     # -- the counts ---------------------------------------------------------------------
 
     def free_for(self, host: str, model: str) -> int:
-        parallel, _ = self._limits.get((host, model), (1, 0))
+        parallel, _ = self._limits.get(Pair(host, model), (1, 0))
         return max(0, parallel - self.in_flight(host, model))
 
     def free_slots(self, host: str) -> int:
-        return sum(self.free_for(*pair) for pair in self._limits if pair[0] == host)
+        return sum(self.free_for(*pair) for pair in self._limits if pair.host == host)
 
     def queued(self, host: str, model: str) -> int:
-        others = self._others.get((host, model))
+        others = self._others.get(Pair(host, model))
         return others.queued if others is not None else 0
 
     def in_flight(self, host: str, model: str) -> int:
-        pair = (host, model)
+        pair = Pair(host, model)
         snapshot = self._others.get(pair)
         others = snapshot.in_flight if snapshot is not None else 0
         counted = others + self._slots.held_on(host, model)
@@ -138,11 +138,11 @@ class SharedCounts:
         pairs = {*self._limits, *self._others, *self._slots.held_pairs()}
         snapshots = []
         for host, model in sorted(pairs):
-            others = self._others.get((host, model))
+            others = self._others.get(Pair(host, model))
             limits = (others.parallel, others.queue_max) if others is not None else (1, 0)
-            parallel, queue_max = self._limits.get((host, model), limits)
+            parallel, queue_max = self._limits.get(Pair(host, model), limits)
             in_flight, queued = self.in_flight(host, model), self.queued(host, model)
-            if (host, model) in self._limits or in_flight or queued:
+            if Pair(host, model) in self._limits or in_flight or queued:
                 snapshots.append(PairSnapshot(host, model, parallel, queue_max, in_flight, queued))
         return snapshots
 

@@ -7,6 +7,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from routing.core.pairs import Pair
+
 __all__ = ["Grant", "Queued", "Wait", "pair_id", "split_pair"]
 
 
@@ -47,7 +49,7 @@ def pair_id(host: str, model: str) -> str:
     return f"{host}/{model}"
 
 
-def split_pair(pair: str) -> tuple[str, str]:
+def split_pair(pair: str) -> Pair:
     """`pair_id`'s inverse: (host, model)."""
     host, _, model = pair.partition("/")
-    return host, model
+    return Pair(host, model)

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from routing.core.pairs import Pair
 from routing.shared.grants import Grant, Wait, pair_id, split_pair
 from routing.shared.state import StateUnavailable
 
@@ -44,7 +45,7 @@ class Holdings:
         self._ids = itertools.count(1)
         self._last_id = 0
         self._held: dict[str, Grant] = {}
-        self._held_per_pair: dict[tuple[str, str], int] = {}  # the same grants, counted
+        self._held_per_pair: dict[Pair, int] = {}  # the same grants, counted
         # Hosts renamed since grants were taken under their old names: old -> new (`rename`).
         self._renamed: dict[str, str] = {}
         # Grants Redis stopped counting (this process was away) that their holders still hold,
@@ -108,18 +109,18 @@ class Holdings:
         """The number of grants held here."""
         return len(self._held)
 
-    def held_pairs(self) -> list[tuple[str, str]]:
+    def held_pairs(self) -> list[Pair]:
         """The pairs grants are held on (under their hosts' names now)."""
         return list(self._held_per_pair)
 
     def held_on(self, host: str, model: str) -> int:
         """The grants held on one pair: exact, no round trip."""
-        return self._held_per_pair.get((host, model), 0)
+        return self._held_per_pair.get(Pair(host, model), 0)
 
-    def counted_as(self, host: str, model: str) -> tuple[str, str]:
+    def counted_as(self, host: str, model: str) -> Pair:
         """The pair a slot taken on (host, model) counts in now: under the host's new name
         once renamed."""
-        return self._renamed.get(host, host), model
+        return Pair(self._renamed.get(host, host), model)
 
     def counted_pair(self, grant: Grant) -> str:
         """`counted_as` for a grant, as Redis names the pair."""
@@ -130,10 +131,10 @@ class Holdings:
         self._renamed = {was: (new if now == old else now) for was, now in self._renamed.items()}
         self._renamed.pop(new, None)  # a name back in use is its own again
         self._renamed[old] = new
-        for (host, model), count in list(self._held_per_pair.items()):
-            if host == old:
-                del self._held_per_pair[(host, model)]
-                key = (new, model)
+        for pair, count in list(self._held_per_pair.items()):
+            if pair.host == old:
+                del self._held_per_pair[pair]
+                key = Pair(new, pair.model)
                 self._held_per_pair[key] = self._held_per_pair.get(key, 0) + count
 
     def on_lost(self, grant: Grant, callback: Callable[[], None]) -> None:

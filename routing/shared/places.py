@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any
+from typing import Any, Final
 
 from routing.core.errors import HostRemoved
 from routing.core.limiter import Pair
@@ -47,6 +47,8 @@ class SharedSlot:
     """One slot held in Redis. `release()` is idempotent and returns at once."""
 
     __slots__ = ("host", "model", "released", "_slots", "_grant")
+
+    held: Final = True  # `routing.core.state.Held`
 
     def __init__(self, slots: RedisSlots, grant: Grant) -> None:
         self.host = grant.host
@@ -80,6 +82,8 @@ class SharedPlace:
     """
 
     __slots__ = ("granted", "queued", "_places", "_changed", "_pairs", "_accept", "_sent")
+
+    held: Final = False  # `routing.core.state.InLine`
 
     def __init__(self, places: Places, queued: Queued | None) -> None:
         self.granted: asyncio.Future[SharedSlot] = asyncio.get_running_loop().create_future()

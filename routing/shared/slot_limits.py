@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from routing.core.pairs import Pair
 from routing.shared import slots_lua as lua
 from routing.shared.grants import pair_id, split_pair
 from routing.shared.holdings import Holdings
@@ -63,7 +64,7 @@ class SlotLimits:
             del self._configs[pair]
             self._tasks.spawn(self._send_rename(pair, pair_id(new, split_pair(pair)[1])))
 
-    def known(self, pairs: Iterable[tuple[str, str]]) -> list[str]:
+    def known(self, pairs: Iterable[Pair]) -> list[str]:
         """The ids of `pairs`, each once, in order. Raises ValueError for a pair not
         configured here."""
         ids = []

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from routing.core.limiter import PairSnapshot
+from routing.core.pairs import Pair
 from routing.shared import slots_lua as lua
 from routing.shared.grants import Grant, Queued, Wait, pair_id, split_pair
 from routing.shared.holdings import Holdings
@@ -90,7 +91,7 @@ class RedisSlots:
         self._wakes = WakeListener(shared, self._book, self._recovery)
         # The last `place` or `open` refused: each pair asked, (in flight, queued) as Redis
         # counted them then, every process's ({} after one that was not refused).
-        self.refused_on: dict[tuple[str, str], tuple[int, int]] = {}
+        self.refused_on: dict[Pair, tuple[int, int]] = {}
         self._snapshots: dict[str, tuple[str, list[PairSnapshot]]] = {}  # by skip: version, list
 
     # -- life ---------------------------------------------------------------------------
@@ -141,9 +142,7 @@ class RedisSlots:
 
     # -- placing, waiting ---------------------------------------------------------------
 
-    async def place(
-        self, pairs: Iterable[tuple[str, str]], *, queue: bool = True
-    ) -> Grant | Queued | None:
+    async def place(self, pairs: Iterable[Pair], *, queue: bool = True) -> Grant | Queued | None:
         """Take a slot of the first pair with one free, else (`queue`) a place in the queue of
         the first pair with room, else None. One round trip. Raises StateUnavailable, or
         ValueError for no pairs or a pair not configured here."""
@@ -158,7 +157,7 @@ class RedisSlots:
         self,
         lease: tuple[str, int, int],
         model: str,
-        pairs: Sequence[tuple[str, str]],
+        pairs: Sequence[Pair],
         *,
         queue: bool,
         unusable: Iterable[str],
@@ -249,7 +248,7 @@ class RedisSlots:
                 return None
         return await self.wait(queued)
 
-    async def watch(self, queued: Queued, pairs: Sequence[tuple[str, str]]) -> Grant | None:
+    async def watch(self, queued: Queued, pairs: Sequence[Pair]) -> Grant | None:
         """Let this waiter also take a free slot of these pairs when no one waits there.
 
         Returns the grant when one is free now (then `wait` returns it too), else None and the
@@ -360,7 +359,7 @@ class RedisSlots:
         """Grants of this instance not yet released (for tests and the shutdown log)."""
         return self._book.held()
 
-    def held_pairs(self) -> list[tuple[str, str]]:
+    def held_pairs(self) -> list[Pair]:
         """The pairs this instance holds grants on (under their hosts' names now)."""
         return self._book.held_pairs()
 
@@ -369,7 +368,7 @@ class RedisSlots:
         return self._book.held_on(host, model)
 
 
-def _counts(flat: list[Any]) -> dict[tuple[str, str], tuple[int, int]]:
+def _counts(flat: list[Any]) -> dict[Pair, tuple[int, int]]:
     """A refusal's counts (pair, held, queued, ...) by (host, model): (in flight, queued)."""
     return {
         split_pair(flat[i]): (int(flat[i + 1]), int(flat[i + 2])) for i in range(0, len(flat), 3)

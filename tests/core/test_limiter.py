@@ -16,6 +16,7 @@ import pytest
 
 from routing.core.errors import HostRemoved, QueueTimeout
 from routing.core.limiter import Limiter, PairSnapshot, Slot, Waiter
+from routing.core.pairs import Pair
 
 
 async def settle(rounds: int = 5) -> None:
@@ -26,7 +27,7 @@ async def settle(rounds: int = 5) -> None:
 
 def take(limiter: Limiter, host: str = "h1", model: str = "m") -> Slot:
     """A slot of the pair, which must be free right now."""
-    got = limiter.place([(host, model)])
+    got = limiter.place([Pair(host, model)])
     assert isinstance(got, Slot), f"expected a free slot on {host}/{model}, got {got!r}"
     return got
 
@@ -37,7 +38,7 @@ def hold(limiter: Limiter, count: int, host: str = "h1", model: str = "m") -> li
 
 def line_up(limiter: Limiter, host: str = "h1", model: str = "m") -> Waiter:
     """A place in the pair's line, which must have room right now."""
-    got = limiter.place([(host, model)])
+    got = limiter.place([Pair(host, model)])
     assert isinstance(got, Waiter), f"expected a place in line on {host}/{model}, got {got!r}"
     return got
 
@@ -91,7 +92,7 @@ async def test_ninth_request_is_refused_when_queue_is_full() -> None:
     hold(limiter, 4)
     waiters = [line_up(limiter) for _ in range(4)]
 
-    assert limiter.place([("h1", "m")]) is None
+    assert limiter.place([Pair("h1", "m")]) is None
 
     assert limiter.in_flight("h1", "m") == 4
     assert limiter.queued("h1", "m") == 4
@@ -127,7 +128,7 @@ async def test_release_hands_the_slot_to_the_head_waiter_not_a_newcomer() -> Non
 
     held.release()
     # The newcomer arrives before the waiter's task has had a chance to run again.
-    newcomer = limiter.place([("h1", "m")])
+    newcomer = limiter.place([Pair("h1", "m")])
 
     assert isinstance(newcomer, Waiter)
     assert granted_slot(waiter).host == "h1"
@@ -274,7 +275,7 @@ async def test_unconfigured_pair_has_one_slot_and_no_queue() -> None:
 
     assert limiter.free_for("h1", "m") == 1
     slot = take(limiter)
-    assert limiter.place([("h1", "m")]) is None
+    assert limiter.place([Pair("h1", "m")]) is None
 
     assert limiter.in_flight("h1", "m") == 1
     assert limiter.free_for("h1", "m") == 0
@@ -292,7 +293,7 @@ async def test_an_unconfigured_model_going_idle_keeps_the_hosts_other_models_as_
 
     assert limiter.snapshot() == [PairSnapshot("h1", "m", 2, 1, 1, 0)]
     take(limiter)  # its second slot is still there, and no third
-    assert isinstance(limiter.place([("h1", "m")]), Waiter)
+    assert isinstance(limiter.place([Pair("h1", "m")]), Waiter)
     held.release()
 
 
@@ -305,7 +306,7 @@ async def test_place_falls_through_to_the_next_pair_with_a_free_slot() -> None:
     limiter.configure("h2", "m", parallel=1, queue_max=2)
     take(limiter, "h1")
 
-    got = limiter.place([("h1", "m"), ("h2", "m")])
+    got = limiter.place([Pair("h1", "m"), Pair("h2", "m")])
 
     assert isinstance(got, Slot)
     assert got.host == "h2"
@@ -320,7 +321,7 @@ async def test_place_takes_a_queue_place_on_the_first_pair_with_room_when_no_slo
     for host in ("h1", "h2", "h3"):
         take(limiter, host)
 
-    got = limiter.place([("h1", "m"), ("h2", "m"), ("h3", "m")])
+    got = limiter.place([Pair("h1", "m"), Pair("h2", "m"), Pair("h3", "m")])
 
     assert isinstance(got, Waiter)
     assert got.host == "h2"
@@ -336,7 +337,7 @@ async def test_place_refuses_when_every_pair_is_full_and_changes_nothing() -> No
     take(limiter, "h2")  # unconfigured: one slot, no queue
     before = limiter.snapshot()
 
-    assert limiter.place([("h1", "m"), ("h2", "m")]) is None
+    assert limiter.place([Pair("h1", "m"), Pair("h2", "m")]) is None
 
     assert limiter.snapshot() == before
     assert before == [PairSnapshot("h1", "m", 1, 1, 1, 1), PairSnapshot("h2", "m", 1, 0, 1, 0)]
@@ -352,7 +353,7 @@ async def test_watch_hands_a_free_slot_of_a_watched_pair_at_once() -> None:
     take(limiter, "h1")
     waiter = line_up(limiter, "h1")
 
-    limiter.watch(waiter, [("h1", "m"), ("h2", "m")])
+    limiter.watch(waiter, [Pair("h1", "m"), Pair("h2", "m")])
 
     assert granted_slot(waiter).host == "h2"
     assert limiter.queued("h1", "m") == 0
@@ -367,7 +368,7 @@ async def test_watch_hands_the_next_slot_released_on_a_watched_pair() -> None:
     (busy,) = hold(limiter, 1, "h2")
     waiter = line_up(limiter, "h1")
 
-    limiter.watch(waiter, [("h2", "m")])
+    limiter.watch(waiter, [Pair("h2", "m")])
     assert not waiter.granted.done()
     busy.release()
 
@@ -384,7 +385,7 @@ async def test_a_watched_pair_serves_its_own_line_before_a_watcher() -> None:
     (busy,) = hold(limiter, 1, "h2")
     watcher = line_up(limiter, "h1")
     own = line_up(limiter, "h2")
-    limiter.watch(watcher, [("h2", "m")])
+    limiter.watch(watcher, [Pair("h2", "m")])
 
     busy.release()
 
@@ -404,7 +405,7 @@ async def test_a_watcher_is_handed_nothing_while_accept_refuses_the_pair() -> No
     waiter = line_up(limiter, "h1")
     usable = {"h2": False}
 
-    limiter.watch(waiter, [("h2", "m")], accept=lambda pair: usable[pair[0]])
+    limiter.watch(waiter, [Pair("h2", "m")], accept=lambda pair: usable[pair[0]])
     busy.release()
     waiter.settle()  # its task decides the slot offered to it
 
@@ -420,7 +421,7 @@ async def test_wake_offers_free_slots_again_once_accept_agrees() -> None:
     take(limiter, "h1")
     waiter = line_up(limiter, "h1")
     usable = {"h2": False}
-    limiter.watch(waiter, [("h2", "m")], accept=lambda pair: usable[pair[0]])
+    limiter.watch(waiter, [Pair("h2", "m")], accept=lambda pair: usable[pair[0]])
     assert not waiter.granted.done()  # h2 is free, but refused
 
     limiter.wake("h2")
@@ -450,7 +451,7 @@ async def test_watch_prefers_pairs_in_the_order_given() -> None:
     take(limiter, "h1")
     waiter = line_up(limiter, "h1")
 
-    limiter.watch(waiter, [("h3", "m"), ("h2", "m")])
+    limiter.watch(waiter, [Pair("h3", "m"), Pair("h2", "m")])
 
     assert granted_slot(waiter).host == "h3"
     assert limiter.free_for("h2", "m") == 1
@@ -463,8 +464,8 @@ async def test_watchers_are_served_in_the_order_they_began_to_watch() -> None:
     take(limiter, "h1")
     (busy,) = hold(limiter, 1, "h2")
     first, second = line_up(limiter, "h1"), line_up(limiter, "h1")
-    limiter.watch(second, [("h2", "m")])
-    limiter.watch(first, [("h2", "m")])
+    limiter.watch(second, [Pair("h2", "m")])
+    limiter.watch(first, [Pair("h2", "m")])
 
     busy.release()
 
@@ -480,7 +481,7 @@ async def test_a_waiter_granted_at_home_stops_watching_other_pairs() -> None:
     (home,) = hold(limiter, 1, "h1")
     (busy,) = hold(limiter, 1, "h2")
     waiter = line_up(limiter, "h1")
-    limiter.watch(waiter, [("h2", "m")])
+    limiter.watch(waiter, [Pair("h2", "m")])
 
     home.release()
     busy.release()
@@ -496,7 +497,7 @@ async def test_a_waiter_with_no_line_is_handed_a_slot_only_through_its_watch() -
     (busy,) = hold(limiter, 1, "h1")
     waiter = limiter.waiter()
 
-    limiter.watch(waiter, [("h1", "m")])
+    limiter.watch(waiter, [Pair("h1", "m")])
     assert (waiter.host, waiter.position) == ("", 0)
     assert not waiter.granted.done()
     busy.release()
@@ -514,7 +515,7 @@ async def test_watch_does_nothing_for_a_waiter_whose_wait_has_ended() -> None:
     waiter = line_up(limiter, "h1")
     waiter.cancel()
 
-    limiter.watch(waiter, [("h2", "m")])
+    limiter.watch(waiter, [Pair("h2", "m")])
 
     assert limiter.in_flight("h2", "m") == 0
     assert limiter.free_for("h2", "m") == 1
@@ -526,7 +527,7 @@ async def test_a_cancelled_watcher_leaves_no_trace_on_the_watched_pair() -> None
     take(limiter, "h1")
     (busy,) = hold(limiter, 1, "h9")  # unconfigured: kept only while in use
     waiter = line_up(limiter, "h1")
-    limiter.watch(waiter, [("h9", "m")])
+    limiter.watch(waiter, [Pair("h9", "m")])
 
     waiter.cancel()
     busy.release()
@@ -556,8 +557,8 @@ def two_watchers(accepts: dict[str, bool]) -> tuple[Limiter, Slot, Waiter, Waite
 
         return asks
 
-    limiter.watch(first, [("h2", "m")], accept=accept("first"))
-    limiter.watch(second, [("h2", "m")], accept=accept("second"))
+    limiter.watch(first, [Pair("h2", "m")], accept=accept("first"))
+    limiter.watch(second, [Pair("h2", "m")], accept=accept("second"))
     return limiter, busy, first, second, asked
 
 
@@ -569,7 +570,7 @@ async def test_a_release_asks_no_watcher_and_holds_the_slot_for_the_first_one() 
     assert asked == []  # nothing of the waiting requests ran inside the release
     assert first.offered.done() and not second.offered.done()
     assert limiter.in_flight("h2", "m") == 1  # held for the watcher: no newcomer takes it
-    assert isinstance(limiter.place([("h2", "m")]), Waiter)
+    assert isinstance(limiter.place([Pair("h2", "m")]), Waiter)
     assert granted_slot(first).host == "h2"
     assert asked == ["first"]
     assert limiter.in_flight("h2", "m") == 1
@@ -649,7 +650,7 @@ async def test_an_accept_that_raises_leaves_the_offer_with_the_wait_until_it_end
     def broken(pair: tuple[str, str]) -> bool:
         raise RuntimeError("pricing failed")
 
-    limiter.watch(waiter, [("h2", "m")], accept=broken)
+    limiter.watch(waiter, [Pair("h2", "m")], accept=broken)
     busy.release()
     with pytest.raises(RuntimeError):
         waiter.settle()
@@ -773,7 +774,7 @@ async def test_lowering_queue_max_keeps_waiters_and_refuses_newcomers() -> None:
     waiters = [line_up(limiter) for _ in range(3)]
 
     limiter.configure("h1", "m", parallel=1, queue_max=1)
-    assert limiter.place([("h1", "m")]) is None
+    assert limiter.place([Pair("h1", "m")]) is None
 
     assert limiter.queued("h1", "m") == 3
     assert [w.position for w in waiters] == [1, 2, 3]
@@ -788,7 +789,7 @@ async def test_misconfiguration_is_clamped_not_raised() -> None:
 
     assert limiter.snapshot() == [PairSnapshot("h1", "m", 1, 0, 0, 0)]
     slot = take(limiter)
-    assert limiter.place([("h1", "m")]) is None
+    assert limiter.place([Pair("h1", "m")]) is None
     slot.release()
 
 
@@ -821,7 +822,7 @@ async def test_a_renamed_host_keeps_its_slots_held_and_its_line_under_the_new_na
     limiter.rename("h1", "box")
     limiter.configure("box", "m", parallel=1, queue_max=2)
 
-    assert limiter.place([("box", "m")]) is not None  # a place in line: the slot is held
+    assert limiter.place([Pair("box", "m")]) is not None  # a place in line: the slot is held
     assert (limiter.in_flight("box", "m"), limiter.queued("box", "m")) == (1, 2)
     assert limiter.snapshot()[0].host == "box"
     held.release()
@@ -836,7 +837,7 @@ async def test_a_removed_pair_in_use_queues_no_one_like_an_unconfigured_pair() -
 
     limiter.remove("h1", "m")
 
-    assert limiter.place([("h1", "m")]) is None  # its one slot is held, and it has no line
+    assert limiter.place([Pair("h1", "m")]) is None  # its one slot is held, and it has no line
     held.release()
     assert limiter.snapshot() == []
 
@@ -918,9 +919,9 @@ async def test_free_for_follows_slots_and_the_line_follows_queue_max() -> None:
     hold(limiter, 2)
     assert limiter.free_for("h1", "m") == 0
     waiter = line_up(limiter)
-    assert limiter.place([("h1", "m")]) is None
+    assert limiter.place([Pair("h1", "m")]) is None
     waiter.cancel()
-    assert isinstance(limiter.place([("h1", "m")]), Waiter)
+    assert isinstance(limiter.place([Pair("h1", "m")]), Waiter)
 
 
 async def test_a_long_line_of_leavers_keeps_counting_only_live_waiters() -> None:
@@ -947,12 +948,17 @@ async def test_stress_random_place_watch_cancel_release_never_exceeds_parallel_n
     seed = random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     limiter = Limiter()
-    limits = {("h1", "a"): (1, 2), ("h1", "b"): (3, 3), ("h2", "a"): (2, 0), ("h2", "c"): (2, 5)}
+    limits = {
+        Pair("h1", "a"): (1, 2),
+        Pair("h1", "b"): (3, 3),
+        Pair("h2", "a"): (2, 0),
+        Pair("h2", "c"): (2, 5),
+    }
     for (host, model), (parallel, queue_max) in limits.items():
         limiter.configure(host, model, parallel, queue_max)
-    limits[("h3", "unconfigured")] = (1, 0)
+    limits[Pair("h3", "unconfigured")] = (1, 0)
     pairs = list(limits)
-    holding: Counter[tuple[str, str]] = Counter()
+    holding: Counter[Pair] = Counter()
     outcomes: Counter[str] = Counter()
     violations: list[str] = []
     live: set[asyncio.Task[None]] = set()
@@ -961,7 +967,7 @@ async def test_stress_random_place_watch_cancel_release_never_exceeds_parallel_n
         for (host, model), (parallel, queue_max) in limits.items():
             in_flight = limiter.in_flight(host, model)
             queued = limiter.queued(host, model)
-            held = holding[(host, model)]
+            held = holding[Pair(host, model)]
             if in_flight > parallel or held > in_flight or queued > queue_max:
                 violations.append(f"{host}/{model}: {in_flight=} {held=} {queued=}")
 
@@ -969,7 +975,7 @@ async def test_stress_random_place_watch_cancel_release_never_exceeds_parallel_n
         if live:
             rng.choice(sorted(live, key=id)).cancel()
 
-    async def worker(choice: list[tuple[str, str]], watched: list[tuple[str, str]]) -> None:
+    async def worker(choice: list[Pair], watched: list[Pair]) -> None:
         got = limiter.place(choice)
         if got is None:
             outcomes["refused"] += 1
@@ -992,7 +998,7 @@ async def test_stress_random_place_watch_cancel_release_never_exceeds_parallel_n
                 return
         else:
             slot = got
-        pair = (slot.host, slot.model)
+        pair = Pair(slot.host, slot.model)
         outcomes["granted" if pair in choice else "granted through a watch"] += 1
         holding[pair] += 1
         check()

@@ -6,6 +6,7 @@ to llama-server (`chooses_the_empty_slot`): plain functions of the figures."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 from routing.core.leases import LeaseKey
 from routing.core.named_slots import (
@@ -25,6 +26,7 @@ THEIRS = Prefix((*OPENING, 31, 32), 22, 4)
 
 @dataclass
 class _Hold:
+    held: ClassVar[Literal[True]] = True
     host: str = "gpu1"
     model: str = "m"
     released: bool = False

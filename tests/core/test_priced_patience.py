@@ -15,6 +15,7 @@ import pytest
 
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.limiter import Slot, Waiter
+from routing.core.pairs import Pair
 from routing.core.patience import Choice, Figures, Pricing
 from routing.core.placement import Placement, Placer, Reason, Waiting
 from routing.core.prefixes import NO_PREFIX, PrefixIndex, prefix_blocks
@@ -171,7 +172,7 @@ async def test_line_moves_re_decided() -> None:
     fleet, running = home_busy()
     prices = Prices(fleet, home_service=1.0)
     prices.cold_start("gpu2", 3.0)
-    ahead = fleet.limiter.place([("gpu1", MODEL)])  # another request, first in home's line
+    ahead = fleet.limiter.place([Pair("gpu1", MODEL)])  # another request, first in home's line
     assert isinstance(ahead, Waiter)
     request, waiting = await waiting_at_home(prices)
     assert waiting.waiter.position == 2

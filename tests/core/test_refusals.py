@@ -33,12 +33,12 @@ def test_a_host_shows_the_first_reason_it_takes_no_request():
     assert host("a", enabled=False, draining=True, health="down").state == "disabled"
     assert host("a", draining=True, health="down").state == "draining"
     assert host("a", health="loading").state == "loading"
-    assert host("a", running=4, queued=8).state == "full"
-    assert host("a", running=4, queued=7).state == "up"
+    assert host("a", in_flight=4, queued=8).state == "full"
+    assert host("a", in_flight=4, queued=7).state == "up"
 
 
 def test_a_full_route_names_every_full_host_with_its_counts_and_says_to_retry_in_a_second():
-    full = [host("gpu1", running=4, queued=8), host("gpu2", running=4, queued=8)]
+    full = [host("gpu1", in_flight=4, queued=8), host("gpu2", in_flight=4, queued=8)]
 
     answer = answer_for(queue_full("chat", "llama", full))
 
@@ -50,6 +50,17 @@ def test_a_full_route_names_every_full_host_with_its_counts_and_says_to_retry_in
     body = error(answer)
     assert (body["route"], body["model"], body["code"]) == ("chat", "llama", "queue_full")
     assert [h["name"] for h in body["hosts"]] == ["gpu1", "gpu2"]
+
+
+def test_a_refusals_detail_gives_each_hosts_counts_as_its_message_does():
+    full = host("gpu1", in_flight=3, parallel=3, queued=5, queue_max=5)
+
+    answer = answer_for(queue_full("chat", "llama", [full]))
+
+    assert "gpu1 full (3/3 running, 5/5 queued)" in answer.message
+    [shown] = error(answer)["hosts"]
+    counts = (shown["state"], shown["running"], shown["parallel"], shown["queued"])
+    assert counts + (shown["queue_max"],) == ("full", 3, 3, 5, 5)
 
 
 def test_a_drained_route_says_how_to_serve_again_and_gives_no_retry_after():
@@ -103,7 +114,7 @@ def test_an_unknown_model_lists_the_route_models_and_names_the_param():
 
 
 def test_a_long_list_of_hosts_is_cut_in_the_message_but_whole_in_the_detail():
-    many = [host(f"h{i}", running=4, queued=8) for i in range(SHOWN + 5)]
+    many = [host(f"h{i}", in_flight=4, queued=8) for i in range(SHOWN + 5)]
 
     answer = answer_for(queue_full("chat", "llama", many))
 

@@ -4,6 +4,7 @@ what the answers that named a slot say of their host. Plain values: no server, n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 from routing.core.leases import LeaseKey
 from routing.core.patience import Figures
@@ -18,6 +19,7 @@ THEM = LeaseKey("chat", "fp-theirs", "m")
 
 @dataclass
 class _Hold:
+    held: ClassVar[Literal[True]] = True
     host: str = "gpu1"
     model: str = "m"
     released: bool = False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from routing.core.leases import LeaseKey, LeaseTable
 from routing.core.limiter import Limiter, PairSnapshot, Slot, Waiter
+from routing.core.pairs import Pair
 from routing.core.state import LocalState
 
 
@@ -20,11 +21,11 @@ async def test_places_lines_and_counts_are_the_limiters() -> None:
     state.configure("h1", "m", parallel=2, queue_max=1)
     state.configure("h1", "x", parallel=1, queue_max=0)
 
-    first, second = await state.place([("h1", "m")]), await state.place([("h1", "m")])
-    waiter = await state.place([("h1", "m")])
+    first, second = await state.place([Pair("h1", "m")]), await state.place([Pair("h1", "m")])
+    waiter = await state.place([Pair("h1", "m")])
 
     assert isinstance(first, Slot) and isinstance(second, Slot) and isinstance(waiter, Waiter)
-    assert await state.place([("h1", "m")]) is None  # both slots held, the line full
+    assert await state.place([Pair("h1", "m")]) is None  # both slots held, the line full
     assert (state.in_flight("h1", "m"), state.queued("h1", "m")) == (2, 1)
     assert (state.free_for("h1", "m"), state.free_slots("h1")) == (0, 1)  # h1/x is free
     assert state.snapshot() == [
@@ -38,7 +39,7 @@ async def test_places_lines_and_counts_are_the_limiters() -> None:
 async def test_a_removed_pair_is_unconfigured_once_its_slots_are_back() -> None:
     state = local()
     state.configure("h1", "m", parallel=2, queue_max=1)
-    slot = await state.place([("h1", "m")])
+    slot = await state.place([Pair("h1", "m")])
     assert isinstance(slot, Slot)
 
     state.remove("h1", "m")
@@ -54,7 +55,7 @@ async def test_a_watcher_is_handed_a_slot_when_its_host_wakes_and_accepts() -> N
     usable = {"h1": False}
     waiter = state.watcher()
 
-    state.watch(waiter, [("h1", "m")], lambda pair: usable[pair[0]])
+    state.watch(waiter, [Pair("h1", "m")], lambda pair: usable[pair[0]])
     assert not waiter.granted.done()  # free, but not usable yet
     usable["h1"] = True
     state.wake("h1")

@@ -11,6 +11,7 @@ from typing import Any
 from routing.core.choose import Candidate
 from routing.core.leases import LeaseKey, LeaseTable
 from routing.core.limiter import Limiter, Slot
+from routing.core.pairs import Pair
 from routing.core.placement import Placement, Placer
 from routing.core.prefixes import PrefixIndex
 from routing.core.ranking import Ranking, Rankings
@@ -136,7 +137,7 @@ class MemoryFleet:
 
     def occupy(self, name: str, model: str = MODEL) -> Slot:
         """Hold one slot of the host from outside placement (another client's request)."""
-        got = self.limiter.place([(name, model)])
+        got = self.limiter.place([Pair(name, model)])
         assert isinstance(got, Slot), f"{name} has no free slot for {model}"
         return got
 

@@ -15,7 +15,7 @@ from routing.shared.places import SharedSlot
 from routing.shared.state import DEFAULT_PREFIX
 from tests.helpers.memory_fleet import MemoryFleet, Route
 
-H1: Pair = ("h1", "m")
+H1: Pair = Pair("h1", "m")
 
 
 @contextlib.asynccontextmanager

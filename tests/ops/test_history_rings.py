@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hosts.live import HostLoad
 from routing.ops.history_rings import History
 from tests.helpers.history_records import T0, point_at, record
 
@@ -115,7 +116,7 @@ def test_a_queue_full_counts_once_in_the_totals_on_its_route_and_as_full_on_each
 def test_samples_give_each_hosts_mean_in_flight_and_queue_per_step() -> None:
     history = History()
     for second, (busy, waiting) in enumerate([(4, 2), (4, 0), (2, 0), (2, 0), (3, 3)]):
-        history.sample([("gpu1", busy, waiting), ("gpu2", 0, 0)], now=T0 + second)
+        history.sample([HostLoad("gpu1", busy, waiting), HostLoad("gpu2", 0, 0)], now=T0 + second)
 
     [point] = history.points("5m", since=int(T0), now=T0 + 4)
     cards = history.cards(now=T0 + 4)

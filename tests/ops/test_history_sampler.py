@@ -11,8 +11,9 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from accounting.models import Request
-from routing.config.shape import Fleet, HostConfig, ModelConfig
+from routing.config.shape import FleetConfig, HostConfig, ModelConfig
 from routing.core.limiter import Slot, Waiter
+from routing.core.pairs import Pair
 from routing.ops.history_rings import History
 from routing.ops.history_sampler import ensure_sampler, sampling
 from routing.runtime import Runtime
@@ -21,7 +22,7 @@ from tests.helpers.fleet import MODEL
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _fleet() -> Fleet:
+def _fleet() -> FleetConfig:
     host = HostConfig(
         name="gpu1",
         url="http://127.0.0.1:9",  # never asked: the test takes the slots itself
@@ -31,7 +32,7 @@ def _fleet() -> Fleet:
         api_key="",
         models={MODEL: ModelConfig(MODEL, "", parallel=1, queue_max=1)},
     )
-    return Fleet(hosts={"gpu1": host}, routes={}, revision=0)
+    return FleetConfig(hosts={"gpu1": host}, routes={}, revision=0)
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
@@ -56,8 +57,8 @@ async def test_the_sampler_adds_each_hosts_load_and_the_rows_before_it_to_the_ri
     runtime = Runtime(_fleet(), 0)
     history = History()
     try:
-        slot = await runtime.state.place([("gpu1", MODEL)])
-        waiter = await runtime.state.place([("gpu1", MODEL)])
+        slot = await runtime.state.place([Pair("gpu1", MODEL)])
+        waiter = await runtime.state.place([Pair("gpu1", MODEL)])
         assert isinstance(slot, Slot) and isinstance(waiter, Waiter)
 
         ensure_sampler(runtime, history)

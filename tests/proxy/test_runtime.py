@@ -9,6 +9,7 @@ from asgiref.sync import sync_to_async
 
 from hosts.models import Host, HostModel
 from routing.core.limiter import Slot, Waiter
+from routing.core.pairs import Pair
 from routing.core.placement import Placement, Placer, Waiting
 from routing.core.state import LocalState
 from routing.runtime import Runtime, close_runtime, get_runtime
@@ -52,8 +53,8 @@ async def test_an_edit_in_the_orm_reaches_the_running_gateway_with_slots_kept(ru
     gpu1 = await sync_to_async(add_host)("gpu1", "http://127.0.0.1:9", models={MODEL: (2, 4)})
     await sync_to_async(add_route)("chat", [gpu1])
     await runtime.refresh()
-    held = [local(runtime).limiter.place([("gpu1", MODEL)]) for _ in range(2)]
-    waiter = local(runtime).limiter.place([("gpu1", MODEL)])
+    held = [local(runtime).limiter.place([Pair("gpu1", MODEL)]) for _ in range(2)]
+    waiter = local(runtime).limiter.place([Pair("gpu1", MODEL)])
     assert isinstance(waiter, Waiter)
     assert local(runtime).limiter.queued("gpu1", MODEL) == 1
 

@@ -19,8 +19,9 @@ import pytest
 
 from accounting.models import Request
 from accounting.recorder import get_recorder
-from routing.config.shape import Fleet, HostConfig, ModelConfig, RouteConfig
+from routing.config.shape import FleetConfig, HostConfig, ModelConfig, RouteConfig
 from routing.core.limiter import Slot
+from routing.core.pairs import Pair
 from routing.core.placement import Waiting
 from routing.core.prefixes import NO_PREFIX
 from routing.proxy.ask import Ask
@@ -99,7 +100,7 @@ async def _placed(runtime: Runtime, host: _AnswerOnCue) -> Lifecycle:
     return life
 
 
-def _fleet() -> Fleet:
+def _fleet() -> FleetConfig:
     host = HostConfig(
         name="gpu1",
         url="http://127.0.0.1:9",  # never asked: a stand-in answers for the host
@@ -118,7 +119,7 @@ def _fleet() -> Fleet:
         hosts=("gpu1",),
         wait_status=True,
     )
-    return Fleet(hosts={"gpu1": host}, routes={ROUTE: route}, revision=0)
+    return FleetConfig(hosts={"gpu1": host}, routes={ROUTE: route}, revision=0)
 
 
 async def _leave_as_the_head_arrives() -> tuple[bytes, int]:
@@ -191,7 +192,7 @@ async def _running_after_a_grant_while_the_client_reads() -> list[bytes]:
     runtime = Runtime(_fleet(), 0)
     try:
         route = runtime.fleet.routes[ROUTE]
-        other = await runtime.state.place([("gpu1", MODEL)])  # another request's slot
+        other = await runtime.state.place([Pair("gpu1", MODEL)])  # another request's slot
         assert isinstance(other, Slot)
         body = _Body()
 

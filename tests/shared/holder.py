@@ -10,6 +10,7 @@ import asyncio
 import sys
 
 from routing.core.clients import ClientSpec
+from routing.core.pairs import Pair
 from routing.shared.clients import RedisClients
 from routing.shared.grants import Grant
 from routing.shared.slots import RedisSlots
@@ -24,7 +25,7 @@ async def main(url: str, hold_ttl: float, what: str, *names: str) -> None:
         await slots.start()
         host, model = names
         await slots.configure(host, model, parallel=1, queue_max=4)
-        grant = await slots.place([(host, model)])
+        grant = await slots.place([Pair(host, model)])
         print("held" if isinstance(grant, Grant) else f"not held: {grant!r}", flush=True)
     else:
         clients = RedisClients(shared)

@@ -34,7 +34,7 @@ from tests.helpers.shared_state import (
 )
 from tests.helpers.waits import LONG, eventually
 
-H2: Pair = ("h2", "m")
+H2: Pair = Pair("h2", "m")
 
 
 @contextlib.asynccontextmanager
@@ -70,7 +70,9 @@ def usable_when(flags: dict[str, bool]) -> Callable[[Pair], bool]:
 
 # -- the order placement asks in ---------------------------------------------------------
 
-ROW = [(f"r{index:02d}", "m") for index in range(12)]  # a route longer than the head asked first
+ROW = [
+    Pair(f"r{index:02d}", "m") for index in range(12)
+]  # a route longer than the head asked first
 
 
 async def test_a_free_slot_past_the_head_is_found_when_the_head_is_full(redis_url):

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from routing.core.leases import LeaseKey, LeaseOutcome
+from routing.core.pairs import Pair
 from routing.core.placement import Reason, Waiting
 from routing.shared.fleet_state import SharedState
 from tests.helpers.memory_fleet import MODEL, SHORT, Route, host, placed, placer, settle
@@ -77,7 +78,7 @@ async def test_a_request_moved_into_a_line_takes_a_slot_of_its_host_come_back_af
     async with placing(redis_url, hosts, route) as (fleet, here, other):
         (await placed(fleet, route)).slot.release()
         fleet.set_host("gpu1", healthy=False)
-        held = [await slot_of(other, [("gpu2", MODEL)]) for _ in range(2)]
+        held = [await slot_of(other, [Pair("gpu2", MODEL)]) for _ in range(2)]
         waiting = await (moved := placer(fleet, route)).now()
         assert isinstance(waiting, Waiting)
         assert (waiting.host, waiting.reason) == ("gpu2", Reason.MOVED)
@@ -110,12 +111,13 @@ async def test_a_turn_spilled_from_a_home_holding_more_conversations_takes_its_l
     hosts = {"gpu1": host(2, 8), "gpu2": host(2, 8)}
     async with placing(redis_url, hosts, route) as (fleet, here, other):
         (await placed(fleet, route)).slot.release()
-        await eventually(lambda: counted(other, 0, ("gpu1", MODEL)), "the first turn's slot back")
+        home = Pair("gpu1", MODEL)
+        await eventually(lambda: counted(other, 0, home), "the first turn's slot back")
         for name, count in {"gpu1": at_home - 1, "gpu2": elsewhere}.items():
             for number in range(count):
                 key = LeaseKey(route.name, f"{name} {number}", MODEL)
                 await other.keep_lease(key, name, 300.0, None)
-        held = [await slot_of(other, [(name, MODEL)]) for name in hosts for _ in range(2)]
+        held = [await slot_of(other, [Pair(name, MODEL)]) for name in hosts for _ in range(2)]
         await here.shared.beat()  # a tick: the other process's leases and slots counted
         assert (here.leases_held("gpu1"), here.leases_held("gpu2")) == (
             at_home,

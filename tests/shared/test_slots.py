@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from routing.core.limiter import PairSnapshot
+from routing.core.pairs import Pair
 from routing.shared.grants import Grant, Queued
 from routing.shared.slots import RedisSlots
 from routing.shared.state import Shared, StateUnavailable
@@ -42,20 +43,20 @@ async def two(url: str, hold_ttl: float = 5.0) -> AsyncIterator[tuple[RedisSlots
 
 
 async def configure(
-    parallel: int, queue_max: int, *instances: RedisSlots, pair: tuple[str, str] = ("h1", "m")
+    parallel: int, queue_max: int, *instances: RedisSlots, pair: Pair = Pair("h1", "m")
 ) -> None:
     for slots in instances:
         await slots.configure(*pair, parallel=parallel, queue_max=queue_max)
 
 
-async def granted(slots: RedisSlots, pairs: Sequence[tuple[str, str]] = (("h1", "m"),)) -> Grant:
+async def granted(slots: RedisSlots, pairs: Sequence[Pair] = (Pair("h1", "m"),)) -> Grant:
     """A place the test's setup expects to be a free slot."""
     placed = await slots.place(pairs)
     assert isinstance(placed, Grant), placed
     return placed
 
 
-async def queued_at(slots: RedisSlots, pairs: Sequence[tuple[str, str]] = (("h1", "m"),)) -> Queued:
+async def queued_at(slots: RedisSlots, pairs: Sequence[Pair] = (Pair("h1", "m"),)) -> Queued:
     """A place the test's setup expects to be in a queue."""
     placed = await slots.place(pairs)
     assert isinstance(placed, Queued), placed
@@ -70,9 +71,9 @@ async def test_a_free_slot_is_granted_then_requests_queue_then_the_next_is_refus
     async with two(redis_url) as (a, b):
         await configure(1, 1, a, b)
 
-        first = await a.place([("h1", "m")])
-        second = await b.place([("h1", "m")])
-        third = await a.place([("h1", "m")])
+        first = await a.place([Pair("h1", "m")])
+        second = await b.place([Pair("h1", "m")])
+        third = await a.place([Pair("h1", "m")])
 
         assert isinstance(first, Grant) and (first.host, first.model) == ("h1", "m")
         assert isinstance(second, Queued) and second.position == 1
@@ -132,7 +133,7 @@ async def test_place_takes_the_first_free_pair_in_order_else_queues_on_the_first
             await slots.configure("h1", "m", parallel=1, queue_max=0)
             await slots.configure("h2", "m", parallel=1, queue_max=1)
             await slots.configure("h3", "m", parallel=1, queue_max=1)
-        order = [("h1", "m"), ("h2", "m"), ("h3", "m")]
+        order = [Pair("h1", "m"), Pair("h2", "m"), Pair("h3", "m")]
 
         grants = [await granted(a, order), await granted(b, order), await granted(a, order)]
         queued = [await queued_at(b, order), await queued_at(a, order)]
@@ -153,16 +154,16 @@ async def test_parallel_is_never_exceeded_under_concurrent_place_wait_cancel_and
     redis_url, seed
 ):
     rng = random.Random(seed)
-    limits = {("h1", "m"): (3, 4), ("h2", "m"): (2, 2)}
-    running: Counter[tuple[str, str]] = Counter()
-    most: Counter[tuple[str, str]] = Counter()
+    limits = {Pair("h1", "m"): (3, 4), Pair("h2", "m"): (2, 2)}
+    running: Counter[Pair] = Counter()
+    most: Counter[Pair] = Counter()
     outcomes: Counter[str] = Counter()
     async with two(redis_url) as (a, b):
         for pair, (parallel, queue_max) in limits.items():
             await configure(parallel, queue_max, a, b, pair=pair)
 
         async def use(grant: Grant, slots: RedisSlots) -> None:
-            pair = (grant.host, grant.model)
+            pair = Pair(grant.host, grant.model)
             running[pair] += 1
             most[pair] = max(most[pair], running[pair])
             await asyncio.sleep(rng.uniform(0, 0.02))
@@ -214,7 +215,7 @@ async def test_requests_cancelled_at_any_point_leave_no_slot_or_place_behind(red
 
         async def request(slots: RedisSlots) -> None:
             """As the proxy uses it: every way out of a wait cancels, every grant is released."""
-            placed = await slots.place([("h1", "m")])
+            placed = await slots.place([Pair("h1", "m")])
             if placed is None:
                 return
             if isinstance(placed, Queued):
@@ -246,14 +247,14 @@ async def test_cancel_gives_the_place_back_and_a_newcomer_takes_it(redis_url):
         await configure(1, 1, a, b)
         held = await granted(a)
         queued = await queued_at(b)
-        assert await a.place([("h1", "m")]) is None
+        assert await a.place([Pair("h1", "m")]) is None
 
         waiting = asyncio.create_task(b.wait(queued))
         await asyncio.sleep(0.05)
         waiting.cancel()
         assert await b.cancel(queued) is None
 
-        again = await a.place([("h1", "m")])
+        again = await a.place([Pair("h1", "m")])
         assert isinstance(again, Queued) and again.position == 1
         await a.cancel(again)
         await a.release(held)
@@ -278,7 +279,7 @@ async def test_a_grant_landing_as_the_wait_is_cancelled_comes_back_from_cancel(r
         assert (await state(a)).in_flight == 1
         await b.release(late)
         assert await state(a) == PairSnapshot("h1", "m", 1, 2, in_flight=0, queued=0)
-        fresh = await a.place([("h1", "m")])
+        fresh = await a.place([Pair("h1", "m")])
         assert isinstance(fresh, Grant)
         await a.release(fresh)
 
@@ -302,10 +303,10 @@ async def test_watch_grants_a_free_slot_of_another_pair_at_once(redis_url):
         for slots in (a, b):
             await slots.configure("home", "m", parallel=1, queue_max=2)
             await slots.configure("other", "m", parallel=1, queue_max=2)
-        home = await granted(a, [("home", "m")])
-        queued = await queued_at(b, [("home", "m")])
+        home = await granted(a, [Pair("home", "m")])
+        queued = await queued_at(b, [Pair("home", "m")])
 
-        spilled = await b.watch(queued, [("other", "m")])
+        spilled = await b.watch(queued, [Pair("other", "m")])
 
         assert isinstance(spilled, Grant) and spilled.host == "other" and spilled.id == queued.id
         assert await b.wait(queued) == spilled
@@ -324,11 +325,11 @@ async def test_a_watcher_gets_a_slot_freed_later_but_only_after_that_pairs_own_w
         for slots in (a, b):
             await slots.configure("home", "m", parallel=1, queue_max=2)
             await slots.configure("other", "m", parallel=1, queue_max=2)
-        home = await granted(a, [("home", "m")])
-        other = await granted(a, [("other", "m")])
-        watcher = await queued_at(b, [("home", "m")])
-        assert await b.watch(watcher, [("other", "m")]) is None
-        own = await queued_at(a, [("other", "m")])  # other's own waiter, after the watcher came
+        home = await granted(a, [Pair("home", "m")])
+        other = await granted(a, [Pair("other", "m")])
+        watcher = await queued_at(b, [Pair("home", "m")])
+        assert await b.watch(watcher, [Pair("other", "m")]) is None
+        own = await queued_at(a, [Pair("other", "m")])  # other's own waiter, after the watcher came
 
         await a.release(other)
         own_grant = await asyncio.wait_for(a.wait(own), LONG)
@@ -362,7 +363,7 @@ async def test_a_killed_process_slot_goes_to_the_next_waiter_within_its_expiry(r
     async with gateway_process(redis_url, hold_ttl=1.0) as slots:
         await slots.configure("h1", "m", parallel=1, queue_max=4)
         async with holding_process(redis_url, "slot", "h1", "m") as holder:
-            queued = await slots.place([("h1", "m")])
+            queued = await slots.place([Pair("h1", "m")])
             assert isinstance(queued, Queued)
 
             holder.send_signal(signal.SIGKILL)
@@ -380,15 +381,15 @@ async def test_a_stopped_redis_gives_a_clear_error_and_after_its_restart_nothing
 ):
     async with two(redis_server.url, hold_ttl=1.0) as (a, b):
         await configure(2, 2, a, b)
-        kept = await a.place([("h1", "m")])  # its request runs on through the outage
-        dropped = await b.place([("h1", "m")])  # released during the outage
+        kept = await a.place([Pair("h1", "m")])  # its request runs on through the outage
+        dropped = await b.place([Pair("h1", "m")])  # released during the outage
         queued = await queued_at(a)
         waiting = asyncio.create_task(a.wait(queued))
         assert isinstance(kept, Grant) and isinstance(dropped, Grant)
 
         redis_server.stop()
         with pytest.raises(StateUnavailable) as refused:
-            await b.place([("h1", "m")])
+            await b.place([Pair("h1", "m")])
         with pytest.raises(StateUnavailable):
             await asyncio.wait_for(waiting, LONG)  # its place cannot be kept
         await b.release(dropped)  # owed, not raised
@@ -400,7 +401,7 @@ async def test_a_stopped_redis_gives_a_clear_error_and_after_its_restart_nothing
 
         async def placed_again() -> Grant | None:
             try:
-                grant = await b.place([("h1", "m")])
+                grant = await b.place([Pair("h1", "m")])
             except StateUnavailable:
                 return None
             assert isinstance(grant, Grant)
@@ -411,7 +412,7 @@ async def test_a_stopped_redis_gives_a_clear_error_and_after_its_restart_nothing
         await eventually(
             lambda: _in_flight_is(a, 2), "the slot held through the outage counted again"
         )
-        late = await a.place([("h1", "m")])
+        late = await a.place([Pair("h1", "m")])
         assert isinstance(late, Queued)  # both slots are taken: a queue place
         assert await a.cancel(late) is None
         await b.release(again)
@@ -469,11 +470,11 @@ async def test_a_release_that_cannot_reach_redis_is_given_back_once_redis_answer
             link.sever()
             await a.release(grant)  # owed, not raised: Redis still counts the slot
             assert a.held() == 0
-            assert await b.place([("h1", "m")]) is None
+            assert await b.place([Pair("h1", "m")]) is None
             link.cut = False
 
             async def placed() -> Grant | Queued | None:
-                return await b.place([("h1", "m")])
+                return await b.place([Pair("h1", "m")])
 
             again = await eventually(placed, "the slot the cut release owed, given back")
             assert isinstance(again, Grant)
@@ -499,9 +500,9 @@ async def test_redis_keys_stay_bounded_over_many_requests(redis_url):
             for _ in range(rounds):
                 first = await granted(a)
                 second = await granted(b)
-                queued = await a.place([("h1", "m")])
+                queued = await a.place([Pair("h1", "m")])
                 assert isinstance(queued, Queued)
-                await a.watch(queued, [("h1", "m")])
+                await a.watch(queued, [Pair("h1", "m")])
                 await a.cancel(queued)
                 await b.release(second)
                 await a.release(first)
@@ -523,7 +524,7 @@ async def test_redis_keys_stay_bounded_over_many_requests(redis_url):
 async def test_bad_use_gets_a_clear_error(redis_url):
     async with gateway_process(redis_url) as slots:
         with pytest.raises(ValueError, match="h9/m is not configured"):
-            await slots.place([("h9", "m")])
+            await slots.place([Pair("h9", "m")])
         with pytest.raises(ValueError, match="at least one"):
             await slots.place([])
         with pytest.raises(ValueError, match="without '/'"):
