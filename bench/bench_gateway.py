@@ -309,7 +309,7 @@ def plan_of(
     """The phases to run: the concurrencies asked for (with PLAN's or COMPARE_PLAN's requests
     per client), else COMPARE_PLAN for `--compare`, else PLAN; `requests` measured requests
     per client at every concurrency, when given."""
-    base = COMPARE_PLAN if compare else PLAN
+    base: tuple[tuple[int, int], ...] = COMPARE_PLAN if compare else PLAN
     if concurrencies:
         known = dict(PLAN) | dict(base)
         base = tuple((c, known.get(c, 10)) for c in concurrencies)
