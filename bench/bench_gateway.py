@@ -250,8 +250,11 @@ def cost_split(target: Target, server: Server, report: dict) -> dict:
     }
 
 
-def profile(target: Target, server: Server, out: Path, concurrency: int) -> None:
-    """py-spy on a target while clients stream at `concurrency`; prints where CPU went.
+def profile(
+    target: Target, server: Server, out: Path, concurrency: int, chunks: int = CHUNKS
+) -> None:
+    """py-spy on a target while clients stream at `concurrency` (`chunks` tokens a request: 1
+    for a profile of the fixed cost of a request); prints where CPU went.
 
     py-spy stops the process for each sample (its default), so every stack is whole; that
     slows the process by a fifth or so, which changes how much it gets done, not where.
@@ -272,7 +275,7 @@ def profile(target: Target, server: Server, out: Path, concurrency: int) -> None
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     time.sleep(1.0)
-    phase = load(url, server, concurrency, 10_000, seconds=PROFILE_SECONDS - 3)
+    phase = load(url, server, concurrency, 10_000, chunks=chunks, seconds=PROFILE_SECONDS - 3)
     _, error = recorder.communicate()
     if recorder.returncode != 0 or not raw.exists():
         sys.exit(f"py-spy failed: {error.decode(errors='replace')}")
@@ -300,14 +303,19 @@ def stage_reports(running: list[tuple[Target, Server]], reports: dict[str, dict]
         }
 
 
-def plan_of(concurrencies: list[int] | None, compare: bool) -> tuple[tuple[int, int], ...]:
+def plan_of(
+    concurrencies: list[int] | None, compare: bool, requests: int | None = None
+) -> tuple[tuple[int, int], ...]:
     """The phases to run: the concurrencies asked for (with PLAN's or COMPARE_PLAN's requests
-    per client), else COMPARE_PLAN for `--compare`, else PLAN."""
-    base = COMPARE_PLAN if compare else PLAN
-    if not concurrencies:
-        return base
-    known = dict(PLAN) | dict(base)
-    return tuple((c, known.get(c, 10)) for c in concurrencies)
+    per client), else COMPARE_PLAN for `--compare`, else PLAN; `requests` measured requests
+    per client at every concurrency, when given."""
+    base: tuple[tuple[int, int], ...] = COMPARE_PLAN if compare else PLAN
+    if concurrencies:
+        known = dict(PLAN) | dict(base)
+        base = tuple((c, known.get(c, 10)) for c in concurrencies)
+    if requests is not None:
+        base = tuple((c, requests) for c, _ in base)
+    return base
 
 
 def log_lines(log: Path, served: int) -> str:
@@ -353,6 +361,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="CONCURRENCY",
         help=f"py-spy the first target instead, at this concurrency ({PROFILE_CONCURRENCY})",
     )
+    parser.add_argument(
+        "--profile-chunks",
+        type=int,
+        default=CHUNKS,
+        metavar="N",
+        help=f"tokens per request while profiling ({CHUNKS}; 1: the fixed cost of a request)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        metavar="N",
+        help="measured requests per client at every concurrency (default: PLAN's, 16 at 8"
+        " and 10 at 32; more for steadier CPU figures, fewer for a shorter run)",
+    )
     parser.add_argument("--rev", help="benchmark this commit (default: the working tree)")
     parser.add_argument(
         "--server",
@@ -366,7 +388,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.targets = list(COMPARE_TARGETS if args.compare else DEFAULT_TARGETS)
     if args.compare and "litellm" not in args.targets:
         args.targets.append("litellm")
-    args.plan = plan_of(args.concurrency, args.compare)
+    args.plan = plan_of(args.concurrency, args.compare, args.requests)
     try:
         args.parsed = parse_all(args.targets, args.server)
     except ValueError as exc:
@@ -425,8 +447,8 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 if args.profile is not None:
                     target, server = running[0]
-                    name = f"profile-{target.label}-c{args.profile}-{stamp}"
-                    profile(target, server, RESULTS / name, args.profile)
+                    name = f"profile-{target.label}-c{args.profile}-t{args.profile_chunks}-{stamp}"
+                    profile(target, server, RESULTS / name, args.profile, args.profile_chunks)
                     return
                 reports = run_plan(running, upstream, args.plan)
             finally:

@@ -227,7 +227,16 @@ def _django_application() -> Any:
     global urlpatterns
     urlpatterns = [re_path(r"^health$", health), re_path(r"^", passthrough)]
     settings.ROOT_URLCONF = __name__
-    return GatewayHandler()
+    handler = GatewayHandler()
+
+    async def served(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        # The handler serves HTTP only; uvicorn's lifespan is answered as the bare floor does.
+        if scope["type"] == "lifespan":
+            await application(scope, receive, send)
+        else:
+            await handler(scope, receive, send)
+
+    return served
 
 
 urlpatterns: list[Any] = []

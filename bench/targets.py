@@ -14,6 +14,8 @@ Kinds:
 - `notee`, `noaccounting` (crossbar only): bench/levers' other patches.
 - `stages` (crossbar and the floors): bench/levers' timestamps of each request's way to its
   first token, read after the run (bench/stages.py); it costs a little CPU per chunk.
+- `gctime` (crossbar and the floors): the garbage collector's passes and their time, per
+  generation, in the target's log at its exit.
 - `log-warning` (crossbar only): `CROSSBAR_LOG_LEVEL=WARNING` (no line per request) instead of
   INFO, the default of `make run`, at which every target runs.
 - `redis` (crossbar only): `CROSSBAR_REDIS_URL` at a redis-server the bench starts for this
@@ -55,12 +57,12 @@ from processes import (
 
 KINDS = ("crossbar", "floor", "floor-django", "litellm")
 LEVERS = {
-    "crossbar": ("notee", "noaccounting", "stages", "log-warning", "redis", "workers2"),
-    "floor": ("aiohttp", "httpcore", "stages"),
-    "floor-django": ("aiohttp", "httpcore", "stages"),
+    "crossbar": ("notee", "noaccounting", "stages", "gctime", "log-warning", "redis", "workers2"),
+    "floor": ("aiohttp", "httpcore", "stages", "gctime"),
+    "floor-django": ("aiohttp", "httpcore", "stages", "gctime"),
     "litellm": (),
 }  # fmt: skip
-PATCHES = ("notee", "noaccounting", "stages")  # the levers made by bench/levers
+PATCHES = ("notee", "noaccounting", "stages", "gctime")  # the levers made by bench/levers
 # The servers that crossbar_serve runs itself, whose CROSSBAR_WORKERS it supervises.
 WORKER_SERVERS = ("crossbar_serve", "uvicorn")
 WORKERS = {"workers2": 2}  # lever -> CROSSBAR_WORKERS

@@ -10,6 +10,10 @@ Levers:
 - `notee`: the tee does not look at chunks (no token counts in the rows).
 - `noaccounting`: no row to the recorder and no Prometheus series per request (the log line
   stays, as the log level decides).
+- `gctime`: the cyclic garbage collector's passes and the time they took, per generation,
+  written at exit to bench/results/gctime-<pid>.txt (the target's log is copied before it
+  stops) with the process's CPU time: a collection is C work that a profile without
+  native frames lays on whatever Python frame allocated last.
 - `stages`: timestamps of each request's way to its first token, written at exit as JSON
   lines to `CROSSBAR_BENCH_STAGES` (bench/stages.py reads them). Also for floors: the
   timestamps common to both are taken where both pass (the server's `run`, httpx, aiohttp).
@@ -179,6 +183,30 @@ def _lifecycle(module: Any) -> None:
     module.Lifecycle.place = timed_place
 
 
+_GC: dict[int, list[float]] = {0: [0, 0.0], 1: [0, 0.0], 2: [0, 0.0]}  # gen -> [passes, s]
+_GC_STARTED = [0.0]
+_GC_PASSES: list[tuple[float, int, float]] = []  # (perf_counter at its start, generation, s)
+
+
+def _gc_timed(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _GC_STARTED[0] = time.perf_counter()
+    else:
+        now = time.perf_counter()
+        totals = _GC[info["generation"]]
+        totals[0] += 1
+        totals[1] += now - _GC_STARTED[0]
+        _GC_PASSES.append((_GC_STARTED[0], info["generation"], now - _GC_STARTED[0]))
+
+
+def _write_gc() -> None:
+    passes = ", ".join(f"gen{g} {n:.0f} passes {s * 1000:.1f} ms" for g, (n, s) in _GC.items())
+    results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+    with open(os.path.join(results, f"gctime-{os.getpid()}.txt"), "w") as out:
+        out.write(f"{' '.join(sys.argv)}\n{passes}; process CPU {time.process_time():.2f} s\n")
+        out.write(json.dumps(_GC_PASSES) + "\n")  # for a phase's window (bench JSON)
+
+
 def _write_stages() -> None:
     with open(os.environ["CROSSBAR_BENCH_STAGES"], "w") as out:
         for record in _RECORDS:
@@ -189,6 +217,7 @@ def _write_stages() -> None:
 LEVERS: dict[str, tuple[tuple[str, Callable[[ModuleType], None]], ...]] = {
     "notee": (("routing.core.tee", _notee),),
     "noaccounting": (("routing.proxy.record", _noaccounting),),
+    "gctime": (),  # installed at start (_install), not after an import
     "stages": (
         ("crossbar_site.daphne_server", _server),
         ("crossbar_site.uvicorn_server", _server),
@@ -236,6 +265,11 @@ def _install() -> None:
             patches.setdefault(module, []).append(patch)
     if "stages" in wanted:
         atexit.register(_write_stages)
+    if "gctime" in wanted:
+        import gc
+
+        gc.callbacks.append(_gc_timed)
+        atexit.register(_write_gc)
     if patches:
         sys.meta_path.insert(0, _PatchAfterImport(patches))
         print(f"bench levers: {', '.join(wanted)}", file=sys.stderr, flush=True)
