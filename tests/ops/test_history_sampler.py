@@ -30,7 +30,7 @@ def _fleet() -> FleetConfig:
         enabled=True,
         draining=False,
         api_key="",
-        models={MODEL: ModelConfig(MODEL, "", parallel=1, queue_max=1)},
+        models={MODEL: ModelConfig(MODEL, "", parallel=1, queue_max=2)},
     )
     return FleetConfig(hosts={"gpu1": host}, routes={}, revision=0)
 
@@ -58,8 +58,8 @@ async def test_the_sampler_adds_each_hosts_load_and_the_rows_before_it_to_the_ri
     history = History()
     try:
         slot = await runtime.state.place([Pair("gpu1", MODEL)])
-        waiter = await runtime.state.place([Pair("gpu1", MODEL)])
-        assert isinstance(slot, Slot) and isinstance(waiter, Waiter)
+        waiters = [await runtime.state.place([Pair("gpu1", MODEL)]) for _ in range(2)]
+        assert isinstance(slot, Slot) and all(isinstance(w, Waiter) for w in waiters)
 
         ensure_sampler(runtime, history)
         ensure_sampler(runtime, history)  # a second caller finds it started
@@ -70,7 +70,8 @@ async def test_the_sampler_adds_each_hosts_load_and_the_rows_before_it_to_the_ri
         await until(sampled, "a sample of gpu1")
         await until(lambda: history.rebuilt, "the rebuild from the rows")
         card = history.cards()["gpu1"]
-        assert (card["in_flight"], card["queued_peak"]) == (1.0, 1)
+        # One running, two waiting: a sample that mixes the two up reads (2.0, 1).
+        assert (card["in_flight"], card["queued_peak"]) == (1.0, 2)
         hour = history.points("1h")
         assert sum(p["hosts"].get("gpu1", {}).get("requests", 0) for p in hour) == 1
         assert sampling(runtime)
