@@ -46,8 +46,10 @@ class Holdings:
         self._last_id = 0
         self._held: dict[str, Grant] = {}
         self._held_per_pair: dict[Pair, int] = {}  # the same grants, counted
-        # Hosts renamed since grants were taken under their old names: old -> new (`rename`).
-        self._renamed: dict[str, str] = {}
+        # Grants held on a host renamed since they were taken: grant id -> the pair they count
+        # on now (`rename`). Per grant, not per name: a host given the old name later is
+        # another host, and its grants count under that name.
+        self._moved: dict[str, Pair] = {}
         # Grants Redis stopped counting (this process was away) that their holders still hold,
         # and the callbacks of held grants whose holders want to hear of that.
         self._lost: set[str] = set()
@@ -77,7 +79,7 @@ class Holdings:
         """Count the slot Redis granted `gid` on `pair` as held here; the grant."""
         host, model = split_pair(pair)
         grant = self._held[gid] = Grant(host, model, gid, waited)
-        counted, key = self._held_per_pair, self.counted_as(host, model)
+        counted, key = self._held_per_pair, Pair(host, model)
         counted[key] = counted.get(key, 0) + 1
         if self._changed is not None:
             self._changed(host)
@@ -86,10 +88,11 @@ class Holdings:
     def unhold(self, grant: Grant) -> bool:
         """Forget a held grant; whether it was held (False for a lost one, or a second call)."""
         self._on_lost.pop(grant.id, None)
+        key = self.counted_as(grant)
+        self._moved.pop(grant.id, None)
         if self._held.pop(grant.id, None) is None:
             self._lost.discard(grant.id)
             return False
-        key = self.counted_as(grant.host, grant.model)
         left = self._held_per_pair.pop(key) - 1
         if left:
             self._held_per_pair[key] = left
@@ -117,20 +120,21 @@ class Holdings:
         """The grants held on one pair: exact, no round trip."""
         return self._held_per_pair.get(Pair(host, model), 0)
 
-    def counted_as(self, host: str, model: str) -> Pair:
-        """The pair a slot taken on (host, model) counts in now: under the host's new name
-        once renamed."""
-        return Pair(self._renamed.get(host, host), model)
+    def counted_as(self, grant: Grant) -> Pair:
+        """The pair `grant` counts in now: where it was taken, or under its host's new name
+        once that host was renamed while the grant was held."""
+        return self._moved.get(grant.id) or Pair(grant.host, grant.model)
 
     def counted_pair(self, grant: Grant) -> str:
         """`counted_as` for a grant, as Redis names the pair."""
-        return pair_id(*self.counted_as(grant.host, grant.model))
+        return pair_id(*self.counted_as(grant))
 
     def rename(self, old: str, new: str) -> None:
-        """The host `old` is named `new` now: grants held there count under `new`."""
-        self._renamed = {was: (new if now == old else now) for was, now in self._renamed.items()}
-        self._renamed.pop(new, None)  # a name back in use is its own again
-        self._renamed[old] = new
+        """The host `old` is named `new` now: the grants held there count under `new`."""
+        for grant in self._held.values():
+            pair = self.counted_as(grant)
+            if pair.host == old:
+                self._moved[grant.id] = Pair(new, pair.model)
         for pair, count in list(self._held_per_pair.items()):
             if pair.host == old:
                 del self._held_per_pair[pair]

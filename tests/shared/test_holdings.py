@@ -37,6 +37,23 @@ def test_a_renamed_hosts_grants_count_under_its_new_name_and_release_from_there(
     assert book.held_on("new", "m") == 1
 
 
+def test_a_host_given_a_renamed_hosts_old_name_later_counts_its_own_grants() -> None:
+    # The session's gateway in the shared suite renamed gpu1 to box1 in one test; every later
+    # test's gpu1 then counted its grants under box1 and released them there, so gpu1's slots
+    # stayed held in Redis for good (a 300 s queue timeout, then every request after it).
+    book = Holdings("p")
+    moved = book.hold("p.1", "gpu1/m", 0.0)
+    book.rename("gpu1", "box1")
+    book.unhold(moved)
+
+    fresh = book.hold("p.2", "gpu1/m", 0.0)
+
+    assert book.held_on("gpu1", "m") == 1 and book.held_on("box1", "m") == 0
+    assert book.counted_pair(fresh) == "gpu1/m"
+    book.unhold(fresh)
+    assert book.held_on("gpu1", "m") == 0
+
+
 async def test_a_lost_grants_holder_hears_once_and_its_release_counts_nothing() -> None:
     book = Holdings("p")
     grant = book.hold("p.1", "h1/m", 0.0)
