@@ -19,7 +19,7 @@ import pytest
 from django.core.management import call_command
 
 from tests.helpers.machine import free_port
-from tests.helpers.waits import wait_until
+from tests.helpers.waits import wait_until_healthy
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 README = (ROOT / "README.md").read_text()
@@ -52,16 +52,13 @@ def readme_fake() -> Iterator[int]:
         stderr=subprocess.STDOUT,
     )
 
-    def up() -> bool:
-        if process.poll() is not None:
-            pytest.fail(f"the README's fake exited with {process.returncode}")
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_until(up, timeout=30, what="the README's fake to listen")
+        wait_until_healthy(
+            process,
+            f"http://127.0.0.1:{port}",
+            lambda: f"the README's fake exited with {process.returncode}",
+            "the README's fake to listen",
+        )
         yield port
     finally:
         process.terminate()

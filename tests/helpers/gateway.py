@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 from django.db import connection
 
 from tests.helpers.machine import ROOT, free_port
-from tests.helpers.waits import wait_until
+from tests.helpers.waits import wait_until, wait_until_healthy
 
 
 def _database_url() -> str:
@@ -98,16 +97,13 @@ def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
 
-        def up() -> bool:
-            if process.poll() is not None:
-                pytest.fail(f"the gateway exited at start:\n{log_path.read_text()}")
-            try:
-                return httpx.get(f"{url}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
         try:
-            wait_until(up, timeout=30, what="the gateway to start")
+            wait_until_healthy(
+                process,
+                url,
+                lambda: f"the gateway exited at start:\n{log_path.read_text()}",
+                "the gateway to start",
+            )
             yield Gateway(url=url, process=process, log_path=log_path)
         finally:
             process.terminate()

@@ -4,8 +4,11 @@ saying what it waited for."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
+from collections.abc import Callable
 
+import httpx
 import pytest
 
 LONG = 30.0  # seconds a test waits for something that must happen (a busy machine is slow)
@@ -33,3 +36,19 @@ async def eventually(predicate, what: str):
                 await asyncio.sleep(0.05)
     except TimeoutError:
         pytest.fail(f"timed out after {LONG} s waiting for {what}")
+
+
+def wait_until_healthy(process: subprocess.Popen[bytes], url: str, exited: Callable[[], str],
+                       what: str) -> None:  # fmt: skip
+    """Wait (30 s at most) until the server `process` started answers `url`/health with 200;
+    fail the test with `exited()` when the process ends first."""
+
+    def up() -> bool:
+        if process.poll() is not None:
+            pytest.fail(exited())
+        try:
+            return httpx.get(f"{url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=30, what=what)
