@@ -1,0 +1,1 @@
+"""A twin of a llama.cpp fleet in virtual time (bench/twin/README.md)."""
