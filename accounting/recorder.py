@@ -430,6 +430,16 @@ _recorder: Recorder | None = None
 _recorder_lock = threading.Lock()
 
 
+def use_recorder(recorder: Recorder | None) -> Recorder | None:
+    """Make `recorder` the process's (None: the next `get_recorder` builds one), and return
+    the one it replaces. For a process that keeps its rows elsewhere: the fleet twin
+    (bench/twin) counts them in memory."""
+    global _recorder
+    with _recorder_lock:
+        previous, _recorder = _recorder, recorder
+    return previous
+
+
 def get_recorder() -> Recorder:
     """The process-wide recorder, spooling to the gateway's `var/spool` (`Spool.of_database`).
 

@@ -103,3 +103,7 @@ class HostProfile:
     models_max: int  # llama-server's --models-max (router mode)
     models: Mapping[str, ModelProfile] = field(default_factory=dict)
     source: str = ""
+    # llama-server's --slot-prompt-similarity: docs/config.md advises 0.95 behind crossbar (its
+    # own default is 0.1), so that a conversation whose slot moved on comes back from host
+    # memory; `make bench-cache` runs its hosts so.
+    similarity: float = 0.95

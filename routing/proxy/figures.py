@@ -9,13 +9,11 @@ patience: a route switched to auto finds its hosts priced already. Only a route 
 
 from __future__ import annotations
 
-import time
-
 from routing.config.shape import RouteConfig
 from routing.core.patience import Pricing
 from routing.core.tee import Usage
 from routing.proxy.ask import Ask
-from routing.proxy.record import Trail
+from routing.proxy.record import Trail, clock
 from routing.runtime import Runtime
 
 
@@ -39,7 +37,7 @@ def pricing(runtime: Runtime, route: RouteConfig, ask: Ask) -> Pricing | None:
 def held(trail: Trail, runtime: Runtime) -> None:
     """The request's slot is being given back: how long it was held (from its grant)."""
     placed = trail.arrival.t0 + trail.queued_ms / 1000
-    runtime.figures.held(trail.host, trail.model, time.perf_counter() - placed)
+    runtime.figures.held(trail.host, trail.model, clock() - placed)
 
 
 def measured(

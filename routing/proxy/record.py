@@ -9,6 +9,7 @@ never touches the database (the recorder's thread writes the row).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,15 +30,25 @@ log = logging.getLogger("crossbar.proxy")
 NO_USAGE = Usage(None, None, None)
 
 
+def clock() -> float:
+    """A request's clock for its durations: its event loop's, which placement's deadlines use
+    too (so the fleet twin, bench/twin, runs this code in virtual time), or the monotonic
+    clock asyncio's loops read, outside one."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
 @dataclass(slots=True, frozen=True)
 class Arrival:
-    """When a request arrived: wall clock for the row, a monotonic clock for durations."""
+    """When a request arrived: wall clock for the row, the request's `clock` for durations."""
 
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
-    t0: float = field(default_factory=time.perf_counter)
+    t0: float = field(default_factory=clock)
 
     def elapsed_ms(self) -> int:
-        return int((time.perf_counter() - self.t0) * 1000)
+        return int((clock() - self.t0) * 1000)
 
 
 class Trail(NamedTuple):

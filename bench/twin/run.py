@@ -1,0 +1,89 @@
+"""One run of the twin: a workload on a fleet of one preset, the route placing by one policy,
+in virtual time, to its figures. The same arguments give the same figures."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import replace
+
+from bench.twin.clock import VirtualLoop
+from bench.twin.gateway import Policy, TwinAsk, TwinGateway
+from bench.twin.host import TwinHost
+from bench.twin.shapes import Conversation, HostProfile, Segment, Workload
+from bench.twin.tally import Figures
+
+QUEUE_PER_SLOT = 8  # each host's queue_max, per slot: room enough that a burst queues
+
+
+def run(workload: Workload, preset: HostProfile, hosts: int, policy: Policy) -> Figures:
+    """The figures of `workload` on `hosts` hosts of `preset`, placed by `policy`."""
+    random.seed(workload.seed)  # the prefix index's salts: the same run, the same table
+    loop = VirtualLoop()
+    try:
+        return loop.run_until_complete(_run(workload, preset, hosts, policy))
+    finally:
+        loop.close()
+
+
+async def _run(workload: Workload, preset: HostProfile, hosts: int, policy: Policy) -> Figures:
+    model = workload.models[0]
+    if policy.one_host:
+        preset, hosts = one_host(preset, hosts, model), 1
+    names = [f"h{number:04d}" for number in range(hosts)]
+    twins = {name: TwinHost(name, preset, model) for name in names}
+    gateway = TwinGateway(
+        twins, model, policy.patience, queue_max=QUEUE_PER_SLOT * preset.slots,
+        seed=workload.seed,
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    for restart in workload.restarts:
+        name = names[restart.host % hosts]
+        loop.call_at(restart.at, gateway.restart, name, restart.down)
+    talks: set[asyncio.Task[None]] = set()
+    for conversation in workload.conversations():
+        delay = conversation.start - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        talk = asyncio.create_task(_converse(gateway, conversation))
+        talks.add(talk)
+        talk.add_done_callback(talks.discard)
+    while talks:
+        await asyncio.gather(*talks)
+    await gateway.aclose()
+    return gateway.tally.figures(names)
+
+
+def one_host(preset: HostProfile, hosts: int, model: str) -> HostProfile:
+    """One host with the slots, compute and host memory of `hosts` hosts of `preset`: every
+    conversation's cache in one place, the reference for prompt tokens evaluated."""
+    speeds = preset.models[model]
+    per_stream = speeds.decode_tps
+    scaled = replace(
+        speeds,
+        prefill_tps=speeds.prefill_tps * hosts,
+        restore_tps=speeds.restore_tps * hosts,
+        decode_tps=tuple(per_stream[min(-(-n // hosts), len(per_stream)) - 1]
+                         for n in range(1, len(per_stream) * hosts + 1)),
+    )  # fmt: skip
+    return replace(
+        preset, slots=preset.slots * hosts, cache_ram_mib=preset.cache_ram_mib * hosts,
+        models={model: scaled},
+    )  # fmt: skip
+
+
+async def _converse(gateway: TwinGateway, conversation: Conversation) -> None:
+    """The conversation's turns, one after the other, each after its pause."""
+    prompt = conversation.opening
+    answer: Segment | None = None
+    for number, turn in enumerate(conversation.turns):
+        if number:
+            await asyncio.sleep(turn.pause)
+            if turn.keeps_answer and answer is not None:
+                prompt = (*prompt, answer)
+        prompt = (*prompt, *turn.added)
+        # Answers' ids are negative: no workload segment has one.
+        made = Segment(-(conversation.id * 4096 + number + 1), turn.max_tokens)
+        ask = TwinAsk(prompt, turn.max_tokens, made)
+        outcome = await gateway.ask(conversation.id, ask, conversation.client)
+        answer = made if outcome.status < 400 else None

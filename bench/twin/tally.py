@@ -1,0 +1,85 @@
+"""The twin's rows, counted as they are written: it stands in the recorder
+(`accounting.recorder.use_recorder`), so what the table says comes from the rows the gateway
+writes, as `requests_report` reads them from the database, without keeping a million of them."""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from dataclasses import dataclass
+
+from accounting.rows import RequestRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """One run's figures, as the table prints them (times in seconds)."""
+
+    requests: int
+    served: int
+    refused: int
+    failed: int
+    evaluated: int  # prompt tokens the hosts evaluated
+    cached: int  # prompt tokens the hosts had cached
+    generated: int
+    ttfb: tuple[float, float, float]  # p50, p95, p99 of the served
+    queued: tuple[float, float]  # p50, p95 of the served
+    spills: int
+    shares: tuple[float, ...]  # each host's part of the served requests, by host name
+
+    @property
+    def cache_fraction(self) -> float:
+        total = self.evaluated + self.cached
+        return self.cached / total if total else 0.0
+
+
+class Tally:
+    """Counts rows as the recorder would write them."""
+
+    def __init__(self) -> None:
+        self.requests = self.served = self.refused = self.failed = 0
+        self.evaluated = self.cached = self.generated = self.spills = 0
+        self.ttfb_ms = array("q")
+        self.queued_ms = array("q")
+        self.hosts: Counter[str] = Counter()
+        self.codes: Counter[str] = Counter()
+        self.spooled = 0  # the recorder's attribute the status page reads
+
+    def record(self, row: RequestRecord) -> None:
+        self.requests += 1
+        if row.status >= 400:
+            self.codes[row.code] += 1
+            if row.code in ("queue_full", "no_healthy_host", "queue_timeout", "host_removed", "pinned_host_down"):
+                self.refused += 1
+            else:
+                self.failed += 1
+            return
+        self.served += 1
+        prompt, cached = row.prompt_tokens or 0, row.cached_tokens or 0
+        self.evaluated += prompt - cached
+        self.cached += cached
+        self.generated += row.completion_tokens or 0
+        self.ttfb_ms.append(row.ttfb_ms or 0)
+        self.queued_ms.append(row.queued_ms)
+        self.hosts[row.host] += 1
+        if row.placement == "spilled":
+            self.spills += 1
+
+    def figures(self, hosts: list[str]) -> Figures:
+        served = self.served or 1
+        return Figures(
+            self.requests, self.served, self.refused, self.failed, self.evaluated, self.cached,
+            self.generated,
+            _percentiles(self.ttfb_ms, (50, 95, 99)),  # type: ignore[arg-type]
+            _percentiles(self.queued_ms, (50, 95)),  # type: ignore[arg-type]
+            self.spills, tuple(self.hosts[name] / served for name in hosts),
+        )  # fmt: skip
+
+
+def _percentiles(values: array[int], points: tuple[int, ...]) -> tuple[float, ...]:
+    """Nearest-rank percentiles, in seconds (0 for none)."""
+    if not values:
+        return tuple(0.0 for _ in points)
+    ordered = sorted(values)
+    last = len(ordered) - 1
+    return tuple(ordered[min(last, (len(ordered) * p + 99) // 100 - 1)] / 1000 for p in points)
