@@ -1,9 +1,9 @@
 """`make twin`: every workload on every preset's fleet, placed by each policy, in virtual
 time; one table a workload and preset, each figure the median of the seeds.
 
-    .venv/bin/python -m bench.twin                           # the default table
-    .venv/bin/python -m bench.twin --seeds 20                # the issue's judgement
-    .venv/bin/python -m bench.twin --workloads agent --presets gpu-8b --hosts 2000 ...
+    PYTHONPATH=bench .venv/bin/python -m twin                           # the default table
+    PYTHONPATH=bench .venv/bin/python -m twin --seeds 20                # the issue's judgement
+    PYTHONPATH=bench .venv/bin/python -m twin --workloads agent --presets gpu-8b --hosts 2000 ...
 
 The same arguments print the same bytes: the workloads are seeded, the clock is virtual, and
 the interpreter's string hashing is fixed (the process starts itself again with
@@ -21,12 +21,12 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
-from bench.twin.gateway import Policy
-from bench.twin.presets import PRESETS
-from bench.twin.report import AUTO, ONE_HOST, table, verdicts
-from bench.twin.run import run
-from bench.twin.tally import Figures
-from bench.twin.workloads import WORKLOADS, Scale
+from twin.gateway import Policy
+from twin.presets import PRESETS
+from twin.report import AUTO, ONE_HOST, table, verdicts
+from twin.run import run
+from twin.tally import Figures
+from twin.workloads import WORKLOADS, Scale
 
 FIXED = (0.0, 2.0, 8.0, 30.0)  # the fixed patiences auto is judged against (2 s: the default)
 DEFAULT_PRESETS = ("gpu-8b", "gpu-70b")
@@ -49,8 +49,10 @@ def _one(task: tuple[str, str, int, int, float, Policy]) -> Figures:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.twin", description=__doc__)
-    parser.add_argument("--workloads", nargs="+", default=[n for n in WORKLOADS if n != CALIBRATION])
+    parser = argparse.ArgumentParser(prog="python -m twin", description=__doc__)
+    parser.add_argument(
+        "--workloads", nargs="+", default=[n for n in WORKLOADS if n != CALIBRATION]
+    )
     parser.add_argument("--presets", nargs="+", default=list(DEFAULT_PRESETS))
     parser.add_argument("--hosts", type=int, default=8)
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -94,6 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     if os.environ.get("PYTHONHASHSEED") != "0":
         os.environ["PYTHONHASHSEED"] = "0"
-        os.execv(sys.executable, [sys.executable, "-m", "bench.twin", *sys.argv[1:]])
+        os.execv(sys.executable, [sys.executable, "-m", "twin", *sys.argv[1:]])
     logging.disable(logging.WARNING)  # the gateway's own advice to operators, once a request
     sys.exit(main())

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class Deadlocked(RuntimeError):
@@ -65,3 +67,12 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def jump(self, seconds: float) -> None:
         self._now += seconds
+
+
+def in_virtual_time(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` to its end on a fresh `VirtualLoop`."""
+    loop = VirtualLoop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        loop.close()

@@ -23,14 +23,10 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crossbar_site.settings")
 django.setup()
 
+import httpx  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-import httpx  # noqa: E402
-
 from accounting.recorder import use_recorder  # noqa: E402
-from bench.twin.host import Cut, Prompt, Refused, TwinHost  # noqa: E402
-from bench.twin.shapes import HostProfile, Segment  # noqa: E402
-from bench.twin.tally import Tally  # noqa: E402
 from hosts.describe import Described  # noqa: E402
 from hosts.health import HostState  # noqa: E402
 from routing import signals  # noqa: E402
@@ -44,6 +40,9 @@ from routing.proxy.ask import Ask  # noqa: E402
 from routing.proxy.lifecycle import Lifecycle  # noqa: E402
 from routing.proxy.record import Outcome  # noqa: E402
 from routing.runtime import Runtime  # noqa: E402
+from twin.host import Cut, Prompt, Refused, TwinHost  # noqa: E402
+from twin.shapes import HostProfile, Segment  # noqa: E402
+from twin.tally import Tally  # noqa: E402
 
 ROUTE = "twin"
 PATH = "/v1/chat/completions"  # a path whose requests may name their slot
@@ -61,11 +60,26 @@ class Policy:
 
 @dataclass(frozen=True, slots=True)
 class TwinAsk:
-    """What the twin's `forward` needs of a request, carried as the ask's request."""
+    """A request as the twin's client sends it: its prompt as segments (what the host's
+    caches compare) and as a chat's messages (what the gateway reads: `message`), how many
+    tokens it asks for, and its answer as the slot will hold it. Carried to `forward` as the
+    ask's request."""
 
     prompt: Prompt
+    messages: list[dict[str, str]]
     max_tokens: int
     answer: Segment
+
+
+CHARS_PER_TOKEN = 4  # of English text; the prefix index converts with each request's own ratio
+
+
+def message(segment: Segment, role: str) -> dict[str, str]:
+    """The segment as a chat message: text of its own (equal segments, equal text), about as
+    long as its tokens would be."""
+    tag = f"<{segment.id}>"
+    size = segment.tokens * CHARS_PER_TOKEN
+    return {"role": role, "content": (tag * (size // len(tag) + 1))[:size]}
 
 
 class TwinAnswer:
@@ -131,13 +145,13 @@ class TwinGateway:
 
     # -- a request ------------------------------------------------------------------------
 
-    async def ask(self, conversation: int, twin_ask: TwinAsk, client: str = "") -> Outcome:
-        """One request of `conversation`, from its route to its row; how it ended."""
-        prompt_ids = [token for segment in twin_ask.prompt for token in _ids(segment)]
+    async def ask(self, twin_ask: TwinAsk, client: str = "") -> Outcome:
+        """One request, from its route to its row; how it ended."""
+        payload: dict[str, object] = {"messages": twin_ask.messages}
         ask = Ask(
-            request=cast(Any, twin_ask), path=PATH, kind=Kind.GENERATE, body=b"", payload={},
-            model=self.model, fingerprint=fingerprint("POST", None, f"c{conversation}"),
-            prefix=prefix_blocks({"prompt": prompt_ids}),
+            request=cast(Any, twin_ask), path=PATH, kind=Kind.GENERATE, body=b"",
+            payload=payload, model=self.model, fingerprint=fingerprint("POST", payload, None),
+            prefix=prefix_blocks(payload),
         )  # fmt: skip
         life = Lifecycle(forward=self._forward)
         life.routed(self.runtime, self.route)
@@ -201,9 +215,3 @@ class TwinGateway:
 
 def _model(model: str, profile: HostProfile, queue_max: int) -> ModelConfig:
     return ModelConfig(model, model, profile.slots, queue_max)
-
-
-def _ids(segment: Segment) -> range:
-    """The segment's token ids: equal segments, equal ids (what the prefix index hashes)."""
-    base = segment.id * 1_000_003
-    return range(base, base + segment.tokens)

@@ -7,8 +7,9 @@ builds):
 
 - A request naming a slot (`id_slot`) gets that slot, and waits while it is busy. Otherwise the
   idle slot whose cache holds the largest share of the prompt, when that share is over
-  `--slot-prompt-similarity` (the preset's `similarity`), else the least recently used idle slot. With no idle slot
-  the request waits (the gateway never sends more than the slots, so only a named slot waits).
+  `--slot-prompt-similarity` (the preset's `similarity`), else the least recently used idle
+  slot. With no idle slot the request waits (the gateway never sends more than the slots, so
+  only a named slot waits).
 - Host memory (`--cache-ram`): when the chosen slot would keep less than half of what it holds
   (a named slot that does not qualify keeps none; one chosen as least recently used is
   treated the same), what it holds is saved there first (unless an
@@ -33,7 +34,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from bench.twin.shapes import HostProfile, ModelProfile, Segment
+from twin.shapes import HostProfile, ModelProfile, Segment
 
 N_BATCH = 2048  # llama-server's default --batch-size
 

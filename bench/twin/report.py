@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 
-from bench.twin.tally import Figures
+from twin.tally import Figures
 
 ONE_HOST = "one-host"
 AUTO = "auto"
@@ -49,7 +49,9 @@ def table(title: str, runs: Mapping[str, Sequence[Figures]]) -> str:
         cells = "".join(fmt.format(_median(figures, figure)) for _, fmt, figure in COLUMNS)
         ratio = ""
         if reference:
-            ratio = f"{_median(figures, _evaluated) / max(_median(reference, _evaluated), 1):>10.3f}x"
+            ratio = (
+                f"{_median(figures, _evaluated) / max(_median(reference, _evaluated), 1):>10.3f}x"
+            )
         lines.append(f"{policy:<10}{cells}{ratio}")
     return "\n".join(lines)
 

@@ -7,11 +7,11 @@ import asyncio
 import random
 from dataclasses import replace
 
-from bench.twin.clock import VirtualLoop
-from bench.twin.gateway import Policy, TwinAsk, TwinGateway
-from bench.twin.host import TwinHost
-from bench.twin.shapes import Conversation, HostProfile, Segment, Workload
-from bench.twin.tally import Figures
+from twin.clock import in_virtual_time
+from twin.gateway import Policy, TwinAsk, TwinGateway, message
+from twin.host import TwinHost
+from twin.shapes import Conversation, HostProfile, Segment, Workload
+from twin.tally import Figures
 
 QUEUE_PER_SLOT = 8  # each host's queue_max, per slot: room enough that a burst queues
 
@@ -19,11 +19,7 @@ QUEUE_PER_SLOT = 8  # each host's queue_max, per slot: room enough that a burst 
 def run(workload: Workload, preset: HostProfile, hosts: int, policy: Policy) -> Figures:
     """The figures of `workload` on `hosts` hosts of `preset`, placed by `policy`."""
     random.seed(workload.seed)  # the prefix index's salts: the same run, the same table
-    loop = VirtualLoop()
-    try:
-        return loop.run_until_complete(_run(workload, preset, hosts, policy))
-    finally:
-        loop.close()
+    return in_virtual_time(_run(workload, preset, hosts, policy))
 
 
 async def _run(workload: Workload, preset: HostProfile, hosts: int, policy: Policy) -> Figures:
@@ -73,17 +69,22 @@ def one_host(preset: HostProfile, hosts: int, model: str) -> HostProfile:
 
 
 async def _converse(gateway: TwinGateway, conversation: Conversation) -> None:
-    """The conversation's turns, one after the other, each after its pause."""
+    """The conversation's turns, one after the other, each after its pause. Its opening is
+    system messages and then its first user message (what names the conversation)."""
     prompt = conversation.opening
+    last = len(prompt) - 1
+    messages = [message(s, "user" if at == last else "system") for at, s in enumerate(prompt)]
     answer: Segment | None = None
     for number, turn in enumerate(conversation.turns):
         if number:
             await asyncio.sleep(turn.pause)
             if turn.keeps_answer and answer is not None:
                 prompt = (*prompt, answer)
+                messages = [*messages, message(answer, "assistant")]
         prompt = (*prompt, *turn.added)
+        messages = [*messages, *(message(segment, "user") for segment in turn.added)]
         # Answers' ids are negative: no workload segment has one.
         made = Segment(-(conversation.id * 4096 + number + 1), turn.max_tokens)
-        ask = TwinAsk(prompt, turn.max_tokens, made)
-        outcome = await gateway.ask(conversation.id, ask, conversation.client)
+        ask = TwinAsk(prompt, messages, turn.max_tokens, made)
+        outcome = await gateway.ask(ask, conversation.client)
         answer = made if outcome.status < 400 else None

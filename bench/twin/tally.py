@@ -10,6 +10,11 @@ from dataclasses import dataclass
 
 from accounting.rows import RequestRecord
 
+# The codes of a request the gateway refused (placement's answers), as against one a host failed.
+REFUSALS = frozenset(
+    {"queue_full", "no_healthy_host", "queue_timeout", "host_removed", "pinned_host_down"}
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Figures:
@@ -49,7 +54,13 @@ class Tally:
         self.requests += 1
         if row.status >= 400:
             self.codes[row.code] += 1
-            if row.code in ("queue_full", "no_healthy_host", "queue_timeout", "host_removed", "pinned_host_down"):
+            if row.code in (
+                "queue_full",
+                "no_healthy_host",
+                "queue_timeout",
+                "host_removed",
+                "pinned_host_down",
+            ):
                 self.refused += 1
             else:
                 self.failed += 1
