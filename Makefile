@@ -84,6 +84,14 @@ bench-scale: $(BENCH_INSTALLED)
 bench-cache: $(VENV)/.installed
 	$(PY) bench/bench_cache.py $(BENCH_ARGS)
 
+# The fleet twin (bench/twin/README.md): every workload on every GPU preset's fleet, placed by
+# each policy, in virtual time; the same bytes every run. TWIN_ARGS: more options, e.g.
+# TWIN_ARGS="--seeds 20" (the placement issue's judgement) or "--workloads agent --hosts 2000".
+.PHONY: twin
+
+twin: $(VENV)/.installed
+	PYTHONPATH=bench $(PY) -m twin $(TWIN_ARGS)
+
 $(LITELLM_VENV)/.installed:
 	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
 	$(LITELLM_VENV)/bin/pip install --quiet --disable-pip-version-check '$(LITELLM_PIN)' \
