@@ -7,7 +7,7 @@ The seams, and only these: `forward` (how a host is asked: here a `TwinHost` tak
 request, and its head comes with the first token), the health poller (the twin marks a host
 down and up as a poll would find it, a poll interval after the fact, and answers a request's
 on-demand probe from the host's own state), and the recorder (rows are counted in memory,
-`bench.twin.tally`). Everything else is the code a real request runs.
+`twin.tally`). Everything else is the code a real request runs.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.twin.presets import PRESETS, UnknownPreset, preset
-from bench.twin.shapes import ModelProfile
+from twin.presets import PRESETS, UnknownPreset, preset
+from twin.shapes import ModelProfile
 
 MODELS = {
     f"{host.name}/{name}": model for host in PRESETS.values() for name, model in host.models.items()
