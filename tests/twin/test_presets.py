@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from twin.presets import PRESETS, UnknownPreset, preset
 from twin.shapes import ModelProfile
 
