@@ -44,7 +44,11 @@ def policies() -> list[Policy]:
 def _one(task: tuple[str, str, int, int, float, Policy]) -> Figures:
     workload_name, preset_name, seed, hosts, minutes, policy = task
     preset = PRESETS[preset_name]
-    scale = Scale(hosts=hosts, slots=preset.slots, minutes=minutes)
+    speeds = next(iter(preset.models.values()))
+    scale = Scale(
+        hosts=hosts, slots=preset.slots, minutes=minutes, prefill_tps=speeds.prefill_tps,
+        decode_tps=speeds.decode_tps[min(preset.slots, len(speeds.decode_tps)) - 1],
+    )  # fmt: skip
     return run(WORKLOADS[workload_name](seed, scale), preset, hosts, policy)
 
 

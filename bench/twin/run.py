@@ -24,6 +24,7 @@ def run(workload: Workload, preset: HostProfile, hosts: int, policy: Policy) -> 
 
 async def _run(workload: Workload, preset: HostProfile, hosts: int, policy: Policy) -> Figures:
     model = workload.models[0]
+    preset = serving(preset, model)
     if policy.one_host:
         preset, hosts = one_host(preset, hosts, model), 1
     names = [f"h{number:04d}" for number in range(hosts)]
@@ -48,6 +49,11 @@ async def _run(workload: Workload, preset: HostProfile, hosts: int, policy: Poli
         await asyncio.gather(*talks)
     await gateway.aclose()
     return gateway.tally.figures(names)
+
+
+def serving(preset: HostProfile, model: str) -> HostProfile:
+    """`preset` serving its (first) model under the workload's name for it."""
+    return replace(preset, models={model: next(iter(preset.models.values()))})
 
 
 def one_host(preset: HostProfile, hosts: int, model: str) -> HostProfile:

@@ -83,7 +83,7 @@ class Scale:
     hosts: int
     slots: int
     minutes: float
-    load: float = 0.7
+    load: float = 0.3
     models: tuple[str, ...] = ("chat",)
     prefill_tps: float = 2000.0
     decode_tps: float = 40.0
@@ -127,8 +127,8 @@ def agent(seed: int, scale: Scale) -> Workload:
     their own, then turn after turn the model's tool call (the answer, kept) and the tool's
     result, after the tool's run; Poisson arrivals at `scale.load`."""
     opening = random.Random(f"{seed}/agent/opening").randint(3000, 6000)
-    kind = Chat((Segment(AGENT_SYSTEM, opening),), ((100, 400),), (5, 30), (1.0, 20.0),
-                (200, 2000), (50, 300))  # fmt: skip
+    kind = Chat((Segment(AGENT_SYSTEM, opening),), ((100, 400),), (4, 16), (1.0, 20.0),
+                (100, 1000), (50, 300))  # fmt: skip
     return _steady("agent", seed, scale, kind)
 
 
