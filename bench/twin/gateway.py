@@ -46,12 +46,15 @@ from twin.tally import Tally  # noqa: E402
 
 ROUTE = "twin"
 PATH = "/v1/chat/completions"  # a path whose requests may name their slot
+LEASE_TTL = 1200.0  # a route's default (routing/models.py)
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
     """How the route places: its `lease_patience` (None: auto, priced), or one host holding
-    every slot of the fleet (`one_host`: the cache's best case, the reference)."""
+    every slot of the fleet (`one_host`: the cache's best case, the reference; as
+    `make bench-cache`'s, its slots are not named, as a client asking it directly names none,
+    and it never restarts)."""
 
     name: str
     patience: float | None = None
@@ -107,6 +110,7 @@ class TwinGateway:
         queue_timeout: float = 300.0,
         poll_interval: float = 5.0,
         seed: int = 0,
+        name_slots: bool = True,
     ) -> None:
         self.hosts = hosts
         self.model = model
@@ -118,6 +122,7 @@ class TwinGateway:
         # What the gateway is told of its hosts' --slot-prompt-similarity (one preset a fleet).
         profile = next(iter(hosts.values())).profile
         settings.CROSSBAR["SLOT_PROMPT_SIMILARITY"] = profile.similarity
+        settings.CROSSBAR["NAME_SLOTS"] = name_slots
         config = FleetConfig(
             hosts={
                 name: HostConfig(
@@ -127,7 +132,7 @@ class TwinGateway:
             },
             routes={
                 ROUTE: RouteConfig(
-                    ROUTE, model, 3600.0, False, True, tuple(hosts),
+                    ROUTE, model, LEASE_TTL, False, True, tuple(hosts),
                     queue_timeout=queue_timeout, lease_patience=patience,
                 )
             },

@@ -269,7 +269,9 @@ class Pricing:
     """One request's prices on its route's hosts, from the figures and the prefix index as
     they are when asked. `slots(host)`: the host's slots for the model."""
 
-    __slots__ = ("figures", "index", "model", "prefix", "slots", "default", "running")
+    __slots__ = (
+        "figures", "index", "model", "prefix", "slots", "default", "running", "owners", "free",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -280,6 +282,8 @@ class Pricing:
         slots: Callable[[str], int],
         default: float = DEFAULT_PATIENCE,
         running: Callable[[str], Sequence[float]] = lambda host: (),
+        owners: Callable[[str], int] = lambda host: 0,
+        free: Callable[[str], int] = lambda host: 1,
     ) -> None:
         self.figures = figures
         self.index = index
@@ -290,6 +294,10 @@ class Pricing:
         # `running(host)`: the seconds each request known to hold a slot of the host for the
         # model has held it (`line_wait`).
         self.running = running
+        # `owners(host)`: the conversations leased to the host for the model with no request
+        # running there now (they may come back for a slot); `free(host)`: its free slots.
+        self.owners = owners
+        self.free = free
 
     def stay(self, host: str, position: int) -> float | None:
         """Seconds to the first token staying at place `position` of the host's line: the
@@ -313,11 +321,24 @@ class Pricing:
     def spill(self, host: str) -> float | None:
         """The delay a spill to a free slot of the host costs: its prefill of the prompt, which
         this request waits for its first token, and so does each request running there
-        (llama-server evaluates a prompt in the same batches as their next tokens)."""
+        (llama-server evaluates a prompt in the same batches as their next tokens); and the
+        wait of the host's own conversations that come back while it holds the slot
+        (`displaced`)."""
         evaluate = self.prefill_on(host)
         if evaluate is None:
             return None
-        return evaluate * (1 + len(self.running(host)))
+        return evaluate * (1 + len(self.running(host))) + self.displaced(host)
+
+    def displaced(self, host: str) -> float:
+        """What holding a free slot of the host for a whole service costs the conversations
+        leased there: with as many of them between turns as it has free slots, one that comes
+        back finds none and waits up to a service; with fewer, the share of the free slots
+        they may need. 0 before the host has a service figure."""
+        service = self.figures.service(host, self.model)
+        owners = self.owners(host)
+        if service is None or owners <= 0:
+            return 0.0
+        return service * min(1.0, owners / max(self.free(host), 1))
 
     def prefill_on(self, host: str) -> float | None:
         """Seconds the host takes to evaluate what it does not hold of the prompt."""

@@ -31,7 +31,18 @@ def pricing(runtime: Runtime, route: RouteConfig, ask: Ask) -> Pricing | None:
     def running(host: str) -> list[float]:
         return runtime.running.holding(host, model)
 
-    return Pricing(runtime.figures, runtime.prefixes, model, ask.prefix, slots, running=running)
+    state = runtime.state
+
+    def owners(host: str) -> int:
+        return max(0, state.leases_held(host, model) - state.in_flight(host, model))
+
+    def free(host: str) -> int:
+        return state.free_for(host, model)
+
+    return Pricing(
+        runtime.figures, runtime.prefixes, model, ask.prefix, slots, running=running,
+        owners=owners, free=free,
+    )  # fmt: skip
 
 
 def held(trail: Trail, runtime: Runtime) -> None:
