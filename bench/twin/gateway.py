@@ -59,6 +59,7 @@ class Policy:
     name: str
     patience: float | None = None
     one_host: bool = False
+    similarity: float | None = None  # the one host's (None: llama-server's own default)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,8 @@ async def _run(workload: Workload, preset: HostProfile, hosts: int, policy: Poli
     model = workload.models[0]
     preset = serving(preset, model)
     if policy.one_host:
-        preset, hosts = one_host(preset, hosts, model), 1
+        similarity = ONE_HOST_SIMILARITY if policy.similarity is None else policy.similarity
+        preset, hosts = one_host(preset, hosts, model, similarity), 1
     names = [f"h{number:04d}" for number in range(hosts)]
     twins = {name: TwinHost(name, preset, model) for name in names}
     gateway = TwinGateway(
@@ -61,7 +62,9 @@ def serving(preset: HostProfile, model: str) -> HostProfile:
     return replace(preset, models={model: next(iter(preset.models.values()))})
 
 
-def one_host(preset: HostProfile, hosts: int, model: str) -> HostProfile:
+def one_host(
+    preset: HostProfile, hosts: int, model: str, similarity: float = ONE_HOST_SIMILARITY
+) -> HostProfile:
     """One host with the slots, compute and host memory of `hosts` hosts of `preset`: every
     conversation's cache in one place, the reference for prompt tokens evaluated."""
     speeds = preset.models[model]
@@ -75,7 +78,7 @@ def one_host(preset: HostProfile, hosts: int, model: str) -> HostProfile:
     )  # fmt: skip
     return replace(
         preset, slots=preset.slots * hosts, cache_ram_mib=preset.cache_ram_mib * hosts,
-        models={model: scaled}, similarity=ONE_HOST_SIMILARITY,
+        models={model: scaled}, similarity=similarity,
     )  # fmt: skip
 
 

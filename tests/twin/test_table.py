@@ -1,0 +1,41 @@
+"""`make twin` (python -m twin): the table, and the same bytes every run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--workloads", "few", "shared_opening", "--presets", "gpu-8b", "--hosts", "2",
+         "--minutes", "1", "--jobs", "2"]  # fmt: skip
+
+
+def twin(*args: str, hashseed: str = "random") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "bench"), "PYTHONHASHSEED": hashseed}
+    return subprocess.run(
+        [sys.executable, "-m", "twin", *args], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_the_twin_prints_the_same_table_twice_whatever_the_interpreters_hash_seed() -> None:
+    first = twin(*SMALL, hashseed="1")
+    again = twin(*SMALL, hashseed="2")
+
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == again.stdout
+    lines = first.stdout.splitlines()
+    assert lines[0] == "few on 2 x gpu-8b, 1 minutes, 1 seed(s), medians"
+    policies = [line.split()[0] for line in lines[2:8]]
+    assert policies == ["one-host", "auto", "0", "2", "8", "30"]
+    assert "shared_opening on 2 x gpu-8b" in first.stdout
+
+
+def test_an_unknown_workload_or_preset_is_refused_naming_the_known_ones() -> None:
+    done = twin("--workloads", "nope", "--presets", "gpu-9b")
+
+    assert done.returncode == 2
+    assert "unknown: nope, gpu-9b" in done.stderr
+    assert "agent" in done.stderr and "gpu-70b" in done.stderr
