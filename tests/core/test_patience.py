@@ -349,3 +349,33 @@ def test_a_priced_choice_takes_a_slot_only_when_it_is_the_soonest_of_all(
     assert priced.takes == (spill < stay and spill <= soonest)
     assert priced.choice is (Choice.SPILL if priced.takes else Choice.STAY)
     assert (priced.stay, priced.spill) == (stay, spill)
+
+
+def test_a_spill_to_a_host_whose_own_conversations_will_want_its_free_slot_costs_them_a_service():
+    """Its slot is held a whole service while the conversations leased there come back: with
+    as many of them between turns as it has free slots, one finds none (the cascade's cause);
+    with fewer, the share of the free slots they may need; with none, nothing."""
+    known = figures(gpu2=(4.0, 1000.0))
+    owners = {"gpu2": 0}
+    free = {"gpu2": 2}
+    prices = Pricing(known, PrefixIndex(10_000), MODEL, PROMPT, lambda host: 2,
+                     owners=owners.__getitem__, free=free.__getitem__)  # fmt: skip
+    cold = TOKENS / 1000
+
+    assert prices.spill("gpu2") == pytest.approx(cold)
+    owners["gpu2"] = 1
+    assert prices.spill("gpu2") == pytest.approx(cold + 4.0 / 2)
+    owners["gpu2"] = 3  # more of them than free slots: one waits up to a whole service
+    assert prices.spill("gpu2") == pytest.approx(cold + 4.0)
+    free["gpu2"] = 0  # a host reported with no free slot counts one (the one being priced)
+    assert prices.displaced("gpu2") == pytest.approx(4.0)
+
+
+def test_a_host_not_yet_timed_costs_its_own_conversations_nothing_in_a_spills_price():
+    known = figures()
+    known.prompted("gpu2", MODEL, NO_PREFIX, 1000, 0, 1000.0)  # a speed, no service yet
+    prices = Pricing(known, PrefixIndex(10_000), MODEL, PROMPT, lambda host: 2,
+                     owners=lambda host: 5, free=lambda host: 1)  # fmt: skip
+
+    assert prices.displaced("gpu2") == 0.0
+    assert prices.spill("gpu2") == pytest.approx(TOKENS / 1000)

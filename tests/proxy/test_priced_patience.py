@@ -49,6 +49,37 @@ def test_a_busy_homes_request_spills_at_once_when_the_cold_start_is_priced_soone
     assert f"patience={said}" in gateway.log()
 
 
+def test_a_busy_homes_request_stays_when_the_free_slot_elsewhere_is_its_hosts_own_conversations(
+    gateway, fake, fake2
+):
+    """The other host's free slot is the one its own conversation comes back to: a spill would
+    hold it for a whole service there (some 2 s, that conversation's last answer), which is
+    priced into the spill, so the request waits at home for its much shorter line instead."""
+    home, other = fresh_hosts(fake, fake2)
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    fake.token_delay = 0.1
+    first = httpx.post(url, json=chat("mine", max_tokens=4), timeout=10)
+    assert first.headers["x-crossbar-host"] == home
+    fake2.token_delay = 0.1
+    theirs = httpx.post(url, json=chat("theirs", max_tokens=20), timeout=10)  # 2 s held
+    assert theirs.headers["x-crossbar-host"] == other
+    since = timezone.now()
+
+    with holding(url, slow("mine", tokens=6), fake):  # home busy for some 0.6 s
+        stayed = httpx.post(url, json=chat("mine", max_tokens=2), timeout=10)
+
+    assert stayed.status_code == 200
+    assert stayed.headers["x-crossbar-host"] == home
+    rows = Request.objects.filter(started__gte=since, host=home, queued_ms__gt=0)
+    wait_until(rows.exists, what="the row of the request that waited")
+    row = rows.get()
+    assert row.patience == "stay"
+    # The cold start there is well under a millisecond; the rest is theirs' service.
+    assert row.patience_spill_ms is not None and row.patience_spill_ms >= 1900
+    assert row.patience_stay_ms is not None and row.patience_stay_ms < row.patience_spill_ms
+
+
 def test_a_busy_homes_request_stays_when_the_cold_start_elsewhere_is_priced_longer(
     gateway, fake, fake2
 ):
