@@ -36,7 +36,8 @@ BENCH_SIMILARITY = 0.95  # bench-cache's --slot-prompt-similarity, its one-host'
 def policy_of(key: str) -> Policy:
     """bench-cache's policy key as the twin's policy."""
     if key == "one-host":
-        return Policy(key, one_host=True, similarity=BENCH_SIMILARITY)
+        # As bench-cache's: one llama-server, one thread: one host's compute.
+        return Policy(key, one_host=True, similarity=BENCH_SIMILARITY, compute=1)
     patience = key.removeprefix("crossbar@")
     return Policy(key, None if patience == "auto" else float(patience))
 

@@ -60,6 +60,7 @@ class Policy:
     patience: float | None = None
     one_host: bool = False
     similarity: float | None = None  # the one host's (None: llama-server's own default)
+    compute: int | None = None  # the one host's, in hosts' worth (None: the whole fleet's)
 
 
 @dataclass(frozen=True, slots=True)

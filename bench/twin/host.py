@@ -17,6 +17,8 @@ builds):
   the entry sharing the most with the prompt is restored into the slot if it keeps more than
   the slot does (both as a share of the entry, at least a quarter, and of the prompt). A
   restore costs its tokens at the preset's `restore_tps`.
+- On launching a request, every idle slot's prompt is saved to host memory too
+  (`--cache-idle-slots`, on by default), not cleared (the KV cache is not unified).
 - At least one token of a prompt is evaluated, even when all of it is cached; `cache_n` is what
   was not. A slot holds the prompt and then the answer it generated.
 - Prompts are evaluated one at a time, first come first served, at `prefill_tps`; meanwhile the
@@ -179,6 +181,17 @@ class TwinHost:
             self.waiting.remove(job)
             self._load(job, *chosen)
             self.prompting.append(job)
+            self._save_idle()
+
+    def _save_idle(self) -> None:
+        """Each idle slot's prompt into host memory, as llama-server does on launching a task
+        (`--cache-idle-slots`, on by default): a conversation's history is there for its next
+        turn even while its slot still holds it."""
+        if not self.cache.limit_tokens:
+            return
+        for slot in self.slots:
+            if slot.job is None:
+                self.cache.save(slot.holds, slot.holds_tokens)
 
     def _slot_for(self, job: Job) -> tuple[Slot, bool] | None:
         """The slot for `job`, and whether host memory is updated first (llama-server's
@@ -205,7 +218,8 @@ class TwinHost:
         idle = [slot for slot in slots if slot.job is None]
         if not idle:
             return None
-        return min(idle, key=lambda slot: slot.used_at), True
+        # The least recently used; of equals, the last (llama-server keeps the last it finds).
+        return min(idle, key=lambda slot: (slot.used_at, -slot.index)), True
 
     def _load(self, job: Job, slot: Slot, update: bool) -> None:
         """The slot takes the job: host memory saves what the slot holds and restores a better

@@ -36,6 +36,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[Figures], float]], ...] = (
     ("queue p95", "{:>10.2f}", lambda f: f.queued[1]),
     ("spills", "{:>7.0f}", lambda f: f.spills),
     ("top share", "{:>10.1%}", lambda f: max(f.shares, default=0.0)),
+    ("low share", "{:>10.1%}", lambda f: min(f.shares, default=0.0)),
 )
 
 

@@ -32,7 +32,7 @@ async def _run(workload: Workload, preset: HostProfile, hosts: int, policy: Poli
     preset = serving(preset, model)
     if policy.one_host:
         similarity = ONE_HOST_SIMILARITY if policy.similarity is None else policy.similarity
-        preset, hosts = one_host(preset, hosts, model, similarity), 1
+        preset, hosts = one_host(preset, hosts, model, similarity, policy.compute), 1
     names = [f"h{number:04d}" for number in range(hosts)]
     twins = {name: TwinHost(name, preset, model) for name in names}
     gateway = TwinGateway(
@@ -63,18 +63,24 @@ def serving(preset: HostProfile, model: str) -> HostProfile:
 
 
 def one_host(
-    preset: HostProfile, hosts: int, model: str, similarity: float = ONE_HOST_SIMILARITY
+    preset: HostProfile,
+    hosts: int,
+    model: str,
+    similarity: float = ONE_HOST_SIMILARITY,
+    compute: int | None = None,
 ) -> HostProfile:
-    """One host with the slots, compute and host memory of `hosts` hosts of `preset`: every
-    conversation's cache in one place, the reference for prompt tokens evaluated."""
+    """One host with the slots and host memory of `hosts` hosts of `preset`, and the compute
+    of `compute` of them (all, by default): every conversation's cache in one place, the
+    reference for prompt tokens evaluated."""
     speeds = preset.models[model]
     per_stream = speeds.decode_tps
+    times = hosts if compute is None else compute
     scaled = replace(
         speeds,
-        prefill_tps=speeds.prefill_tps * hosts,
-        restore_tps=speeds.restore_tps * hosts,
-        decode_tps=tuple(per_stream[min(-(-n // hosts), len(per_stream)) - 1]
-                         for n in range(1, len(per_stream) * hosts + 1)),
+        prefill_tps=speeds.prefill_tps * times,
+        restore_tps=speeds.restore_tps * times,
+        decode_tps=tuple(per_stream[min(-(-n // times), len(per_stream)) - 1]
+                         for n in range(1, len(per_stream) * times + 1)),
     )  # fmt: skip
     return replace(
         preset, slots=preset.slots * hosts, cache_ram_mib=preset.cache_ram_mib * hosts,

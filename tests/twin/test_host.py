@@ -223,3 +223,25 @@ def test_virtual_time_moves_to_each_timer_as_it_falls_due() -> None:
         return seen
 
     assert in_virtual_time(main()) == [3600.0, 3600.25, 3610.25]
+
+
+def test_an_idle_slots_prompt_is_saved_to_host_memory_when_another_request_launches() -> None:
+    """llama-server's --cache-idle-slots (on by default). A conversation whose next turn adds
+    more than 5% leaves its own slot (at similarity 0.95) for the least recently used one;
+    its history is still in its own slot, never overwritten, yet it comes back from host
+    memory, saved there when another request launched while its slot was idle."""
+    three = replace(PROFILE, slots=3)
+
+    async def main() -> Job:
+        host = TwinHost("h", three, "chat")
+        first = answer(1, 400)
+        short = host.start((Segment(2, 1000), B), 10, None, answer(2, 10))  # slot 2
+        mine = host.start((SYSTEM, A), 400, None, first)  # slot 1, ends last
+        other = host.start((Segment(3, 1000), Segment(31, 500)), 100, None, answer(3, 100))
+        await asyncio.gather(short.done, mine.done, other.done)
+        host.start((Segment(4, 800),), 1000, None, answer(5, 1000))  # takes slot 2
+        return await served(host, (SYSTEM, A, first, Segment(12, 200)), answer(4))
+
+    back = in_virtual_time(main())
+    assert back.slot is not None and back.slot.index == 0  # not its own slot
+    assert (back.cache_n, back.prompt_n) == (1900, 200)
