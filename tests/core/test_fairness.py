@@ -234,6 +234,32 @@ def test_a_key_that_was_idle_does_not_bank_credit() -> None:
     assert order == [busy[0], idle[0], busy[1], idle[1], busy[2], idle[2]]
 
 
+def test_a_key_whose_long_request_still_runs_comes_back_without_credit() -> None:
+    line = FairLine()
+    long = Entry("long")
+    waiting(line, long, Entry("busy"), Entry("busy"))
+    assert line.next(0.0, 1, NOBODY_RUNS) is long  # it runs on while "busy" takes turns
+    for step in range(20):
+        entry = line.next(float(step), 1, NOBODY_RUNS)
+        assert entry is not None and entry.key == "busy"
+        line.charge(entry, Work(evaluated=1000))
+        line.join(Entry("busy", arrived=float(step)))
+    back = waiting(line, *(Entry("long", arrived=20.0) for _ in range(2)))
+    busy = [entry for entry in line if entry.key == "busy"]  # joined before
+
+    assert grant_all(line, 20.0)[:4] == [busy[0], back[0], busy[1], back[1]]
+
+
+def test_work_done_while_nobody_waited_is_owed_to_nobody() -> None:
+    line = FairLine()
+    for _ in range(20):  # "alone" takes free slots straight away: nobody waits
+        line.charge(Entry("alone"), Work(evaluated=1000))
+    newcomer = waiting(line, *(Entry("new") for _ in range(2)))
+    alone = waiting(line, *(Entry("alone") for _ in range(2)))
+
+    assert grant_all(line) == [newcomer[0], alone[0], newcomer[1], alone[1]]
+
+
 def test_work_is_charged_by_what_the_host_did_with_cached_tokens_discounted() -> None:
     assert Work(evaluated=100, cached=1000, generated=50).cost() == 100 + 100 + 100
     assert Work(evaluated=100, cached=1000, generated=50).cost(0.5, 1.0) == 100 + 500 + 50
