@@ -80,7 +80,7 @@ class RouterHost:
         self._running: Counter[str] = Counter()  # requests sent to each model, not ended
         self._line: list[Entry] = []
         self.loads: Counter[str] = Counter()  # loads begun, per model
-        self.loading_s: Counter[str] = Counter()  # seconds spent loading, per model
+        self.loading_s: dict[str, float] = {}  # seconds spent loading, per model
         for model in loaded:  # loaded before the run: not counted
             self.children[model] = TwinHost(name, profile, model)
             self._used_at[model] = self.loop.time()
@@ -219,7 +219,7 @@ class RouterHost:
 
     def _loaded(self, model: str) -> None:
         del self._loading[model]
-        self.loading_s[model] += self.profile.models[model].load_s
+        self.loading_s[model] = self.loading_s.get(model, 0.0) + self.profile.models[model].load_s
         self.children[model] = TwinHost(self.name, self.profile, model)
         ready = self._ready.pop(model, None)
         if ready is not None:

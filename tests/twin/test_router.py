@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hosts.describe import ModelState
 from twin.clock import in_virtual_time
 from twin.host import Job
 from twin.router import LimitReached, NotLoaded, RouterHost
 from twin.shapes import HostProfile, ModelProfile, Segment
+
+from hosts.describe import ModelState
 
 
 def model(name: str, load_s: float, size_gb: float = 5.0) -> ModelProfile:
@@ -36,7 +37,7 @@ async def served(host: RouterHost, name: str, number: int, tokens: int = 10) -> 
     return job
 
 
-def test_a_router_loads_a_model_on_the_first_request_for_it_and_the_request_waits_the_load() -> None:
+def test_a_router_loads_a_model_on_the_first_request_for_it_and_the_request_waits_for_it() -> None:
     async def main() -> tuple[float, float, ModelState, ModelState]:
         loop = asyncio.get_running_loop()
         host = RouterHost("h", ROUTER)
