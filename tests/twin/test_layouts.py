@@ -4,6 +4,7 @@ crossbar's own ranking in front of hosts that load and unload models, as the pol
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from twin.layouts import Layout, autoload, static
 from twin.presets import GPU_MIXED
@@ -52,6 +53,20 @@ def test_crossbar_sends_a_request_to_the_host_where_its_model_is_loaded_not_one_
     assert (figures.served, figures.refused) == (3, 0)
     assert figures.shares == (0.0, 1.0)
     assert figures.loads == 0
+
+
+def test_crossbar_learns_of_a_load_at_the_hosts_next_poll_and_sends_the_model_there() -> None:
+    # The first conversation loads `code` on the first host; the second, 30 s later, would go
+    # to the other (fewer leases) had the poller not found `code` loaded on the first since.
+    # (Their openings share nothing, or the prefix index would send the second there anyway.)
+    second = conversation(2, 30.0, "code")
+    second = replace(second, opening=(Segment(77, 1000), *second.opening[1:]))
+    talks = workload(conversation(1, 0.0, "code", turns=1), second)
+
+    figures = run_models(talks, ROUTER, autoload(("h0000", "h0001"), MODELS, 2))
+
+    assert figures.shares == (1.0, 0.0)
+    assert figures.loads == 1
 
 
 def test_with_autoload_a_request_for_a_model_loaded_nowhere_waits_for_its_load() -> None:

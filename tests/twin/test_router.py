@@ -63,6 +63,25 @@ def test_requests_for_a_model_being_loaded_share_one_load() -> None:
     assert host.loading_s == {"a": 4.0}
 
 
+def test_requests_waiting_for_room_for_the_same_model_make_room_for_one_model() -> None:
+    """llama-server's line holds one entry a model: three requests for c, waiting while a and
+    b are busy, need one model's room, so b stays loaded once its own request ends."""
+
+    async def main() -> RouterHost:
+        host = RouterHost("h", ROUTER, loaded=("a", "b"))
+        busy = [await host.start(name, PROMPT, tokens, None, made(n, tokens))
+                for n, (name, tokens) in enumerate((("a", 50), ("b", 200)))]  # fmt: skip
+        await asyncio.gather(*(served(host, "c", n) for n in range(3, 6)))
+        await asyncio.gather(*(job.done for job in busy))
+        return host
+
+    host = in_virtual_time(main())
+    assert host.loads == {"c": 1}
+    assert {name: host.state(name) for name in MODELS} == {
+        "a": ModelState.UNLOADED, "b": ModelState.LOADED, "c": ModelState.LOADED,
+    }  # fmt: skip
+
+
 def test_past_models_max_a_router_unloads_its_least_recently_used_idle_model() -> None:
     async def main() -> RouterHost:
         host = RouterHost("h", ROUTER)
