@@ -4,6 +4,8 @@ time; one table a workload and preset, each figure the median of the seeds.
     PYTHONPATH=bench .venv/bin/python -m twin                           # the default table
     PYTHONPATH=bench .venv/bin/python -m twin --seeds 20                # the issue's judgement
     PYTHONPATH=bench .venv/bin/python -m twin --workloads agent --presets gpu-8b --hosts 2000 ...
+    PYTHONPATH=bench .venv/bin/python -m twin --layouts static autoload --seeds 5
+                                        # router-mode hosts: models_shift on 3 x gpu-mixed
 
 The same arguments print the same bytes: the workloads are seeded, the clock is virtual, and
 the interpreter's string hashing is fixed (the process starts itself again with
@@ -22,15 +24,18 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from twin.gateway import Policy
+from twin.layouts import LAYOUTS
 from twin.presets import PRESETS
-from twin.report import AUTO, ONE_HOST, table, verdicts
-from twin.run import run
+from twin.report import AUTO, ONE_HOST, models_table, table, verdicts
+from twin.run import run, run_models
 from twin.tally import Figures
-from twin.workloads import WORKLOADS, Scale
+from twin.workloads import MORE_MODELS, WORKLOADS, Scale
 
 FIXED = (0.0, 2.0, 8.0, 30.0)  # the fixed patiences auto is judged against (2 s: the default)
 DEFAULT_PRESETS = ("gpu-8b", "gpu-70b")
 CALIBRATION = "calibration"  # the bench-cache workload: the tiny preset's, on its own fleet
+# With --layouts: router-mode hosts serving several models (issue 43's judgement).
+MODELS_WORKLOADS, MODELS_PRESETS, MODELS_HOSTS = ("models_shift",), ("gpu-mixed",), 3
 
 
 def policies() -> list[Policy]:
@@ -41,35 +46,56 @@ def policies() -> list[Policy]:
     ]
 
 
-def _one(task: tuple[str, str, int, int, float, Policy]) -> Figures:
+def _one(task: tuple[str, str, int, int, float, Policy | str]) -> Figures:
+    """One run: `policy` a Policy (one model a host), or a layout's name (router mode: every
+    model of the preset, the workload's named after them in order)."""
     workload_name, preset_name, seed, hosts, minutes, policy = task
     preset = PRESETS[preset_name]
     speeds = next(iter(preset.models.values()))
+    models = ("chat", *MORE_MODELS)[: len(preset.models)] if isinstance(policy, str) else ("chat",)
     scale = Scale(
         hosts=hosts, slots=preset.slots, minutes=minutes, prefill_tps=speeds.prefill_tps,
         decode_tps=speeds.decode_tps[min(preset.slots, len(speeds.decode_tps)) - 1],
+        models=models,
     )  # fmt: skip
-    return run(WORKLOADS[workload_name](seed, scale), preset, hosts, policy)
+    workload = WORKLOADS[workload_name](seed, scale)
+    if isinstance(policy, Policy):
+        return run(workload, preset, hosts, policy)
+    names = [f"h{number:04d}" for number in range(hosts)]
+    layout = LAYOUTS[policy](names, workload.models, preset.models_max)
+    return run_models(workload, preset, layout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m twin", description=__doc__)
+    parser.add_argument("--workloads", nargs="+")
+    parser.add_argument("--presets", nargs="+")
+    parser.add_argument("--hosts", type=int)
     parser.add_argument(
-        "--workloads", nargs="+", default=[n for n in WORKLOADS if n != CALIBRATION]
-    )
-    parser.add_argument("--presets", nargs="+", default=list(DEFAULT_PRESETS))
-    parser.add_argument("--hosts", type=int, default=8)
+        "--layouts", nargs="+", choices=list(LAYOUTS),
+        help="router-mode hosts serving every model, laid out so, instead of the policies "
+        f"(by default then {' '.join(MODELS_WORKLOADS)} on {MODELS_HOSTS} x "
+        f"{' '.join(MODELS_PRESETS)})",
+    )  # fmt: skip
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
+    if args.layouts:
+        args.workloads = args.workloads or list(MODELS_WORKLOADS)
+        args.presets = args.presets or list(MODELS_PRESETS)
+        args.hosts = args.hosts or MODELS_HOSTS
+    args.workloads = args.workloads or [n for n in WORKLOADS if n != CALIBRATION]
+    args.presets = args.presets or list(DEFAULT_PRESETS)
+    args.hosts = args.hosts or 8
     unknown = [n for n in args.workloads if n not in WORKLOADS]
     unknown += [n for n in args.presets if n not in PRESETS]
     if unknown:
         parser.error(f"unknown: {', '.join(unknown)} (workloads: {', '.join(WORKLOADS)}; "
                      f"presets: {', '.join(PRESETS)})")  # fmt: skip
     started = time.perf_counter()
-    rows = policies()
+    rows: list[Policy] | list[str] = args.layouts or policies()
+    names = [row if isinstance(row, str) else row.name for row in rows]
     tasks = [
         (workload, preset, seed, args.hosts, args.minutes, policy)
         for workload in args.workloads
@@ -82,16 +108,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     at = 0
     for workload in args.workloads:
         for preset in args.presets:
-            runs: dict[str, list[Figures]] = {policy.name: [] for policy in rows}
+            runs: dict[str, list[Figures]] = {name: [] for name in names}
             for _seed in range(args.seeds):
-                for policy in rows:
-                    runs[policy.name].append(results[at])
+                for name in names:
+                    runs[name].append(results[at])
                     at += 1
             title = (f"{workload} on {args.hosts} x {preset}, {args.minutes:g} minutes, "
                      f"{args.seeds} seed(s), medians")  # fmt: skip
-            print(table(title, runs))
-            for line in verdicts(runs):
-                print(f"  {line}")
+            if args.layouts:
+                print(models_table(title, runs))
+            else:
+                print(table(title, runs))
+                for line in verdicts(runs):
+                    print(f"  {line}")
             print()
     print(f"twin: {len(tasks)} runs in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0

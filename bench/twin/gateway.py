@@ -13,8 +13,10 @@ on-demand probe from the host's own state), and the recorder (rows are counted i
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -41,7 +43,8 @@ from routing.proxy.lifecycle import Lifecycle  # noqa: E402
 from routing.proxy.record import Outcome  # noqa: E402
 from routing.runtime import Runtime  # noqa: E402
 from twin.host import Cut, Prompt, Refused, TwinHost  # noqa: E402
-from twin.shapes import HostProfile, Segment  # noqa: E402
+from twin.router import RouterHost  # noqa: E402
+from twin.shapes import Segment  # noqa: E402
 from twin.tally import Tally  # noqa: E402
 
 ROUTE = "twin"
@@ -67,13 +70,14 @@ class Policy:
 class TwinAsk:
     """A request as the twin's client sends it: its prompt as segments (what the host's
     caches compare) and as a chat's messages (what the gateway reads: `message`), how many
-    tokens it asks for, and its answer as the slot will hold it. Carried to `forward` as the
-    ask's request."""
+    tokens it asks for, and its answer as the slot will hold it; the model it names (none: the
+    route's default). Carried to `forward` as the ask's request."""
 
     prompt: Prompt
     messages: list[dict[str, str]]
     max_tokens: int
     answer: Segment
+    model: str = ""
 
 
 CHARS_PER_TOKEN = 4  # of English text; the prefix index converts with each request's own ratio
@@ -99,12 +103,17 @@ class TwinAnswer:
         return None
 
 
+TwinServer = TwinHost | RouterHost
+
+
 class TwinGateway:
-    """One gateway process over twin hosts, on the running `VirtualLoop`."""
+    """One gateway process over twin hosts, on the running `VirtualLoop`: `model` is the
+    route's default; `serves` says, per host, each model crossbar serves there and the name
+    the host knows it by (by default, `model` under its own name on every host)."""
 
     def __init__(
         self,
-        hosts: dict[str, TwinHost],
+        hosts: Mapping[str, TwinServer],
         model: str,
         patience: float | None,
         *,
@@ -113,14 +122,23 @@ class TwinGateway:
         poll_interval: float = 5.0,
         seed: int = 0,
         name_slots: bool = True,
+        serves: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.hosts = hosts
         self.model = model
         self.poll_interval = poll_interval
-        self.tally = Tally()
+        self.tally = Tally(by_model=serves is not None)
         self._polls = random.Random(seed)
+        # Each router's polls, a poll interval apart from a phase of its own.
+        phases = random.Random(f"{seed}/router-polls")
+        self._phases = {
+            name: phases.uniform(0, poll_interval)
+            for name, host in hosts.items()
+            if isinstance(host, RouterHost)
+        }
+        self._next_poll: dict[str, float] = {}
         use_recorder(cast(Any, self.tally))
-        models = {name: _model(model, host.profile, queue_max) for name, host in hosts.items()}
+        self._serves = serves or {name: {model: model} for name in hosts}
         # What the gateway is told of its hosts' --slot-prompt-similarity (one preset a fleet).
         profile = next(iter(hosts.values())).profile
         settings.CROSSBAR["SLOT_PROMPT_SIMILARITY"] = profile.similarity
@@ -128,9 +146,11 @@ class TwinGateway:
         config = FleetConfig(
             hosts={
                 name: HostConfig(
-                    name, f"http://{name}.twin", 1.0, True, False, "", {model: models[name]}
+                    name, f"http://{name}.twin", 1.0, True, False, "",
+                    {served: ModelConfig(served, upstream, host.profile.slots, queue_max)
+                     for served, upstream in self._serves[name].items()},
                 )
-                for name in hosts
+                for name, host in hosts.items()
             },
             routes={
                 ROUTE: RouteConfig(
@@ -143,7 +163,9 @@ class TwinGateway:
         self.route = config.routes[ROUTE]
         self.runtime = Runtime(config, signals.config_generation())
         self.runtime.probe_down = self._probe_down  # type: ignore[method-assign]  # the twin's poller
-        for name in hosts:
+        for name, host in hosts.items():
+            if isinstance(host, RouterHost):
+                host.on_change = self._model_changed
             self._polled(name)
 
     async def aclose(self) -> None:
@@ -157,8 +179,8 @@ class TwinGateway:
         payload: dict[str, object] = {"messages": twin_ask.messages}
         ask = Ask(
             request=cast(Any, twin_ask), path=PATH, kind=Kind.GENERATE, body=b"",
-            payload=payload, model=self.model, fingerprint=fingerprint("POST", payload, None),
-            prefix=prefix_blocks(payload),
+            payload=payload, model=twin_ask.model or self.model,
+            fingerprint=fingerprint("POST", payload, None), prefix=prefix_blocks(payload),
         )  # fmt: skip
         life = Lifecycle(forward=self._forward)
         life.routed(self.runtime, self.route)
@@ -186,8 +208,12 @@ class TwinGateway:
     ) -> httpx.Response:
         twin_ask = cast(TwinAsk, ask.request)
         twin = self.hosts[host]
+        asked = (twin_ask.prompt, twin_ask.max_tokens, id_slot, twin_ask.answer)
         try:
-            job = twin.start(twin_ask.prompt, twin_ask.max_tokens, id_slot, twin_ask.answer)
+            if isinstance(twin, RouterHost):
+                job = await twin.start(self._serves[host][model or self.model], *asked)
+            else:
+                job = twin.start(*asked)
             await job.first_token
         except (Refused, Cut) as exc:
             runtime.health.mark_down(host, str(exc))  # as the real forward marks it
@@ -206,19 +232,33 @@ class TwinGateway:
         loop.call_later(down, twin.come_up)
         loop.call_later(down + self._polls.uniform(0, self.poll_interval), self._polled, name)
 
+    def _model_changed(self, name: str) -> None:
+        """A router's model was loaded, began loading or was unloaded: its next poll (the real
+        poller reads a router's `/v1/models` every round) finds it."""
+        loop = asyncio.get_running_loop()
+        phase, now = self._phases[name], loop.time()
+        at = phase + (math.floor((now - phase) / self.poll_interval) + 1) * self.poll_interval
+        if self._next_poll.get(name) != at:
+            self._next_poll[name] = at
+            loop.call_at(at, self._polled, name)
+
     def _polled(self, name: str) -> None:
         twin = self.hosts[name]
         health = self.runtime.health
         if not twin.up:
             health.mark_down(name, "connection refused")
-            return
-        health.set(name, HostState.UP, loaded=None, described=Described(slots=len(twin.slots)))
+        elif isinstance(twin, RouterHost):
+            profile = twin.profile
+            described = Described(
+                router=True, max_models=profile.models_max,
+                models={model: twin.state(model) for model in profile.models},
+            )  # fmt: skip
+            health.set(name, HostState.UP, loaded=described.loaded, described=described)
+        else:
+            described = Described(slots=len(twin.slots))
+            health.set(name, HostState.UP, loaded=None, described=described)
 
     async def _probe_down(self, route: RouteConfig) -> None:
         for name in route.hosts:
             if name in self.hosts and not self.runtime.health.eligible(name):
                 self._polled(name)
-
-
-def _model(model: str, profile: HostProfile, queue_max: int) -> ModelConfig:
-    return ModelConfig(model, model, profile.slots, queue_max)

@@ -90,3 +90,34 @@ def verdicts(runs: Mapping[str, Sequence[Figures]]) -> list[str]:
         f"auto on the frontier (medians): {frontier}",
         f"seeds where no fixed patience beats auto by more than 10% on both: {held}/{seeds}",
     ]
+
+
+def models_table(title: str, runs: Mapping[str, Sequence[Figures]]) -> str:
+    """`runs`: each layout's figures of a multi-model run, one a seed, in the order the rows
+    go: requests, refused (or failed), TTFB p50 and p95 over all and per model (p50/p95), and
+    the loads the hosts made and the seconds they spent loading."""
+    first = next(iter(runs.values()))[0]
+    models = [model.model for model in first.by_model]
+    width = max((len(m) + 9 for m in models), default=0)
+    width = max(width, 12)
+    head = f"{'layout':<10}{'requests':>9}{'refused':>8}{'ttfb p50':>9}{'p95':>7}"
+    head += "".join(f"{m + ' p50/p95':>{width}}" for m in models) + f"{'loads':>7}{'load s':>8}"
+    lines = [title, head]
+    for layout, figures in runs.items():
+        cells = (
+            f"{layout:<10}{_median(figures, lambda f: f.requests):>9.0f}"
+            f"{_median(figures, lambda f: f.refused + f.failed):>8.0f}"
+            f"{_median(figures, lambda f: f.ttfb[0]):>9.2f}{_median(figures, _p95):>7.2f}"
+        )
+        for at in range(len(models)):
+            p50, p95 = (_median(figures, _model_ttfb(at, point)) for point in (0, 1))
+            cells += f"{f'{p50:.2f}/{p95:.2f}':>{width}}"
+        cells += f"{_median(figures, lambda f: f.loads):>7.0f}"
+        cells += f"{_median(figures, lambda f: f.loading_s):>8.1f}"
+        lines.append(cells)
+    return "\n".join(lines)
+
+
+def _model_ttfb(at: int, point: int) -> Callable[[Figures], float]:
+    """A run's TTFB percentile `point` (0: p50, 1: p95) of its `at`th model."""
+    return lambda run: run.by_model[at].ttfb[point]

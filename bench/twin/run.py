@@ -10,8 +10,10 @@ from dataclasses import replace
 from twin.clock import in_virtual_time
 from twin.gateway import Policy, TwinAsk, TwinGateway, message
 from twin.host import TwinHost
+from twin.layouts import Layout
+from twin.router import RouterHost
 from twin.shapes import Conversation, HostProfile, Segment, Workload
-from twin.tally import Figures
+from twin.tally import Figures, ModelFigures
 
 # The reference is asked directly, naming no slot: at llama-server's own default similarity it
 # picks the slot holding most of each prompt. (At 0.95, which crossbar's hosts are advised,
@@ -43,18 +45,61 @@ async def _run(workload: Workload, preset: HostProfile, hosts: int, policy: Poli
     for restart in () if policy.one_host else workload.restarts:
         name = names[restart.host % hosts]
         loop.call_at(restart.at, gateway.restart, name, restart.down)
+    await _talk(gateway, workload, by_model=False)
+    return gateway.tally.figures(names)
+
+
+def run_models(
+    workload: Workload, preset: HostProfile, layout: Layout, patience: float | None = None
+) -> Figures:
+    """The figures of `workload`, every one of its models served, on router-mode hosts of
+    `preset` laid out as `layout` says (one host a name of it), crossbar's route over them all
+    placing with `patience` (None: auto). The workload's models are the preset's, in order."""
+    random.seed(workload.seed)
+    return in_virtual_time(_run_models(workload, preset, layout, patience))
+
+
+async def _run_models(
+    workload: Workload, preset: HostProfile, layout: Layout, patience: float | None
+) -> Figures:
+    upstream = dict(zip(workload.models, preset.models, strict=False))
+    names = sorted(layout.serves)
+    twins = {
+        name: RouterHost(name, preset, autoload=layout.autoload,
+                         loaded=(upstream[m] for m in layout.loaded.get(name, ())))
+        for name in names
+    }  # fmt: skip
+    gateway = TwinGateway(
+        twins, workload.models[0], patience, queue_max=QUEUE_PER_SLOT * preset.slots,
+        seed=workload.seed, serves={n: {m: upstream[m] for m in layout.serves[n]} for n in names},
+    )  # fmt: skip
+    await _talk(gateway, workload, by_model=True)
+    figures = gateway.tally.figures(names)
+    by_model = {model.model: model for model in figures.by_model}
+    return replace(figures, by_model=tuple(
+        replace(by_model.get(model, ModelFigures(model, 0, 0, 0, (0.0, 0.0))),
+                loads=sum(twin.loads[name] for twin in twins.values()),
+                loading_s=sum(twin.loading_s.get(name, 0.0) for twin in twins.values()))
+        for model, name in upstream.items()
+    ))  # fmt: skip
+
+
+async def _talk(gateway: TwinGateway, workload: Workload, by_model: bool) -> None:
+    """The workload's conversations, each from its start (naming its model when `by_model`,
+    else the route's default), until the last has ended; then the gateway closes."""
+    loop = asyncio.get_running_loop()
     talks: set[asyncio.Task[None]] = set()
     for conversation in workload.conversations():
         delay = conversation.start - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        talk = asyncio.create_task(_converse(gateway, conversation))
+        model = conversation.model if by_model else ""
+        talk = asyncio.create_task(_converse(gateway, conversation, model))
         talks.add(talk)
         talk.add_done_callback(talks.discard)
     while talks:
         await asyncio.gather(*talks)
     await gateway.aclose()
-    return gateway.tally.figures(names)
 
 
 def serving(preset: HostProfile, model: str) -> HostProfile:
@@ -88,7 +133,7 @@ def one_host(
     )  # fmt: skip
 
 
-async def _converse(gateway: TwinGateway, conversation: Conversation) -> None:
+async def _converse(gateway: TwinGateway, conversation: Conversation, model: str) -> None:
     """The conversation's turns, one after the other, each after its pause. Its opening is
     system messages and then its first user message (what names the conversation)."""
     prompt = conversation.opening
@@ -105,6 +150,6 @@ async def _converse(gateway: TwinGateway, conversation: Conversation) -> None:
         messages = [*messages, *(message(segment, "user") for segment in turn.added)]
         # Answers' ids are negative: no workload segment has one.
         made = Segment(-(conversation.id * 4096 + number + 1), turn.max_tokens)
-        ask = TwinAsk(prompt, messages, turn.max_tokens, made)
+        ask = TwinAsk(prompt, messages, turn.max_tokens, made, model)
         outcome = await gateway.ask(ask, conversation.client)
         answer = made if outcome.status < 400 else None

@@ -17,6 +17,20 @@ REFUSALS = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
+class ModelFigures:
+    """One model's part of a run (a run serving several: `Tally(by_model=True)`), and the
+    loads its hosts made of it."""
+
+    model: str
+    requests: int
+    served: int
+    refused: int  # refused or failed
+    ttfb: tuple[float, float]  # p50, p95 of the served
+    loads: int = 0
+    loading_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Figures:
     """One run's figures, as the table prints them (times in seconds)."""
 
@@ -31,17 +45,26 @@ class Figures:
     queued: tuple[float, float]  # p50, p95 of the served
     spills: int
     shares: tuple[float, ...]  # each host's part of the served requests, by host name
+    by_model: tuple[ModelFigures, ...] = ()  # a run serving several models: each one's
 
     @property
     def cache_fraction(self) -> float:
         total = self.evaluated + self.cached
         return self.cached / total if total else 0.0
 
+    @property
+    def loads(self) -> int:
+        return sum(model.loads for model in self.by_model)
+
+    @property
+    def loading_s(self) -> float:
+        return sum(model.loading_s for model in self.by_model)
+
 
 class Tally:
-    """Counts rows as the recorder would write them."""
+    """Counts rows as the recorder would write them; with `by_model`, each model's too."""
 
-    def __init__(self) -> None:
+    def __init__(self, by_model: bool = False) -> None:
         self.requests = self.served = self.refused = self.failed = 0
         self.evaluated = self.cached = self.generated = self.spills = 0
         self.ttfb_ms = array("q")
@@ -49,9 +72,19 @@ class Tally:
         self.hosts: Counter[str] = Counter()
         self.codes: Counter[str] = Counter()
         self.spooled = 0  # the recorder's attribute the status page reads
+        self.by_model = by_model
+        self.model_requests: Counter[str] = Counter()
+        self.model_refused: Counter[str] = Counter()
+        self.model_ttfb_ms: dict[str, array[int]] = {}
 
     def record(self, row: RequestRecord) -> None:
         self.requests += 1
+        if self.by_model:
+            self.model_requests[row.model] += 1
+            if row.status >= 400:
+                self.model_refused[row.model] += 1
+            else:
+                self.model_ttfb_ms.setdefault(row.model, array("q")).append(row.ttfb_ms or 0)
         if row.status >= 400:
             self.codes[row.code] += 1
             if row.code in (
@@ -84,6 +117,14 @@ class Tally:
             _percentiles(self.ttfb_ms, (50, 95, 99)),  # type: ignore[arg-type]
             _percentiles(self.queued_ms, (50, 95)),  # type: ignore[arg-type]
             self.spills, tuple(self.hosts[name] / served for name in hosts),
+            tuple(self._model(model) for model in sorted(self.model_requests)),
+        )  # fmt: skip
+
+    def _model(self, model: str) -> ModelFigures:
+        ttfb = self.model_ttfb_ms.get(model, array("q"))
+        return ModelFigures(
+            model, self.model_requests[model], len(ttfb), self.model_refused[model],
+            _percentiles(ttfb, (50, 95)),  # type: ignore[arg-type]
         )  # fmt: skip
 
 

@@ -39,3 +39,17 @@ def test_an_unknown_workload_or_preset_is_refused_naming_the_known_ones() -> Non
     assert done.returncode == 2
     assert "unknown: nope, gpu-9b" in done.stderr
     assert "agent" in done.stderr and "gpu-70b" in done.stderr
+
+
+def test_with_layouts_the_twin_prints_each_layouts_models_loads_and_seconds_loading() -> None:
+    done = twin("--layouts", "static", "autoload", "--minutes", "2", "--jobs", "2")
+
+    assert done.returncode == 0, done.stderr
+    title, head, static, autoload = done.stdout.splitlines()[:4]
+    assert title == "models_shift on 3 x gpu-mixed, 2 minutes, 1 seed(s), medians"
+    assert head.split() == [
+        "layout", "requests", "refused", "ttfb", "p50", "p95", "chat", "p50/p95", "code",
+        "p50/p95", "reason", "p50/p95", "small", "p50/p95", "loads", "load", "s",
+    ]  # fmt: skip
+    assert static.split()[0] == "static" and static.split()[-2:] == ["0", "0.0"]
+    assert autoload.split()[0] == "autoload" and int(autoload.split()[-2]) > 0

@@ -1,0 +1,51 @@
+"""Where a fleet of router-mode hosts serves its models: the layouts a multi-model run is
+judged under (`twin.run.run_models`).
+
+- `static`: an operator's best fixed assignment. Each host holds `models_max` models, loaded
+  before the run and never swapped, autoload off; crossbar is told each host's models only,
+  so a request for a model goes only to the hosts holding it. The models are dealt out in
+  order, host by host, so each is on `hosts * models_max // models` hosts or one more (the
+  first models, which the workloads make the most asked for or the slowest, get the extra).
+- `autoload`: what a fleet of router-mode hosts does on its own today. Every host is
+  configured with every model, nothing is loaded at the start, and each host loads what its
+  requests name (llama-server's default), unloading its least recently used idle model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["LAYOUTS", "Layout", "autoload", "static"]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Per host, the models crossbar is told it serves (`serves`) and those loaded before the
+    run (`loaded`), by the workload's names for them; whether its hosts load on demand."""
+
+    name: str
+    serves: Mapping[str, tuple[str, ...]]
+    loaded: Mapping[str, tuple[str, ...]]
+    autoload: bool
+
+
+def static(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout:
+    """Each host's `models_max` models dealt out in turn, loaded, never swapped."""
+    per_host = min(models_max, len(models))
+    held = {
+        host: tuple(models[(number * per_host + k) % len(models)] for k in range(per_host))
+        for number, host in enumerate(hosts)
+    }
+    return Layout("static", held, held, autoload=False)
+
+
+def autoload(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout:
+    """Every model on every host, none loaded: each host loads what is asked of it."""
+    return Layout("autoload", {host: tuple(models) for host in hosts}, {}, autoload=True)
+
+
+LAYOUTS: dict[str, Callable[[Sequence[str], Sequence[str], int], Layout]] = {
+    "static": static,
+    "autoload": autoload,
+}
