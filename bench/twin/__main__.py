@@ -23,13 +23,18 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
-from twin.gateway import Policy
-from twin.layouts import LAYOUTS
-from twin.presets import PRESETS
-from twin.report import AUTO, ONE_HOST, models_table, table, verdicts
-from twin.run import run, run_models
-from twin.tally import Figures
-from twin.workloads import MORE_MODELS, WORKLOADS, Scale
+# Before anything hashes a string: the prefix index hashes prompts with Python's `hash`.
+if __name__ == "__main__" and os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable, "-m", "twin", *sys.argv[1:]])
+
+from twin.gateway import Policy  # noqa: E402
+from twin.layouts import LAYOUTS  # noqa: E402
+from twin.presets import PRESETS  # noqa: E402
+from twin.report import AUTO, ONE_HOST, models_table, table, verdicts  # noqa: E402
+from twin.run import run, run_models  # noqa: E402
+from twin.tally import Figures  # noqa: E402
+from twin.workloads import MORE_MODELS, WORKLOADS, Scale  # noqa: E402
 
 FIXED = (0.0, 2.0, 8.0, 30.0)  # the fixed patiences auto is judged against (2 s: the default)
 DEFAULT_PRESETS = ("gpu-8b", "gpu-70b")
@@ -127,8 +132,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("PYTHONHASHSEED") != "0":
-        os.environ["PYTHONHASHSEED"] = "0"
-        os.execv(sys.executable, [sys.executable, "-m", "twin", *sys.argv[1:]])
     logging.disable(logging.WARNING)  # the gateway's own advice to operators, once a request
     sys.exit(main())

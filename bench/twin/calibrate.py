@@ -23,10 +23,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from twin.gateway import Policy
-from twin.presets import PRESETS
-from twin.run import run
-from twin.workloads import WORKLOADS, Scale
+# Before anything hashes a string: the prefix index hashes prompts with Python's `hash`.
+if __name__ == "__main__" and os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable, "-m", "twin.calibrate", *sys.argv[1:]])
+
+from twin.gateway import Policy  # noqa: E402
+from twin.presets import PRESETS  # noqa: E402
+from twin.run import run  # noqa: E402
+from twin.workloads import WORKLOADS, Scale  # noqa: E402
 
 HOSTS = 3
 AGREE = 0.10  # real runs agree when their largest is within 10% of their smallest
@@ -85,8 +90,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("PYTHONHASHSEED") != "0":
-        os.environ["PYTHONHASHSEED"] = "0"
-        os.execv(sys.executable, [sys.executable, "-m", "twin.calibrate", *sys.argv[1:]])
     logging.disable(logging.WARNING)
     sys.exit(main())

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["--workloads", "few", "shared_opening", "--presets", "gpu-8b", "--hosts", "2",
-         "--minutes", "1", "--jobs", "2"]  # fmt: skip
+SMALL = ["--workloads", "few", "--presets", "gpu-8b", "gpu-70b", "--hosts", "2", "--minutes",
+         "1", "--jobs", "2"]  # fmt: skip
 
 
 def twin(*args: str, hashseed: str = "random") -> subprocess.CompletedProcess[str]:
@@ -30,7 +30,7 @@ def test_the_twin_prints_the_same_table_twice_whatever_the_interpreters_hash_see
     assert lines[0] == "few on 2 x gpu-8b, 1 minutes, 1 seed(s), medians"
     policies = [line.split()[0] for line in lines[2:8]]
     assert policies == ["one-host", "auto", "0", "2", "8", "30"]
-    assert "shared_opening on 2 x gpu-8b" in first.stdout
+    assert "few on 2 x gpu-70b" in first.stdout
 
 
 def test_an_unknown_workload_or_preset_is_refused_naming_the_known_ones() -> None:
