@@ -125,7 +125,8 @@ MUTANTS_INSTALLED := mutants/.requirements-installed
 MUTANTS ?= routing.core.limiter routing.core.pairs routing.core.leases routing.core.choose routing.core.ranking \
 	routing.core.placement routing.core.patience routing.core.priced_wait routing.core.slot_names \
 	routing.core.state routing.core.clients routing.core.endpoints routing.core.tee \
-	routing.core.fingerprint routing.core.sse routing.core.affinity routing.proxy.lifecycle
+	routing.core.fingerprint routing.core.sse routing.core.affinity routing.core.fairness \
+	routing.proxy.lifecycle
 
 .PHONY: mutants
 

@@ -50,6 +50,7 @@ from twin.tally import Tally  # noqa: E402
 ROUTE = "twin"
 PATH = "/v1/chat/completions"  # a path whose requests may name their slot
 LEASE_TTL = 1200.0  # a route's default (routing/models.py)
+REFUSED_AFTER = 0.001  # seconds for a refused connection to come back
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +217,8 @@ class TwinGateway:
                 job = twin.start(*asked)
             await job.first_token
         except (Refused, Cut) as exc:
+            if isinstance(exc, Refused):
+                await asyncio.sleep(REFUSED_AFTER)  # a refusal takes a round trip
             runtime.health.mark_down(host, str(exc))  # as the real forward marks it
             raise HostDown(f"host {host} unreachable: {exc}") from None
         return cast(httpx.Response, TwinAnswer(job))

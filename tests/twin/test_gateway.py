@@ -3,11 +3,14 @@ placement decides shows in the rows it writes, in virtual time."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-from twin.gateway import Policy
+from twin.clock import in_virtual_time
+from twin.gateway import Policy, TwinAsk, TwinGateway, message
+from twin.host import TwinHost
 from twin.run import one_host, run
 from twin.shapes import (
     Conversation,
@@ -18,6 +21,8 @@ from twin.shapes import (
     Turn,
     Workload,
 )
+
+from routing.proxy.record import Outcome
 
 MODEL = ModelProfile(
     "chat", size_gb=5.0, load_s=4.0, prefill_tps=2000.0, decode_tps=(50.0, 45.0),
@@ -98,3 +103,35 @@ def test_the_one_host_reference_has_the_slots_speed_and_memory_of_the_whole_flee
     assert speeds.prefill_tps == pytest.approx(3 * MODEL.prefill_tps)
     # n streams on one host of three hosts' compute go as n/3 streams (rounded up) on one.
     assert speeds.decode_tps == (50.0, 50.0, 50.0, 45.0, 45.0, 45.0)
+
+
+def test_a_request_that_finds_its_host_down_before_any_poll_marks_it_down_and_goes_elsewhere() -> (
+    None
+):
+    """The host restarted and no poll has seen it yet: the request's own connection, refused,
+    marks it down (as the real `forward` does), and the request is placed again on the other
+    host, at once rather than after a poll interval."""
+
+    async def main() -> tuple[Outcome, bool, float]:
+        loop = asyncio.get_running_loop()
+        hosts = {name: TwinHost(name, PROFILE, "chat") for name in ("h0", "h1")}
+        gateway = TwinGateway(hosts, "chat", None, queue_max=4, poll_interval=600.0)
+        prompt = (SYSTEM, Segment(1000, 300))
+        messages = [message(SYSTEM, "system"), message(prompt[1], "user")]
+        first = await gateway.ask(TwinAsk(prompt, messages, 10, Segment(-1, 10)))
+        assert first.status == 200
+        home = next(name for name, twin in hosts.items() if twin.slots[0].holds_tokens
+                    or twin.slots[1].holds_tokens)  # fmt: skip
+        hosts[home].go_down()
+        began = loop.time()
+        again = await asyncio.wait_for(
+            gateway.ask(TwinAsk(prompt, messages, 10, Segment(-2, 10))), timeout=30.0
+        )
+        eligible = gateway.runtime.health.eligible(home)
+        await gateway.aclose()
+        return again, eligible, loop.time() - began
+
+    again, eligible, took = in_virtual_time(main())
+    assert again.status == 200
+    assert not eligible
+    assert took < 5.0  # its cold start and its answer elsewhere, not a poll interval (600 s)

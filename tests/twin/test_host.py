@@ -245,3 +245,37 @@ def test_an_idle_slots_prompt_is_saved_to_host_memory_when_another_request_launc
     back = in_virtual_time(main())
     assert back.slot is not None and back.slot.index == 0  # not its own slot
     assert (back.cache_n, back.prompt_n) == (1900, 200)
+
+
+def test_a_slot_taken_by_similarity_that_keeps_over_half_is_not_saved_nor_swapped() -> None:
+    """At similarity 0.1 a prompt sharing a slot's opening takes that slot; keeping more than
+    half of what the slot holds, llama-server neither saves it nor looks in host memory, even
+    though host memory holds the prompt's own history."""
+    low = replace(PROFILE, similarity=0.1)
+
+    async def main() -> Job:
+        host = TwinHost("h", low, "chat")
+        mine = answer(1)
+        await served(host, (SYSTEM, B), mine)  # slot 1
+        unrelated = host.start((Segment(7, 300),), 2000, None, answer(2, 2000))  # slot 0
+        await unrelated.first_token  # launched while slot 1 was idle: saved to host memory
+        await served(host, (SYSTEM, A), answer(3))  # slot 1 again (its opening), unsaved
+        await unrelated.done
+        return await served(host, (SYSTEM, B, mine, Segment(12, 50)), answer(4))
+
+    back = in_virtual_time(main())
+    assert back.slot is not None and back.slot.index == 1
+    assert (back.cache_n, back.restore_s) == (1000, 0.0)  # the opening, not its own history
+
+
+def test_host_memory_restores_no_entry_that_would_keep_under_a_quarter_of_itself() -> None:
+    one_slot = replace(PROFILE, slots=1)
+
+    async def main() -> Job:
+        host = TwinHost("h", one_slot, "chat")
+        await served(host, (SYSTEM, Segment(5, 5000)), answer(1))
+        await served(host, (Segment(7, 100),), answer(2))  # saves the first to host memory
+        return await served(host, (SYSTEM, Segment(8, 200)), answer(3))
+
+    # The first shares its 1,000-token opening: 1,000 of its 6,010 tokens, under a quarter.
+    assert in_virtual_time(main()).cache_n == 0
