@@ -277,7 +277,7 @@ def _unloadable(plan: _Plan, host: str, model: str) -> bool:
 def _load_pinned(plan: _Plan, host: str, model: str) -> None:
     if (host, model) not in plan.status or _holds(plan.status[host, model]):
         return
-    if model in plan.loaded:
+    if model in plan.loaded or _at_max(plan, model):
         return
     if _why_not(plan, host, model) is None:
         _load(plan, host, model, "pinned")
@@ -336,9 +336,8 @@ def _load(plan: _Plan, host: str, model: str, reason: str) -> None:
 def _best_host(plan: _Plan, model: str) -> tuple[str, int] | str:
     """The best host for a load of `model` and how many victims it needs, or, when there is
     none, why not (host by host)."""
-    rules = plan.snapshot.models[model].rules
-    if rules.max_loaded is not None and len(plan.copies(model)) >= rules.max_loaded:
-        return f"max_loaded {rules.max_loaded} reached"
+    if _at_max(plan, model):
+        return f"max_loaded {plan.snapshot.models[model].rules.max_loaded} reached"
     candidates: list[tuple[bool, float, int, str]] = []
     refusals: list[str] = []
     for host in sorted(plan.snapshot.hosts):
@@ -353,6 +352,12 @@ def _best_host(plan: _Plan, model: str) -> tuple[str, int] | str:
         return "no host: " + ("; ".join(refusals) or "none in the fleet")
     _, _, count, host = min(candidates)
     return host, count
+
+
+def _at_max(plan: _Plan, model: str) -> bool:
+    """Whether `model` is loaded or loading on `max_loaded` hosts already."""
+    most = plan.snapshot.models[model].rules.max_loaded
+    return most is not None and len(plan.copies(model)) >= most
 
 
 def _why_not(plan: _Plan, host: str, model: str) -> str | None:
