@@ -294,9 +294,8 @@ def _load_for_demand(plan: _Plan, model: str) -> None:
     spec = plan.snapshot.models[model]
     waiting = spec.demand.waiting
     copies = plan.copies(model)
-    if waiting == 0 or model in plan.loaded:
-        return
-    if any(plan.status[host, model] is Status.LOADING for host in copies):
+    # A model loading anywhere (also one this call loads) has its capacity coming.
+    if waiting == 0 or any(plan.status[host, model] is Status.LOADING for host in copies):
         return
     if not copies:
         _place(plan, model, lambda host, load_s: f"demand: {waiting} waiting, loaded nowhere; "

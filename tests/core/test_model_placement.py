@@ -109,6 +109,15 @@ def test_a_model_with_requests_running_or_waiting_is_never_unloaded_to_make_room
     ]
 
 
+def test_a_model_idle_on_a_host_but_waited_for_elsewhere_is_not_unloaded() -> None:
+    snapshot = fleet(
+        {"gpu1": Host(1)},
+        {"chat": asked(1), "coder": Model(Demand(waiting=4), ModelRules(idle_unload=1.0))},
+        {("gpu1", "coder"): ModelOnHost(Status.LOADED, last_used=0.0)},
+    )
+    assert unloads(decide(snapshot, now=1000.0)) == []
+
+
 def test_a_model_within_its_minimum_residency_is_not_unloaded_to_make_room() -> None:
     snapshot = fleet(
         {"gpu1": Host(1, min_residency=60.0)},
@@ -213,6 +222,19 @@ def test_a_pinned_model_that_is_not_loaded_where_it_is_pinned_is_loaded_there() 
     assert decide(snapshot, now=1000.0) == [Load("gpu2", "chat", "pinned")]
 
 
+def test_a_model_pinned_on_two_hosts_gets_one_load_per_decision() -> None:
+    snapshot = fleet(
+        {"gpu1": Host(2), "gpu2": Host(2)}, {"chat": asked(0, pinned={"gpu1", "gpu2"})}
+    )
+    assert loads(decide(snapshot, now=1000.0)) == [("gpu1", "chat")]
+
+
+def test_a_pinned_load_counts_toward_min_loaded_in_the_same_decision() -> None:
+    rules = {"min_loaded": 2, "pinned": {"gpu2"}}
+    snapshot = fleet({"gpu1": Host(2), "gpu2": Host(2)}, {"chat": asked(0, **rules)})
+    assert decide(snapshot, now=1000.0) == [Load("gpu2", "chat", "pinned")]
+
+
 def test_min_loaded_loads_a_model_nobody_asks_for_and_keeps_it_from_idle_unload() -> None:
     rules = {"min_loaded": 1, "idle_unload": 300.0}
     snapshot = fleet({"gpu1": Host(2)}, {"chat": asked(0, **rules)})
@@ -259,14 +281,14 @@ class FleetModel(RuleBasedStateMachine):
         self.pairs = {(h, m): ModelOnHost() for h in HOSTS for m in MODELS}
         self.pool: defaultdict[str, int] = defaultdict(int)  # waiting for a load
         self.load_times: defaultdict[str, list[float]] = defaultdict(list)
-        self.rules: dict[str, ModelRules] = {}
-        self.sizes = {"m0": 10.0, "m1": 10.0, "m2": 20.0, "m3": 5.0}
+        self.rules_of: dict[str, ModelRules] = {}
+        self.sizes = {"m0": 10.0, "m1": 10.0, "m2": 25.0, "m3": 5.0}
 
     @initialize(data=st.data())
     def operator_rules(self, data: st.DataObject) -> None:
         for model in MODELS:
             allowed = data.draw(st.none() | st.frozensets(st.sampled_from(HOSTS), min_size=1))
-            self.rules[model] = ModelRules(
+            self.rules_of[model] = ModelRules(
                 min_loaded=data.draw(st.integers(0, 1)),
                 max_loaded=data.draw(st.none() | st.integers(1, 2)),
                 hosts=allowed,
@@ -290,21 +312,23 @@ class FleetModel(RuleBasedStateMachine):
         host = hosts[0]
         self.set(host, model, waiting=self.pairs[host, model].waiting + count)
 
-    @rule(data=st.data())
-    def a_request_starts(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), count=st.integers(1, 12))
+    def requests_start(self, data: st.DataObject, count: int) -> None:
         lines = [p for p, s in self.pairs.items() if s.waiting and s.status is Status.LOADED]
         if lines:
             host, model = data.draw(st.sampled_from(sorted(lines)))
             state = self.pairs[host, model]
-            self.set(host, model, waiting=state.waiting - 1, running=state.running + 1,
+            count = min(count, state.waiting)
+            self.set(host, model, waiting=state.waiting - count, running=state.running + count,
                      last_used=self.now)  # fmt: skip
 
-    @rule(data=st.data())
-    def a_request_ends(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), count=st.integers(1, 12))
+    def requests_end(self, data: st.DataObject, count: int) -> None:
         busy = sorted(p for p, s in self.pairs.items() if s.running)
         if busy:
             host, model = data.draw(st.sampled_from(busy))
-            self.set(host, model, running=self.pairs[host, model].running - 1, last_used=self.now)
+            running = self.pairs[host, model].running - min(count, self.pairs[host, model].running)
+            self.set(host, model, running=running, last_used=self.now)
 
     @rule(data=st.data(), fails=st.booleans())
     def a_load_ends(self, data: st.DataObject, fails: bool) -> None:
@@ -325,9 +349,9 @@ class FleetModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def the_operator_pins_or_unpins(self, data: st.DataObject) -> None:
         host, model = data.draw(st.sampled_from(sorted(self.pairs)))
-        rules = self.rules[model]
+        rules = self.rules_of[model]
         pinned = rules.pinned ^ {host}
-        self.rules[model] = replace(rules, pinned=frozenset(pinned))
+        self.rules_of[model] = replace(rules, pinned=frozenset(pinned))
 
     # -- the decision, applied and checked ------------------------------------------------
 
@@ -337,7 +361,7 @@ class FleetModel(RuleBasedStateMachine):
             waiting = self.pool[model] + sum(self.pairs[h, model].waiting for h in HOSTS)
             running = sum(self.pairs[h, model].running for h in HOSTS)
             demand = Demand(rate=float(waiting), waiting=waiting, running=running)
-            models[model] = Model(demand, self.rules[model], self.sizes[model], service_s=4.0)
+            models[model] = Model(demand, self.rules_of[model], self.sizes[model], service_s=4.0)
         hosts = {
             h: Host(
                 2,
@@ -373,16 +397,16 @@ class FleetModel(RuleBasedStateMachine):
         assert state.status is Status.LOADED, action
         assert state.running == 0 and state.waiting == 0, action
         assert before.models[action.model].demand.waiting == 0, action
-        assert action.host not in self.rules[action.model].pinned, action
+        assert action.host not in self.rules_of[action.model].pinned, action
         assert self.now - state.since >= RESIDENCY, action
-        assert len(self.held_by(action.model)) > self.rules[action.model].min_loaded, action
+        assert len(self.held_by(action.model)) > self.rules_of[action.model].min_loaded, action
 
     def check_load(self, before: Snapshot, action: Load) -> None:
         state = self.pairs[action.host, action.model]
         assert state.status in (Status.UNLOADED, Status.FAILED), action
         assert state.status is Status.UNLOADED or state.failed_until <= self.now, action
-        allowed = self.rules[action.model].hosts
-        assert allowed is None or action.host in allowed | self.rules[action.model].pinned
+        allowed = self.rules_of[action.model].hosts
+        assert allowed is None or action.host in allowed | self.rules_of[action.model].pinned
         if action.reason.startswith("demand"):
             # One load in flight per model for the same demand.
             assert all(self.pairs[h, action.model].status is not Status.LOADING for h in HOSTS)
@@ -393,7 +417,7 @@ class FleetModel(RuleBasedStateMachine):
     def check_placed_or_explained(self, after: Snapshot, model: str, actions: list[Action]) -> None:
         """A model with demand, or below min_loaded, is loaded or loading somewhere, or was
         said to be unplaced: and then no allowed host could take it (checked here plainly)."""
-        rules = self.rules[model]
+        rules = self.rules_of[model]
         needs = after.models[model].demand.waiting > 0 and not self.held_by(model)
         below_min = len(self.held_by(model)) < rules.min_loaded
         if not (needs or below_min):
@@ -404,13 +428,13 @@ class FleetModel(RuleBasedStateMachine):
         assert not self.could_take(after, model), (model, actions)
 
     def could_take(self, after: Snapshot, model: str) -> bool:
-        rules = self.rules[model]
+        rules = self.rules_of[model]
         if rules.max_loaded is not None and len(self.held_by(model)) >= rules.max_loaded:
             return False
         return any(self.host_could_take(after, host, model) for host in HOSTS)
 
     def host_could_take(self, after: Snapshot, host: str, model: str) -> bool:
-        rules, state = self.rules[model], self.pairs[host, model]
+        rules, state = self.rules_of[model], self.pairs[host, model]
         if rules.hosts is not None and host not in rules.hosts | rules.pinned:
             return False
         if state.status in (Status.LOADED, Status.LOADING):
@@ -430,9 +454,9 @@ class FleetModel(RuleBasedStateMachine):
             and state.running == 0
             and state.waiting == 0
             and after.models[model].demand.waiting == 0
-            and host not in self.rules[model].pinned
+            and host not in self.rules_of[model].pinned
             and self.now - state.since >= RESIDENCY
-            and len(self.held_by(model)) > self.rules[model].min_loaded
+            and len(self.held_by(model)) > self.rules_of[model].min_loaded
         )
 
     # -- what holds after every step ------------------------------------------------------
@@ -454,7 +478,7 @@ class FleetModel(RuleBasedStateMachine):
 
     @invariant()
     def max_loaded_is_never_exceeded(self) -> None:
-        for model, rules in self.rules.items():
+        for model, rules in self.rules_of.items():
             if rules.max_loaded is not None:
                 assert len(self.held_by(model)) <= rules.max_loaded, model
 
