@@ -4,6 +4,7 @@ spills at once from a busy home to the free host whose cold start is priced soon
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 import httpx
 from django.utils import timezone
@@ -47,3 +48,11 @@ def spilled_at_once(
     rows = Request.objects.filter(started__gte=since, host=other)
     wait_until(rows.exists, what="the spilled request's row")
     return spilled, rows.get()
+
+
+def waited_row(home: str, since: datetime) -> Request:
+    """The row of the one request since `since` that waited in `home`'s line and was served
+    there (written by the recorder's thread: waited for)."""
+    rows = Request.objects.filter(started__gte=since, host=home, queued_ms__gt=0)
+    wait_until(rows.exists, what="the row of the request that waited")
+    return rows.get()

@@ -15,13 +15,11 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from accounting.models import Request
 from hosts.models import Host
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.helpers.asking import holding, slow
 from tests.helpers.fleet import chat
-from tests.helpers.priced_patience import fresh_hosts, spilled_at_once
-from tests.helpers.waits import wait_until
+from tests.helpers.priced_patience import fresh_hosts, spilled_at_once, waited_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -71,9 +69,7 @@ def test_a_busy_homes_request_stays_when_the_free_slot_elsewhere_is_its_hosts_ow
 
     assert stayed.status_code == 200
     assert stayed.headers["x-crossbar-host"] == home
-    rows = Request.objects.filter(started__gte=since, host=home, queued_ms__gt=0)
-    wait_until(rows.exists, what="the row of the request that waited")
-    row = rows.get()
+    row = waited_row(home, since)
     assert row.patience == "stay"
     # The cold start there is well under a millisecond; the rest is theirs' service.
     assert row.patience_spill_ms is not None and row.patience_spill_ms >= 1900
@@ -101,9 +97,7 @@ def test_a_busy_homes_request_stays_when_the_cold_start_elsewhere_is_priced_long
     assert stayed.status_code == 200
     assert stayed.headers["x-crossbar-host"] == home
     assert stayed.headers["x-crossbar-placement"] == "home"
-    rows = Request.objects.filter(started__gte=since, host=home, queued_ms__gt=0)
-    wait_until(rows.exists, what="the row of the request that waited")
-    row = rows.get()
+    row = waited_row(home, since)
     assert row.patience == "stay"
     assert row.patience_spill_ms is not None and row.patience_spill_ms >= 1000
     assert row.patience_stay_ms is not None and row.patience_stay_ms < row.patience_spill_ms
@@ -135,9 +129,7 @@ def test_a_busy_homes_request_stays_behind_a_request_near_its_end(gateway, fake,
 
     assert stayed.status_code == 200
     assert stayed.headers["x-crossbar-host"] == home
-    rows = Request.objects.filter(started__gte=since, host=home, queued_ms__gt=0)
-    wait_until(rows.exists, what="the row of the request that waited")
-    row = rows.get()
+    row = waited_row(home, since)
     assert row.patience == "stay"
     assert row.patience_spill_ms is not None and row.patience_spill_ms >= 1000
     # Not the 2 s a whole service would price it at: what the running request has left.
