@@ -4,7 +4,7 @@ time; one table a workload and preset, each figure the median of the seeds.
     PYTHONPATH=bench .venv/bin/python -m twin                           # the default table
     PYTHONPATH=bench .venv/bin/python -m twin --seeds 20                # the judgement
     PYTHONPATH=bench .venv/bin/python -m twin --workloads agent --presets gpu-8b --hosts 2000 ...
-    PYTHONPATH=bench .venv/bin/python -m twin --layouts static autoload --seeds 5
+    PYTHONPATH=bench .venv/bin/python -m twin --layouts static autoload fleet --seeds 5
                                         # router-mode hosts: models_shift on 3 x gpu-mixed
 
 The same arguments print the same bytes: the workloads are seeded, the clock is virtual, and

@@ -16,7 +16,7 @@ import asyncio
 import math
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -29,7 +29,7 @@ import httpx  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from accounting.recorder import use_recorder  # noqa: E402
-from hosts.describe import Described  # noqa: E402
+from hosts.describe import Described, ModelState  # noqa: E402
 from hosts.health import HostState  # noqa: E402
 from routing import signals  # noqa: E402
 from routing.config.shape import FleetConfig, HostConfig, ModelConfig, RouteConfig  # noqa: E402
@@ -43,7 +43,7 @@ from routing.proxy.lifecycle import Lifecycle  # noqa: E402
 from routing.proxy.record import Outcome  # noqa: E402
 from routing.runtime import Runtime  # noqa: E402
 from twin.host import Cut, Prompt, Refused, TwinHost  # noqa: E402
-from twin.router import RouterHost  # noqa: E402
+from twin.router import NotLoaded, RouterHost  # noqa: E402
 from twin.shapes import Segment  # noqa: E402
 from twin.tally import Tally  # noqa: E402
 
@@ -104,6 +104,17 @@ class TwinAnswer:
         return None
 
 
+class _Unserved:
+    """The job of a request its host answered 400 at once (a router with autoload off, asked
+    for a model it has not loaded): `done` raises the host's answer."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, answer: NotLoaded) -> None:
+        self.done = asyncio.get_running_loop().create_future()
+        self.done.set_exception(answer)
+
+
 TwinServer = TwinHost | RouterHost
 
 
@@ -138,6 +149,9 @@ class TwinGateway:
             if isinstance(host, RouterHost)
         }
         self._next_poll: dict[str, float] = {}
+        # Awaited after a request arrives and before it is placed (its wait is in its TTFB): the
+        # fleet layout's actor holds a request for a model loaded nowhere there (twin.fleet).
+        self.hold: Callable[[str], Awaitable[None]] | None = None
         use_recorder(cast(Any, self.tally))
         self._serves = serves or {name: {model: model} for name in hosts}
         # What the gateway is told of its hosts' --slot-prompt-similarity (one preset a fleet).
@@ -185,6 +199,8 @@ class TwinGateway:
         )  # fmt: skip
         life = Lifecycle(forward=self._forward)
         life.routed(self.runtime, self.route)
+        if self.hold is not None:
+            await self.hold(ask.model or self.model)
         try:
             await life.place(ask)
             answered = await life.through()
@@ -197,6 +213,9 @@ class TwinGateway:
         except Cut as cut:
             life.host_done()
             outcome = Outcome(502, str(cut), "upstream_failed")
+        except NotLoaded as refused:  # the host's own 400, passed through to the client
+            life.host_done()
+            outcome = Outcome(400, str(refused), "model_not_loaded")
         else:
             life.host_done()
             usage = Usage(job.tokens, job.cache_n, job.max_tokens)
@@ -216,6 +235,8 @@ class TwinGateway:
             else:
                 job = twin.start(*asked)
             await job.first_token
+        except NotLoaded as exc:
+            return cast(httpx.Response, TwinAnswer(_Unserved(exc)))
         except (Refused, Cut) as exc:
             if isinstance(exc, Refused):
                 await asyncio.sleep(REFUSED_AFTER)  # a refusal takes a round trip
@@ -244,6 +265,19 @@ class TwinGateway:
         if self._next_poll.get(name) != at:
             self._next_poll[name] = at
             loop.call_at(at, self._polled, name)
+
+    def poll_now(self, name: str) -> None:
+        """The host as a poll finds it, now: what an actor that changed it tells the gateway."""
+        self._polled(name)
+
+    def loaded_on(self, model: str) -> list[str]:
+        """The hosts the gateway believes hold `model` (its own name) loaded."""
+        return [
+            name for name, served in self._serves.items()
+            if (upstream := served.get(model)) is not None
+            and (described := self.runtime.health.get(name).described) is not None
+            and described.models.get(upstream) is ModelState.LOADED
+        ]  # fmt: skip
 
     def _polled(self, name: str) -> None:
         twin = self.hosts[name]

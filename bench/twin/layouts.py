@@ -9,6 +9,9 @@ judged under (`twin.run.run_models`).
 - `autoload`: what a fleet of router-mode hosts does on its own today. Every host is
   configured with every model, nothing is loaded at the start, and each host loads what its
   requests name (llama-server's default), unloading its least recently used idle model.
+- `fleet`: fleet placement. Every host is configured with every model, nothing is loaded at
+  the start, autoload is off; an actor (`twin.fleet`) loads and unloads models on the hosts
+  as `routing.core.model_placement.decide` says, from what the gateway knows of the demand.
 """
 
 from __future__ import annotations
@@ -16,18 +19,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["LAYOUTS", "Layout", "autoload", "static"]
+__all__ = ["LAYOUTS", "Layout", "autoload", "fleet", "static"]
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Per host, the models crossbar is told it serves (`serves`) and those loaded before the
-    run (`loaded`), by the workload's names for them; whether its hosts load on demand."""
+    run (`loaded`), by the workload's names for them; whether its hosts load on demand;
+    whether fleet placement's actor places the models (`placed`), unloading a model idle for
+    `idle_unload` seconds (None: `model_placement`'s default)."""
 
     name: str
     serves: Mapping[str, tuple[str, ...]]
     loaded: Mapping[str, tuple[str, ...]]
     autoload: bool
+    placed: bool = False
+    idle_unload: float | None = None
 
 
 def static(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout:
@@ -45,7 +52,14 @@ def autoload(hosts: Sequence[str], models: Sequence[str], models_max: int) -> La
     return Layout("autoload", {host: tuple(models) for host in hosts}, {}, autoload=True)
 
 
+def fleet(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout:
+    """Every model on every host, none loaded, autoload off: fleet placement loads them."""
+    every = {host: tuple(models) for host in hosts}
+    return Layout("fleet", every, {}, autoload=False, placed=True)
+
+
 LAYOUTS: dict[str, Callable[[Sequence[str], Sequence[str], int], Layout]] = {
     "static": static,
     "autoload": autoload,
+    "fleet": fleet,
 }

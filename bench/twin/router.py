@@ -92,6 +92,10 @@ class RouterHost:
             return ModelState.LOADING
         return ModelState.UNLOADED
 
+    def last_used(self, model: str) -> float:
+        """When `model`'s load began or a request was last sent to it (0: never)."""
+        return self._used_at.get(model, 0.0)
+
     # -- a request ------------------------------------------------------------------------
 
     async def start(

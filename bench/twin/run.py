@@ -8,6 +8,7 @@ import random
 from dataclasses import replace
 
 from twin.clock import in_virtual_time
+from twin.fleet import FleetActor
 from twin.gateway import Policy, TwinAsk, TwinGateway, message
 from twin.host import TwinHost
 from twin.layouts import Layout
@@ -55,13 +56,21 @@ def run_models(
     """The figures of `workload`, every one of its models served, on router-mode hosts of
     `preset` laid out as `layout` says (one host a name of it), crossbar's route over them all
     placing with `patience` (None: auto). The workload's models are the preset's, in order."""
+    return run_models_logged(workload, preset, layout, patience)[0]
+
+
+def run_models_logged(
+    workload: Workload, preset: HostProfile, layout: Layout, patience: float | None = None
+) -> tuple[Figures, FleetActor | None]:
+    """`run_models`' figures, and the fleet actor when the layout is placed (its decisions,
+    `log`, and the most models each host held, `most_held`)."""
     random.seed(workload.seed)
     return in_virtual_time(_run_models(workload, preset, layout, patience))
 
 
 async def _run_models(
     workload: Workload, preset: HostProfile, layout: Layout, patience: float | None
-) -> Figures:
+) -> tuple[Figures, FleetActor | None]:
     upstream = dict(zip(workload.models, preset.models, strict=False))
     names = sorted(layout.serves)
     twins = {
@@ -73,7 +82,13 @@ async def _run_models(
         twins, workload.models[0], patience, queue_max=QUEUE_PER_SLOT * preset.slots,
         seed=workload.seed, serves={n: {m: upstream[m] for m in layout.serves[n]} for n in names},
     )  # fmt: skip
+    actor = None
+    if layout.placed:
+        idle = {} if layout.idle_unload is None else {"idle_unload": layout.idle_unload}
+        actor = FleetActor(gateway, twins, upstream, **idle)
     await _talk(gateway, workload, by_model=True)
+    if actor is not None:
+        actor.close()
     figures = gateway.tally.figures(names)
     by_model = {model.model: model for model in figures.by_model}
     return replace(figures, by_model=tuple(
@@ -81,7 +96,7 @@ async def _run_models(
                 loads=sum(twin.loads[name] for twin in twins.values()),
                 loading_s=sum(twin.loading_s.get(name, 0.0) for twin in twins.values()))
         for model, name in upstream.items()
-    ))  # fmt: skip
+    )), actor  # fmt: skip
 
 
 async def _talk(gateway: TwinGateway, workload: Workload, by_model: bool) -> None:

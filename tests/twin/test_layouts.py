@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from twin.layouts import Layout, autoload, static
+from twin.layouts import Layout, autoload, fleet, static
 from twin.presets import GPU_MIXED
-from twin.run import run_models
+from twin.run import run_models, run_models_logged
 from twin.shapes import Conversation, HostProfile, ModelProfile, Segment, Turn, Workload
 from twin.workloads import Scale, models_shift
+
+from routing.core.model_placement import Load, Unload
 
 
 def model(name: str, load_s: float) -> ModelProfile:
@@ -111,4 +113,61 @@ def test_a_models_run_gives_the_same_figures_every_time() -> None:
     again = run_models(shift, GPU_MIXED, layout)
 
     assert first == again
+    assert first.loads > 0 and first.served > 0
+
+
+def test_the_fleet_layout_loads_a_model_on_its_first_request_and_serves_it_after_the_load(
+) -> None:  # fmt: skip
+    layout = fleet(("h0000", "h0001"), MODELS, 2)
+
+    figures, actor = run_models_logged(
+        workload(conversation(1, 0.0, "code", turns=1)), ROUTER, layout
+    )
+
+    (_, code, _) = figures.by_model
+    assert (code.served, code.refused, code.loads, code.loading_s) == (1, 0, 1, 6.0)
+    assert code.ttfb[0] >= 6.0  # held for b's load, then its prompt
+    assert actor is not None
+    assert [(d.at, type(d.action), d.action.model) for d in actor.log] == [(0.0, Load, "code")]
+
+
+def test_the_fleet_layout_never_loads_more_on_a_host_than_its_room() -> None:
+    # One host with room for 2, asked for all three models in turn: the third waits for an
+    # unload of an idle one (past its residency), never a third load beside them.
+    talks = workload(*(conversation(n, n * 70.0, MODELS[n % 3]) for n in range(6)))
+
+    figures, actor = run_models_logged(talks, ROUTER, fleet(("h0000",), MODELS, 2))
+
+    assert actor is not None
+    assert actor.most_held == {"h0000": 2}
+    assert (figures.served, figures.refused) == (12, 0)
+    assert figures.loads >= 3
+
+
+def test_the_fleet_layout_unloads_an_idle_model_only_past_idle_unload() -> None:
+    layout = replace(fleet(("h0000", "h0001"), MODELS, 2), idle_unload=100.0)
+    # `code` last used at 5 s (its second turn); a `chat` conversation keeps the run going.
+    talks = workload(conversation(1, 0.0, "code"), conversation(2, 0.0, "chat", turns=40))
+
+    _, actor = run_models_logged(talks, ROUTER, layout)
+
+    assert actor is not None
+    unloads = [d for d in actor.log if isinstance(d.action, Unload)]
+    code = [d.at for d in unloads if d.action.model == "code"]
+    assert code, "code unloaded once idle"
+    assert code[0] >= 100.0 + 5.0
+    assert all(d.action.model != "chat" for d in unloads)  # in use all along
+
+
+def test_a_fleet_run_gives_the_same_figures_every_time() -> None:
+    scale = Scale(hosts=3, slots=GPU_MIXED.slots, minutes=4.0,
+                  models=("chat", "code", "reason", "small"))  # fmt: skip
+    shift = models_shift(5, scale)
+    layout = fleet(("h0000", "h0001", "h0002"), shift.models, GPU_MIXED.models_max)
+
+    first, actor = run_models_logged(shift, GPU_MIXED, layout)
+    again, other = run_models_logged(shift, GPU_MIXED, layout)
+
+    assert first == again
+    assert actor is not None and other is not None and actor.log == other.log
     assert first.loads > 0 and first.served > 0
