@@ -229,3 +229,18 @@ def test_forgetting_a_host_forgets_only_its_blocks():
 def test_an_index_holds_at_least_one_entry():
     with pytest.raises(ValueError):
         PrefixIndex(0)
+
+
+def test_deepest_finds_a_host_one_block_deeper_than_the_deepest_before_it_in_the_order():
+    """Each host deeper than those before it wins in turn, by a single block too; a host that
+    holds the whole chain ends the search (none can hold more)."""
+    index = PrefixIndex(100)
+    chain = (1, 2, 3, 4, 5)
+    for depth, host in enumerate(("gpu1", "gpu2", "gpu3", "gpu4", "gpu5"), start=1):
+        index.learn(host, "m", chain[:depth])
+    index.learn("gpu6", "m", chain)  # as deep as gpu5, after it
+
+    assert index.deepest(["gpu1", "gpu2"], "m", chain, beyond=0) == ("gpu2", 2)
+    assert index.deepest(["gpu1", "gpu2", "gpu3"], "m", chain, beyond=0) == ("gpu3", 3)
+    assert index.deepest(["gpu2", "gpu1", "gpu4"], "m", chain, beyond=1) == ("gpu4", 4)
+    assert index.deepest(["gpu5", "gpu6", "gpu1"], "m", chain, beyond=0) == ("gpu5", 5)
