@@ -20,7 +20,11 @@ the next tokens of the requests it runs beside:
   waits as long as the spilled request does: a spill is taken only where it saves this request
   more than it costs them. On bench-cache with 96-token answers (bench/README.md, "5 Dec
   2026") the spills priced by the request's own wait alone cost more than they saved: more
-  tokens and a worse TTFB p95 than never spilling.
+  tokens and a worse TTFB p95 than never spilling. Plus `displaced(g)`: the spill holds `g`'s
+  slot a whole `service(g)` while the conversations leased to `g` between turns may come back
+  for it; with as many of them as `g` has free slots one waits up to a service, with fewer
+  the share of the free slots they may need (the spill cascade's cause; bench/README.md,
+  "The fleet twin").
 
 `prefill(h) = (prompt tokens - tokens h holds) / h's prompt speed`. The prompt's tokens are its
 length in the prefix index's units (canonical characters, or token ids) over the model's
