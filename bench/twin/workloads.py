@@ -43,7 +43,7 @@ from cache_workload import Shape, make_workload
 
 from .shapes import Conversation, Restart, Segment, Turn, Workload
 
-__all__ = ["OWN_IDS", "WORKLOADS", "Chat", "Scale"]
+__all__ = ["CALIBRATION_NUMBERS", "OWN_IDS", "WORKLOADS", "Chat", "Scale"]
 
 OWN_IDS = 1_000_000  # conversation n's own segments: (n + 1) * OWN_IDS and up
 
@@ -54,7 +54,8 @@ SHARED_SYSTEM = 3
 FEW_SYSTEM = 4
 INTERACTIVE_SYSTEM = 5
 STANDARD_SYSTEM = 6
-CALIBRATION_SYSTEM = 7  # bench-cache's system message
+CALIBRATION_SYSTEM = 7  # bench-cache's system message and its task's `<|im_start|>user\nTask`
+CALIBRATION_NUMBERS = 10_000  # + int("1" + digits): a task number's digits so far (below)
 MODEL_SYSTEMS = 100  # + the model's number: each model's own system prompt
 
 # Names given to the models `models_shift` needs beyond those of the scale.
@@ -318,8 +319,7 @@ def _bench_conversation(conversation: BenchConversation, model: str) -> Conversa
     goes with the message before it, since the next request's assistant message begins so."""
     ids = itertools.count((conversation.number + 1) * OWN_IDS)
     messages = conversation.turns[-1].messages
-    system = Segment(CALIBRATION_SYSTEM, 1 + _tokens(messages[0]))  # 1: the BOS token
-    task = Segment(next(ids), _tokens(messages[1]) + STARTS["assistant"])
+    opening = _bench_opening(messages[0], messages[1], next(ids))
     turns = [Turn(0.0, (), BENCH_SHAPE.max_tokens)]
     for before, turn in itertools.pairwise(conversation.turns):
         call, result = turn.messages[len(before.messages) :]
@@ -327,7 +327,30 @@ def _bench_conversation(conversation: BenchConversation, model: str) -> Conversa
         answered = Segment(next(ids), _tokens(result) + STARTS["assistant"])
         turns.append(Turn(before.pause_after, (called, answered), BENCH_SHAPE.max_tokens, False))
     return Conversation(conversation.number, conversation.start, model, "default",
-                        (system, task), tuple(turns))  # fmt: skip
+                        opening, tuple(turns))  # fmt: skip
+
+
+def _bench_opening(system: dict[str, str], task: dict[str, str], own: int) -> tuple[Segment, ...]:
+    """The system message and the task (`Task <n>: ...`) as llama.cpp's tokens share them
+    between conversations: every one shares the system message and the task's
+    `<|im_start|>user\nTask` (the 1,676 tokens bench/README.md measured); then the number, a
+    token a digit, shared digit by digit with every conversation whose number starts so (task 1,
+    10 and 11 share `1`); then its own words. That one token counts: llama-server restores a
+    saved prompt that keeps more of a request than its slot does, however little more, and
+    takes it out of host memory (`PromptCache.load`): task 10's opening, in a slot that holds
+    task 3's history, can take task 1's, and task 1's next turn then finds only the system
+    message."""
+    number = re.match(r"Task (\d+)", task["content"])
+    if number is None:
+        raise ValueError(f"a bench task opens with `Task <n>`, not {task['content'][:20]!r}")
+    digits = number[1]
+    head = STARTS[task["role"]] + 1  # `<|im_start|>user\n` and `Task`
+    shared = Segment(CALIBRATION_SYSTEM, 1 + _tokens(system) + head)  # 1: the BOS token
+    numbered = tuple(
+        Segment(CALIBRATION_NUMBERS + int("1" + digits[: at + 1]), 1) for at in range(len(digits))
+    )
+    rest = _tokens(task) - head - len(digits) + STARTS["assistant"]
+    return (shared, *numbered, Segment(own, rest))
 
 
 def _tokens(message: dict[str, str]) -> int:

@@ -10,6 +10,7 @@ import pytest
 from twin.clock import Deadlocked, in_virtual_time
 from twin.host import Cut, Job, Refused, TwinHost
 from twin.shapes import HostProfile, ModelProfile, Segment
+from twin.workloads import WORKLOADS, Scale
 
 MODEL = ModelProfile(
     "chat", size_gb=5.0, load_s=4.0, prefill_tps=1000.0, decode_tps=(50.0, 40.0, 30.0),
@@ -279,3 +280,28 @@ def test_host_memory_restores_no_entry_that_would_keep_under_a_quarter_of_itself
 
     # The first shares its 1,000-token opening: 1,000 of its 6,010 tokens, under a quarter.
     assert in_virtual_time(main()).cache_n == 0
+
+
+def test_an_opening_takes_a_saved_prompt_sharing_one_token_more_whose_next_turn_is_lost() -> None:
+    """bench-cache's tasks 1 and 10 share `Task 1` beyond the system message that every task
+    shares. On one slot, task 10's opening finds the slot holding task 3's history (the system
+    message) and host memory holding task 1's (one token more): llama-server restores that,
+    taking it out of host memory, so task 1's next turn finds the system message and a digit
+    only and is evaluated again."""
+    one_slot = replace(PROFILE, slots=1)
+    bench = {c.id: c for c in WORKLOADS["calibration"](0, Scale(2, 2, 1)).conversations()}
+    task_1, task_3, task_10 = bench[1], bench[3], bench[10]
+
+    async def main() -> tuple[Job, Job]:
+        host = TwinHost("h", one_slot, "chat")
+        first = answer(1, 96)
+        await served(host, task_1.opening, first)
+        await served(host, task_3.opening, answer(3, 96))  # task 1's history to host memory
+        opening = await served(host, task_10.opening, answer(10, 96))
+        again = (*task_1.opening, *task_1.turns[1].added)
+        return opening, await served(host, again, answer(2, 96))
+
+    opening, again = in_virtual_time(main())
+    system = task_1.opening[0].tokens
+    assert opening.restore_s > 0 and opening.cache_n == system + 1
+    assert (again.cache_n, again.prompt_n) == (system + 1, again.tokens - system - 1)
