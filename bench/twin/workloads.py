@@ -22,9 +22,10 @@ English, one token each in llama's SPM vocab, the tiny model's), per digit (numb
 into digits), per one or two other characters (the vocab has tokens for most pairs of JSON's
 punctuation), plus ChatML's markup as llama.cpp tokenizes it. Against llama.cpp's tokenizer on
 that vocab (the SPM merge run over ggml-vocab-llama-spm.gguf, which gives the vocab's own test
-tokens), seed 0's 144 prompts reckon 0.1-0.7% short (420,239 tokens for 422,146); its system
-message reckons 1,662 where the two first prompts share 1,676 (bench/README.md's figure,
-which also holds the next message's `<|im_start|>user\nTask`).
+tokens), seed 0's 144 prompts reckon 0.1-0.7% short (420,239 tokens for 422,146); what every
+conversation shares, its system message and the next message's `<|im_start|>user\nTask`,
+reckons 1,672 where the two first prompts share 1,676 (bench/README.md's figure). A task's
+number is shared too, digit by digit (`_bench_opening`).
 """
 
 from __future__ import annotations
