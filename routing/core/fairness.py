@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 __all__ = [
+    "ANONYMOUS",
     "DEFAULT_CACHED_WEIGHT",
     "DEFAULT_DECODE_WEIGHT",
     "DEFAULT_ESTIMATE",
@@ -47,6 +48,7 @@ __all__ = [
     "Entry",
     "FairLine",
     "Priority",
+    "Share",
     "Work",
 ]
 
@@ -81,6 +83,19 @@ class Priority(StrEnum):
 
 _RANKS: dict[Priority, int] = {Priority.INTERACTIVE: 2, Priority.STANDARD: 1, Priority.BATCH: 0}
 _HIGHEST_FIRST: tuple[Priority, ...] = tuple(sorted(Priority, key=lambda p: -_RANKS[p]))
+
+
+@dataclass(slots=True, frozen=True)
+class Share:
+    """Whose share a request counts against: its client key's name ("" for a request with
+    no key, all of them one key), the key's class and its weight (> 0)."""
+
+    key: str = ""
+    priority: Priority = Priority.STANDARD
+    weight: float = 1.0
+
+
+ANONYMOUS = Share()
 
 
 @dataclass(slots=True, frozen=True)
@@ -197,7 +212,7 @@ class FairLine:
         waiting. `running_by_class`: the line's slots held now, per class (absent: 0)."""
         if free_slots <= 0 or not self._count:
             return None
-        allowed = [p for p in _HIGHEST_FIRST if self._allowed(p, free_slots, running_by_class)]
+        allowed = [p for p in _HIGHEST_FIRST if self.allows(p, free_slots, running_by_class)]
         entry = self._aged(now, allowed) or self._fairest(allowed)
         if entry is not None:
             self._grant(entry)
@@ -244,7 +259,7 @@ class FairLine:
     def _backlogged(self, priority: Priority) -> bool:
         return any(state.waiting for state in self._keys[priority].values())
 
-    def _allowed(self, priority: Priority, free: int, running: Mapping[Priority, int]) -> bool:
+    def allows(self, priority: Priority, free: int, running: Mapping[Priority, int]) -> bool:
         """Whether a waiter of `priority` may take one of `free` slots under every higher
         class's headroom (capped at the line's slots less one)."""
         slots = free + sum(running.values())
