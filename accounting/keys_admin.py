@@ -45,7 +45,10 @@ class ClientKeyForm(forms.ModelForm):
 
     class Meta:
         model = ClientKey
-        fields = ["name", "enabled", "routes", "max_concurrent", "requests_per_minute", "notes"]
+        fields = [
+            "name", "enabled", "routes", "max_concurrent", "requests_per_minute", "priority",
+            "weight", "notes",
+        ]  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -73,7 +76,7 @@ class ClientKeyAdmin(admin.ModelAdmin):
     search_fields = ["name", "prefix", "notes"]
     fields = [
         "name", "key_start", "enabled", "routes", "max_concurrent", "requests_per_minute",
-        "notes", "created_at",
+        "priority", "weight", "notes", "created_at",
     ]  # fmt: skip
     readonly_fields = ["key_start", "created_at"]
     actions = ["replace_keys"]
@@ -110,6 +113,8 @@ class ClientKeyAdmin(admin.ModelAdmin):
             parts.append(f"{key.max_concurrent} in flight")
         if key.requests_per_minute:
             parts.append(f"{key.requests_per_minute}/min")
+        if key.priority != "standard" or key.weight != 1:
+            parts.append(f"{key.priority} x{key.weight:g}")
         return ", ".join(parts) or "none"
 
     @admin.display(description="created", ordering="created")

@@ -186,6 +186,29 @@ class ClientKey(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Requests started in any 60 seconds; more get 429. Empty: no limit.",
     )
+    priority = models.CharField(
+        max_length=12,
+        choices=[
+            ("interactive", "interactive"),
+            ("standard", "standard"),
+            ("batch", "batch"),
+        ],
+        default="standard",
+        help_text=(
+            "Who goes first when a host's slot frees: interactive, then standard, then batch. "
+            "A request waiting longer than CROSSBAR_STARVATION_BOUND seconds goes first "
+            "whatever its class. Requests without a key are standard."
+        ),
+    )
+    weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.001)],
+        help_text=(
+            "This key's share of the slots among the keys of its class that are waiting, "
+            "counted in work the hosts did (prompt tokens evaluated, generated ones): a key "
+            "of weight 2 gets twice the work of a key of weight 1. Above 0."
+        ),
+    )
     created = models.DateTimeField(auto_now_add=True)
     notes = models.TextField(blank=True)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from routing.core.fairness import DEFAULT_STARVATION_BOUND, Priority
 from routing.core.forwarding import trusted_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -42,6 +43,23 @@ class _Env(environ.Env):
         if not 0 <= value <= 1:
             raise ImproperlyConfigured(f"{var}={value:g} is not valid: it is a share, from 0 to 1")
         return value
+
+    def headroom(self, var: str, default: str) -> dict[Priority, int]:
+        """Slots per class, as `interactive=1,standard=0` (classes left out: none)."""
+        raw = self.str(var, default=default)
+        headroom: dict[Priority, int] = {}
+        for part in filter(None, (item.strip() for item in raw.split(","))):
+            name, _, slots = part.partition("=")
+            try:
+                headroom[Priority(name.strip())] = int(slots)
+            except ValueError:
+                raise ImproperlyConfigured(
+                    f"{var}={raw!r} is not valid: write class=slots, separated by commas "
+                    f"(classes: interactive, standard, batch; slots: a whole number)"
+                ) from None
+            if headroom[Priority(name.strip())] < 0:
+                raise ImproperlyConfigured(f"{var}={raw!r} is not valid: slots are 0 or more")
+        return headroom
 
 
 env = _Env()
@@ -202,6 +220,13 @@ CROSSBAR = {
     # 0.1), from which crossbar tells when a request for an empty slot is better left to the
     # host (routing/core/named_slots.py `chooses_the_empty_slot`; docs/config.md).
     "SLOT_PROMPT_SIMILARITY": env.fraction("CROSSBAR_SLOT_PROMPT_SIMILARITY", default=0.1),
+    # Slots of each (host, model) pair that a lower class may not take while a request of
+    # the class could come: an enabled client key has that class (docs/operating.md;
+    # capped at a pair's parallel - 1). The one exception to "a free slot never idles while
+    # anyone waits". In-process state only: with CROSSBAR_REDIS_URL lines are first come.
+    "HEADROOM": env.headroom("CROSSBAR_HEADROOM", default="interactive=1"),
+    # A request that has waited this long in a host's line goes before every class.
+    "STARVATION_BOUND": env.float("CROSSBAR_STARVATION_BOUND", default=DEFAULT_STARVATION_BOUND),
     # With CROSSBAR_REDIS_URL: how long a process's slots outlive it (routing/shared/state.py).
     "REDIS_HOLD_TTL": env.float("CROSSBAR_REDIS_HOLD_TTL", default=5.0),
     # Set: slots, queues, leases and client counts are shared by every process through Redis.

@@ -32,6 +32,7 @@ from routing.config.shape import FleetConfig, RouteConfig
 from routing.core.clients import Admitted, ClientGate, ClientSpec
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
+from routing.core.line import headroom_in_use
 from routing.core.patience import Figures
 from routing.core.prefixes import PrefixIndex
 from routing.core.running import RunningTable
@@ -152,6 +153,11 @@ class Runtime:
 
     def _configured(self, fleet: FleetConfig) -> None:
         self.clients.configure(fleet.clients)
+        if isinstance(self.state, LocalState):
+            conf = settings.CROSSBAR
+            classes = {client.priority for client in fleet.clients.values()}
+            headroom = headroom_in_use(conf["HEADROOM"], classes)
+            self.state.limiter.set_fairness(headroom, conf["STARVATION_BOUND"])
         log.info(
             "config loaded: revision=%s hosts=%d routes=%d",
             fleet.revision,

@@ -10,6 +10,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from routing.config.shape import FleetConfig, HostConfig, RouteConfig
 from routing.core.clients import ClientSpec
 from routing.core.cors import parse_origins
+from routing.core.fairness import Priority
 
 if TYPE_CHECKING:  # the specs read Django's models, which load once the apps are ready
     from routing.config.validation import HostSpec, RouteSpec
@@ -83,6 +84,8 @@ def _load_clients() -> dict[str, ClientSpec]:
             routes=frozenset(key.route_names),
             max_concurrent=key.max_concurrent,
             per_minute=key.requests_per_minute,
+            priority=Priority(key.priority),
+            weight=key.weight,
         )
         for key in ClientKey.objects.filter(enabled=True)
     }

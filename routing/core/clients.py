@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from routing.core.errors import ClientLimited, InvalidKey, MissingKey, RouteNotAllowed
+from routing.core.fairness import Priority, Share
 
 __all__ = ["Admitted", "ClientGate", "ClientPass", "ClientSpec", "bearer_token"]
 
@@ -38,6 +39,12 @@ class ClientSpec:
     routes: frozenset[str] = frozenset()
     max_concurrent: int | None = None
     per_minute: int | None = None
+    priority: Priority = Priority.STANDARD  # its requests' class in a host's line
+    weight: float = 1.0  # its share of its class's slots while it waits (> 0)
+
+    def share(self) -> Share:
+        """Whose share its requests count against in a host's line (`routing.core.line`)."""
+        return Share(self.name, self.priority, self.weight)
 
 
 @dataclass(slots=True, eq=False)

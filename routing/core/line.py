@@ -15,7 +15,7 @@ One event loop, not thread-safe; nothing here awaits.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from routing.core.fairness import DEFAULT_STARVATION_BOUND, Entry, FairLine, Priority, Share
@@ -23,11 +23,17 @@ from routing.core.fairness import DEFAULT_STARVATION_BOUND, Entry, FairLine, Pri
 if TYPE_CHECKING:
     from routing.core.limiter import Waiter
 
-__all__ = ["DEFAULT_HEADROOM", "Line"]
+__all__ = ["Line", "headroom_in_use"]
 
-# Interactive requests keep one slot of a pair from the lower classes (capped at parallel - 1,
-# so a pair of one slot keeps none): one arriving while the others run starts at once.
-DEFAULT_HEADROOM: Mapping[Priority, int] = {Priority.INTERACTIVE: 1}
+
+def headroom_in_use(
+    headroom: Mapping[Priority, int], classes: Collection[Priority]
+) -> dict[Priority, int]:
+    """The headroom of the classes a request may come in (`classes`: those of the enabled
+    client keys; a request without a key is standard): a slot kept for a class no request
+    can have would idle for nothing."""
+    could_come = {*classes, Priority.STANDARD}
+    return {priority: slots for priority, slots in headroom.items() if priority in could_come}
 
 
 class Line:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Literal
 
+from routing.core.fairness import ANONYMOUS, Share
 from routing.core.leases import LeaseKey
 from routing.core.limiter import Pair
 
@@ -53,6 +54,7 @@ class Opening:
     unusable: Collection[str]  # the route's hosts for the model that `usable` refuses now
     strict: bool  # a host that may not be used refuses rather than moves the conversation
     patient: bool  # home's line before the other hosts' free slots (lease_patience > 0, or auto)
+    share: Share = ANONYMOUS  # whose share the request counts against in a line
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,18 +80,18 @@ async def open_with(
     if home is not None and opening.usable(home):
         own = Pair(home, key.model)
         if opening.patient:
-            got = await state.place([own])
+            got = await state.place([own], opening.share)
             # Home has neither a slot nor room in its line: the others, in order.
             if got is None and any(pair != own for pair in opening.pairs):
-                got = await state.place(_Order(None, opening.pairs, own))
+                got = await state.place(_Order(None, opening.pairs, own), opening.share)
         else:
-            got = await state.place(_Order(own, opening.pairs, own))
+            got = await state.place(_Order(own, opening.pairs, own), opening.share)
         if got is not None:
             await keep_or_give_back(state, key, home, ttl, got, home)
         return Opened(home, True, got)
     if home is not None and opening.strict:
         return Opened(home, False, None, pinned=True)
-    got = await state.place(opening.pairs) if opening.pairs else None
+    got = await state.place(opening.pairs, opening.share) if opening.pairs else None
     if got is not None:
         await keep_or_give_back(state, key, got.host, ttl, got, home)
     return Opened(home, False, got)

@@ -41,6 +41,7 @@ from typing import Generic, Protocol, TypeVar
 
 from routing.core.affinity import Affinity, prefer_in
 from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, QueueTimeout
+from routing.core.fairness import ANONYMOUS, Share
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.limiter import Pair
 from routing.core.opening import Opening, keep_or_give_back
@@ -126,9 +127,11 @@ class Placer(Generic[RouteT]):
         started: float,
         prompt: tuple[int, ...] = (),
         pricing: Pricing | None = None,
+        share: Share = ANONYMOUS,
     ) -> None:
         self.fleet = fleet
         self.prompt = prompt
+        self.share = share  # whose share it counts against in a host's line
         self.route = route
         self.model = model
         self.key = LeaseKey(route.name, fingerprint, model) if fingerprint else None
@@ -152,7 +155,7 @@ class Placer(Generic[RouteT]):
                 return self._homeless(list(ranking.listed), Reason.NONE, LeaseOutcome.NONE,
                                       NoHealthyHost())  # fmt: skip
             affinity = self._affinity(order)
-            got = await self.fleet.state.place(self._pairs_for(ranking, affinity))
+            got = await self.fleet.state.place(self._pairs_for(ranking, affinity), self.share)
             if got is None:
                 raise QueueFull(ranking.hosts(), self.model)  # each was asked, each was full
             return self._result(got, self._by(affinity, got, Reason.NONE), LeaseOutcome.NONE)
@@ -166,6 +169,7 @@ class Placer(Generic[RouteT]):
             unusable=ranking.unusable(),
             strict=self.route.strict,
             patient=self.route.lease_patience is None or self.route.lease_patience > 0,
+            share=self.share,
         )
         opened = await self.fleet.state.open(opening)
         home = opened.home
@@ -285,7 +289,7 @@ class Placer(Generic[RouteT]):
         """No usable host now: wait for one of `hosts` (or the fallback), if the route may."""
         if not self.route.fallback or self.fleet.fallback_of(self.route) is None:
             raise refusal
-        waiter = self.fleet.state.watcher()
+        waiter = self.fleet.state.watcher(self.share)
         if waiter is None:  # shared state keeps no watch-only places: refuse as without one
             raise refusal
         pairs = [Pair(host, self.model) for host in hosts]

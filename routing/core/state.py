@@ -16,11 +16,12 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, Protocol
 
+from routing.core.fairness import ANONYMOUS, Share, Work
 from routing.core.leases import LeaseKey, LeaseTable
 from routing.core.limiter import Limiter, Pair, PairSnapshot, Slot, Waiter
 from routing.core.opening import Opened, Opening, open_with
 
-__all__ = ["FleetState", "Held", "InLine", "LocalState", "on_lost"]
+__all__ = ["FleetState", "Held", "InLine", "LocalState", "charge", "charge_later", "on_lost"]
 
 
 class Held(Protocol):
@@ -57,6 +58,22 @@ def on_lost(slot: Held, callback: Callable[[], None]) -> None:
     watch: Callable[[Callable[[], None]], None] | None = getattr(slot, "on_lost", None)
     if watch is not None:
         watch(callback)
+
+
+def charge_later(slot: Held) -> None:
+    """`slot`'s release charges its client key nothing: `charge` will, with the work its
+    request did once that is known (the answer's end). A slot of a backing whose lines are
+    first come, first served (the shared state's) has nothing to charge."""
+    later: Callable[[], None] | None = getattr(slot, "charge_later", None)
+    if later is not None:
+        later()
+
+
+def charge(slot: Held, work: Work) -> None:
+    """Charge `slot`'s client key, in its pair's line, the work its request did (once)."""
+    settle: Callable[[Work], None] | None = getattr(slot, "charge", None)
+    if settle is not None:
+        settle(work)
 
 
 class InLine(Protocol):
@@ -97,10 +114,12 @@ class InLine(Protocol):
 class FleetState(Protocol):
     """Slots, lines and leases of the whole fleet, and counts of them for ranking."""
 
-    async def place(self, pairs: Iterable[Pair]) -> Held | InLine | None:
+    async def place(self, pairs: Iterable[Pair], share: Share = ANONYMOUS) -> Held | InLine | None:
         """A free slot on the first pair with one; else a place in the first line with room;
         else None (all full). `pairs` is read at most twice, before the first suspension (it
-        may be a ranking's own sequence, which changes at the ranking's next read)."""
+        may be a ranking's own sequence, which changes at the ranking's next read). `share`:
+        whose share the request counts against in a line (its client key's; the shared
+        backing's lines are first come, first served)."""
         ...
 
     async def open(self, opening: Opening) -> Opened:
@@ -108,7 +127,7 @@ class FleetState(Protocol):
         follows and the lease kept, as one step; raises as `place` does."""
         ...
 
-    def watcher(self) -> InLine | None:
+    def watcher(self, share: Share = ANONYMOUS) -> InLine | None:
         """A place in no line, that only watches; None where the backing has none."""
         ...
 
@@ -172,14 +191,14 @@ class LocalState:
         self.limiter = limiter
         self.leases = leases
 
-    async def place(self, pairs: Iterable[Pair]) -> Slot | Waiter | None:
-        return self.limiter.place(pairs)
+    async def place(self, pairs: Iterable[Pair], share: Share = ANONYMOUS) -> Slot | Waiter | None:
+        return self.limiter.place(pairs, share)
 
     async def open(self, opening: Opening) -> Opened:
         return await open_with(self, opening)
 
-    def watcher(self) -> Waiter:
-        return self.limiter.waiter()
+    def watcher(self, share: Share = ANONYMOUS) -> Waiter:
+        return self.limiter.waiter(share)
 
     def watch(self, waiter: InLine, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
         assert isinstance(waiter, Waiter), "a local watch needs a local waiter"

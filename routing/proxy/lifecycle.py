@@ -53,13 +53,14 @@ from routing.core.errors import (
     QueueFull,
     answer_for,
 )
+from routing.core.fairness import ANONYMOUS
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.named_slots import NamedSlot
 from routing.core.patience import Pricing
 from routing.core.placement import Placement, Placer, Waiting
 from routing.core.refusals import unknown_model
 from routing.core.running import RunningRequest
-from routing.core.state import Held, on_lost
+from routing.core.state import Held, charge, charge_later, on_lost
 from routing.proxy import upstream
 from routing.proxy.ask import Ask
 from routing.proxy.figures import held, pricing
@@ -103,6 +104,7 @@ class Lifecycle:
     __slots__ = (
         "trail", "runtime", "route", "ask", "waiting", "_forward", "_prices", "_routed",
         "_placer", "_next", "_pass", "_running", "_answered", "_slot", "_upstream", "_ended",
+        "_share", "_charged",
     )  # fmt: skip
 
     runtime: Runtime
@@ -131,6 +133,8 @@ class Lifecycle:
         self._slot: Held | None = None  # the answered placement's, until the host is done
         self._upstream: httpx.Response | None = None  # the host's, until a relay takes it
         self._ended = False
+        self._share = ANONYMOUS  # whose share it counts against in a host's line
+        self._charged: Held | None = None  # the answered slot, charged the work at the end
         if runtime is not None:
             self.runtime = runtime
             self._routed = route is not None
@@ -149,6 +153,7 @@ class Lifecycle:
         if client is not None:
             self.trail = self.trail._replace(client=client.name)
             self._pass = await self.runtime.admit(client, self.route.name)
+            self._share = client.share()
 
     async def place(self, ask: Ask) -> None:
         """The ask is known: its running entry, then placement's first try (a request that
@@ -174,7 +179,7 @@ class Lifecycle:
         placer = self._placer = Placer(
             self.runtime.live, self.route, ask.model, ask.fingerprint,
             asyncio.get_running_loop().time(), ask.prefix.blocks,
-            self._prices(self.runtime, self.route, ask),
+            self._prices(self.runtime, self.route, ask), self._share,
         )  # fmt: skip
         return await placer.now()
 
@@ -333,9 +338,12 @@ class Lifecycle:
         """The host's head is in: its slot and response are the lifecycle's from here (given
         back at once if the request has ended meanwhile)."""
         self._answered, self._upstream = answered, answered.upstream
-        self._slot = answered.placement.slot if answered.placement is not None else None
+        slot = self._slot = answered.placement.slot if answered.placement is not None else None
         if self._ended:
             self._give_back()
+        elif slot is not None:
+            charge_later(slot)  # with what the host reports, once the answer has ended
+            self._charged = slot
         return answered
 
     # -- 5: the host's answer, relayed ------------------------------------------------------
@@ -412,6 +420,9 @@ class Lifecycle:
     def _close(self, outcome: Outcome, trail: Trail) -> None:
         self._ended = True
         self._give_back()
+        if self._charged is not None:
+            charge(self._charged, outcome.work())
+            self._charged = None
         finish(trail, outcome)
 
     def _give_back(self) -> None:

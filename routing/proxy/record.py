@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from accounting.recorder import RequestRecord, get_recorder
 from accounting.rows import within_columns
+from routing.core.fairness import Work
 from routing.core.named_slots import NamedSlot
 from routing.core.patience import Priced
 from routing.core.placement import Placement
@@ -101,6 +102,13 @@ class Outcome:
     code: str = ""
     usage: Usage = NO_USAGE
     prompt_ms: float | None = None
+
+    def work(self) -> Work:
+        """What the host did for the request, from the counts its row gets: prompt tokens it
+        evaluated (those it found cached apart) and tokens it generated; none unsaid."""
+        usage = self.usage
+        prompt, cached = usage.prompt_tokens or 0, usage.cached_tokens or 0
+        return Work(max(0, prompt - cached), cached, usage.completion_tokens or 0)
 
 
 def refused_by(trail: Trail, hosts: tuple[str, ...]) -> Trail:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from routing.core.fairness import ANONYMOUS, Share
 from routing.core.leases import LeaseKey
 from routing.core.limiter import Pair, PairSnapshot
 from routing.core.opening import Opened, Opening, give_back, open_with
@@ -96,7 +97,10 @@ class SharedState:
 
     # -- placing ------------------------------------------------------------------------
 
-    async def place(self, pairs: Iterable[Pair]) -> SharedSlot | SharedPlace | None:
+    async def place(
+        self, pairs: Iterable[Pair], share: Share = ANONYMOUS
+    ) -> SharedSlot | SharedPlace | None:
+        # `share` is not read: the lines kept in Redis are first come, first served.
         pairs = list(pairs)  # read now: a ranking's own sequence changes at its next read
         if not pairs:
             return None
@@ -145,7 +149,7 @@ class SharedState:
             return Opened(home, at_home == "1", taken)
         return await open_with(self, opening, home)
 
-    def watcher(self) -> SharedWatcher:
+    def watcher(self, share: Share = ANONYMOUS) -> SharedWatcher:
         return self.places.watcher()
 
     def watch(self, waiter: InLine, pairs: Iterable[Pair], accept: Callable[[Pair], bool]) -> None:
