@@ -61,6 +61,16 @@ class ClientKeyForm(forms.ModelForm):
             (name, f"{name} (no such route)") for name in missing
         ]
         self.initial["routes"] = stored
+        for name in ("priority", "weight"):  # absent from a POST: the key's own (default)
+            self.fields[name].required = False
+
+    def clean_priority(self) -> str:
+        # A form sent without the field (a script's POST) keeps the key's class as it was.
+        return self.cleaned_data["priority"] or self.instance.priority
+
+    def clean_weight(self) -> float:
+        weight = self.cleaned_data["weight"]
+        return self.instance.weight if weight is None else weight
 
     def clean_routes(self) -> str:
         # ClientKey.clean() refuses names no route has, with the same words as `check`.

@@ -14,6 +14,8 @@ from django.utils import timezone
 
 from accounting.keys import hash_key
 from accounting.models import ClientKey, Request
+from routing.config import reader
+from routing.core.fairness import Priority, Share
 from tests.helpers.fleet import add_route
 
 pytestmark = pytest.mark.django_db
@@ -64,6 +66,35 @@ def test_a_key_is_saved_with_the_routes_ticked(admin_client: Client) -> None:
 
     assert response.status_code == 200
     assert ClientKey.objects.get(name="team-a").route_names == ["chat", "code"]
+
+
+def test_a_key_is_saved_with_its_class_and_weight_and_the_loader_carries_them(
+    admin_client: Client,
+) -> None:
+    existing_key("other")
+    page = admin_client.get(ADD).content.decode()
+
+    saved = admin_client.post(ADD, form(priority="batch", weight="2.5"))
+    refused = admin_client.post(ADD, form(name="team-z", weight="0"))
+
+    assert "Who goes first when a host" in page and "twice the work" in page
+    assert saved.status_code == 200
+    row = ClientKey.objects.get(name="team-a")
+    assert (row.priority, row.weight) == ("batch", 2.5)
+    assert refused.status_code == 200 and not ClientKey.objects.filter(name="team-z").exists()
+    spec = reader._load_clients()[row.key_hash]  # what a reload gives the runtime
+    assert spec.share() == Share("team-a", Priority.BATCH, 2.5)
+
+
+def test_a_key_saved_without_a_class_or_weight_is_standard_of_weight_1(
+    admin_client: Client,
+) -> None:
+    existing_key("other")
+
+    admin_client.post(ADD, form())
+
+    row = ClientKey.objects.get(name="team-a")
+    assert (row.priority, row.weight) == ("standard", 1.0)
 
 
 def test_a_route_that_does_not_exist_is_refused_on_save(admin_client: Client) -> None:

@@ -37,10 +37,14 @@ def completions(fake) -> list:
 
 
 @contextmanager
-def holding(url: str, body: dict, fake: FakeLlamaServer) -> Iterator[None]:
-    """Keep one slot busy with a slow streamed request while the block runs."""
+def holding(url: str, body: dict, fake: FakeLlamaServer, key: str | None = None) -> Iterator[None]:
+    """Keep one slot busy with a slow streamed request (of client key `key`) while the block
+    runs."""
     before = fake.in_flight
-    thread = threading.Thread(target=lambda: httpx.post(url, json=body, timeout=60))
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    thread = threading.Thread(
+        target=lambda: httpx.post(url, json=body, headers=headers, timeout=60)
+    )
     thread.start()
     wait_until(lambda: fake.in_flight > before, what="the slot to be taken")
     try:
