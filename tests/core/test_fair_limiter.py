@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 
 from routing.core.fairness import Priority, Share, Work
 from routing.core.limiter import Limiter, Slot, Waiter
@@ -45,12 +46,14 @@ def line_up(limiter: Limiter, share: Share) -> Waiter:
     return got
 
 
-def served_in_turn(slot: Slot, waiters: list[Waiter], work: Work = Work()) -> list[Waiter]:
-    """Release `slot`, then each slot granted in turn (each charged `work`): the waiters in
-    the order they were served."""
+def served_in_turn(
+    slot: Slot, waiters: list[Waiter], work: Work | Callable[[Slot], Work] = Work()
+) -> list[Waiter]:
+    """Release `slot`, then each slot granted in turn (each charged `work`, or what `work`
+    says of it): the waiters in the order they were served."""
     order: list[Waiter] = []
     while True:
-        slot.charge(work)
+        slot.charge(work(slot) if callable(work) else work)
         slot.release()
         granted = [w for w in waiters if w not in order and w.granted.done()]
         if not granted:
@@ -97,6 +100,24 @@ async def test_two_backlogged_standard_keys_of_weights_1_and_2_get_grants_1_to_2
 
     counts = Counter(w.share.key for w in served)
     assert counts["heavy"] == 2 * counts["light"], counts
+
+
+async def test_a_key_whose_requests_cost_10_times_more_gets_a_tenth_of_the_grants() -> None:
+    limiter = limiter_of(queue_max=200)
+    heavy, light = Share("heavy"), Share("light")
+    held = take(limiter, heavy)
+    waiters = [line_up(limiter, share) for _ in range(60) for share in (heavy, light)]
+
+    def work(slot: Slot) -> Work:
+        owner = next(
+            (w.share.key for w in waiters if w.granted.done() and w.granted.result() is slot), ""
+        )
+        return Work(evaluated=1000) if owner == "heavy" else Work(evaluated=80, cached=200)
+
+    served = served_in_turn(held, waiters, work)[:55]
+
+    counts = Counter(w.share.key for w in served)
+    assert counts["light"] >= 8 * counts["heavy"], counts
 
 
 async def test_a_batch_request_behind_a_stream_of_interactive_ones_is_served_at_the_bound() -> None:

@@ -1,0 +1,74 @@
+"""Priority classes in a host's line, as clients see them through the gateway over real sockets:
+a client key's class decides who a freed slot goes to, and each request's work is charged to
+its key. The order rules themselves are tested alone (tests/core/test_fairness.py) and through
+the limiter (tests/core/test_fair_limiter.py). The lines kept in Redis (CROSSBAR_TEST_SHARED=1)
+are first come, first served: these tests are the in-process state's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import httpx
+import pytest
+
+from accounting.models import Request
+from tests.helpers.asking import completions, holding, issue, slow
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.observe import wait_for_gauge
+from tests.helpers.waits import wait_until
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        os.environ.get("CROSSBAR_TEST_SHARED") == "1",
+        reason="the shared state's lines are first come, first served (docs/replicas.md)",
+    ),
+]
+
+
+def asked_in_turn(url: str, key: str, content: str, done: list[str]) -> threading.Thread:
+    def ask() -> None:
+        response = httpx.post(
+            url, json=chat(content), headers={"Authorization": f"Bearer {key}"}, timeout=60
+        )
+        assert response.status_code == 200, response.text
+        done.append(content)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    return thread
+
+
+def test_an_interactive_request_is_served_before_batch_requests_queued_earlier(
+    gateway, fake, ledger
+):
+    batch = issue("nightly", priority="batch")
+    chat_key = issue("support-chat", priority="interactive")
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 8)})])
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    done: list[str] = []
+    threads = []
+
+    with holding(url, slow(tokens=100), fake, key=batch):  # 10 s, until the test lets it end
+        for number in range(3):
+            threads.append(asked_in_turn(url, batch, f"batch {number}", done))
+            wait_for_gauge(gateway.url, "crossbar_queued", number + 1, host="gpu1", model=MODEL)
+        threads.append(asked_in_turn(url, chat_key, "interactive", done))
+        wait_for_gauge(gateway.url, "crossbar_queued", 4, host="gpu1", model=MODEL)
+        ledger.sent(5)
+        fake.token_delay = 0
+    for thread in threads:
+        thread.join()
+
+    served = [seen.json["messages"][-1]["content"] for seen in completions(fake)]
+    assert served[1:] == ["interactive", "batch 0", "batch 1", "batch 2"]
+    assert done == ["interactive", "batch 0", "batch 1", "batch 2"]
+    wait_until(lambda: Request.objects.count() == 5, what="the rows")
+    rows = Request.objects.exclude(queued_ms=0)
+    waited = {row.client: row.queued_ms for row in rows.order_by("started")}  # the last batch's
+    assert rows.count() == 4
+    assert waited["support-chat"] < waited["nightly"]
