@@ -28,7 +28,6 @@ every state change is atomic with respect to the other tasks on the loop.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable, Mapping
 
 from routing.core.errors import HostRemoved
@@ -51,17 +50,14 @@ def _ignore(host: str) -> None:
     pass
 
 
-def _loop_time() -> float:
-    return asyncio.get_running_loop().time()
-
-
 class Limiter:
     """At most ``parallel`` slots in flight and ``queue_max`` waiters per (host, model).
 
     Unconfigured pairs behave as ``parallel = 1, queue_max = 0``. A release hands its slot to
     the next of the pair's line (`Line`), else offers it to the first watcher (whose task
     decides: `Waiter.settle`), so a newcomer never overtakes a waiter. No method raises on
-    misuse. `clock`: the time waits are aged by (default: the running loop's).
+    misuse. `clock`: the time waits are aged by (default: the waiters' event loop's, also
+    when a slot is released from outside it).
 
     Loop safety: call every method from the same event loop; nothing here is thread-safe.
     """
@@ -71,7 +67,7 @@ class Limiter:
     def __init__(
         self,
         on_change: Callable[[str], None] | None = None,
-        clock: Callable[[], float] = _loop_time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._clock = clock
         self._headroom: dict[Priority, int] = {}
@@ -158,7 +154,7 @@ class Limiter:
             pair = self._find(host, model)
             if pair is not None and pair.has_queue_room():
                 waiter = Waiter(self, pair, share)
-                waiter._entry = pair.line.join(waiter, share, self._clock())
+                waiter._entry = pair.line.join(waiter, share, self._now(waiter))
                 self._changed(host)
                 return waiter
         return None
@@ -252,6 +248,9 @@ class Limiter:
             pair = models[model] = PairState(host, model, line=line)
         return pair
 
+    def _now(self, waiter: Waiter) -> float:
+        return self._clock() if self._clock is not None else waiter.granted.get_loop().time()
+
     def _entry(self, share: Share) -> Entry:
         """The line's record of a request that took a slot without waiting in that line (it
         is charged all the same, settling nothing in advance)."""
@@ -285,7 +284,7 @@ class Limiter:
     def _next_in_line(self, pair: PairState) -> tuple[Waiter, Entry] | None:
         line = pair.line
         while line:
-            got = line.next(self._clock(), pair.parallel - pair.in_flight)
+            got = line.next(self._now(next(iter(line))), pair.parallel - pair.in_flight)
             if got is None or got[0]._live():
                 return got
             line.order.charge(got[1], Work())  # its task was cancelled: it did nothing
