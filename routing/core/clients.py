@@ -17,12 +17,12 @@ nothing is thread-safe.
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from routing.core.clock import loop_time
 from routing.core.errors import ClientLimited, InvalidKey, MissingKey, RouteNotAllowed
 from routing.core.fairness import Priority, Share
 
@@ -90,7 +90,7 @@ class ClientGate:
     Keys are required when any key is configured, or always when `require` is set.
     """
 
-    def __init__(self, *, require: bool = False, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, *, require: bool = False, clock: Callable[[], float] = loop_time):
         self._require = require
         self._clock = clock
         self._keys: Mapping[str, ClientSpec] = {}

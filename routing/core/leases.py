@@ -3,13 +3,13 @@ and on one slot there, shared with as few of the host's other conversations as c
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from routing.core.clock import loop_time
 from routing.core.pairs import Pair
 
 __all__ = ["LeaseKey", "LeaseOutcome", "LeaseTable"]
@@ -59,7 +59,7 @@ class LeaseTable:
     def __init__(
         self,
         max_entries: int = 100_000,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = loop_time,
         on_change: Callable[[str], None] | None = None,
     ) -> None:
         self._max_entries = max(1, max_entries)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from routing.core.clock import loop_time
 from routing.core.pairs import Pair
 
 _DATA_LINE = b"\ndata:"
@@ -79,7 +79,7 @@ class RunningRow:
 class RunningTable:
     """The requests in flight in one runtime, oldest first in `snapshot()`."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = loop_time) -> None:
         self._clock = clock
         self._numbers = itertools.count(1)
         self._entries: dict[int, RunningRequest] = {}

@@ -10,10 +10,11 @@ patience: a route switched to auto finds its hosts priced already. Only a route 
 from __future__ import annotations
 
 from routing.config.shape import RouteConfig
+from routing.core.clock import loop_time as clock
 from routing.core.patience import Pricing
 from routing.core.tee import Usage
 from routing.proxy.ask import Ask
-from routing.proxy.record import Trail, clock
+from routing.proxy.record import Trail
 from routing.runtime import Runtime
 
 

@@ -9,15 +9,14 @@ never touches the database (the recorder's thread writes the row).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from accounting.recorder import RequestRecord, get_recorder
 from accounting.rows import within_columns
+from routing.core.clock import loop_time as clock
 from routing.core.fairness import Work
 from routing.core.named_slots import NamedSlot
 from routing.core.patience import Priced
@@ -29,16 +28,6 @@ from routing.ops import metrics
 log = logging.getLogger("crossbar.proxy")
 
 NO_USAGE = Usage(None, None, None)
-
-
-def clock() -> float:
-    """A request's clock for its durations: its event loop's, which placement's deadlines use
-    too (so the fleet twin, bench/twin, runs this code in virtual time), or the monotonic
-    clock asyncio's loops read, outside one."""
-    try:
-        return asyncio.get_running_loop().time()
-    except RuntimeError:
-        return time.monotonic()
 
 
 @dataclass(slots=True, frozen=True)
