@@ -18,9 +18,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, UnknownModel
+from routing.core.errors import (
+    ModelNotLoaded,
+    NoHealthyHost,
+    PinnedHostDown,
+    QueueFull,
+    UnknownModel,
+)
 
-__all__ = ["Standing", "no_healthy_host", "pinned_host_down", "queue_full", "unknown_model"]
+__all__ = [
+    "Standing",
+    "model_not_loaded",
+    "no_healthy_host",
+    "pinned_host_down",
+    "queue_full",
+    "unknown_model",
+]
 
 SHOWN = 10  # hosts (and 2x models) named in a message; the JSON detail lists them all
 _COMES_BACK = ("down", "loading")  # states a host leaves without an operator
@@ -41,17 +54,21 @@ class Standing:
     parallel: int = 0
     queued: int = 0
     queue_max: int = 0
+    # The model asked is neither loaded nor loading there, and the host loads none on demand.
+    unloaded: bool = False
 
     @property
     def state(self) -> str:
         """Why the host takes no new request, the first that applies: disabled, draining,
-        down, loading; else full (slots and queue), else up."""
+        down, loading, unloaded (the model asked); else full (slots and queue), else up."""
         if not self.enabled:
             return "disabled"
         if self.draining:
             return "draining"
         if self.health in ("down", "loading"):
             return self.health
+        if self.unloaded:
+            return "unloaded"
         if self.in_flight >= self.parallel and self.queued >= self.queue_max:
             return "full"
         return "up"
@@ -67,6 +84,8 @@ class Standing:
             return f"{self.host} draining (health {self.health}; takes no new requests)"
         if state == "disabled":
             return f"{self.host} disabled"
+        if state == "unloaded":
+            return f"{self.host} has it unloaded and loads no model on demand"
         return f"{self.host} {state} ({self._counts()})"
 
     def as_json(self) -> dict[str, object]:
@@ -113,6 +132,21 @@ def no_healthy_host(route: str, model: str | None, hosts: Sequence[Standing]) ->
     )
     if not _comes_back(hosts):
         refusal.retry_after = None  # waiting alone will not help
+    return refusal
+
+
+def model_not_loaded(route: str, model: str, hosts: Sequence[Standing]) -> ModelNotLoaded:
+    """No host of `route` has `model` loaded or loading, and those up (`hosts` are those that
+    would serve it) load no model on demand: only an operator's load serves it."""
+    refusal = ModelNotLoaded(
+        f"model not loaded: route “{route}” has no host with model “{model}” loaded, and its "
+        f"hosts load no model on demand: {_listed(hosts)}. An operator can load it from the "
+        "admin (Hosts: select the host, then “Load the selected router-mode hosts' models”); "
+        "to have it loaded on demand, start the host without --no-models-autoload",
+        detail=_detail(route, model, hosts),
+    )
+    if _comes_back(hosts):
+        refusal.retry_after = NoHealthyHost.retry_after  # a host coming back may have it
     return refusal
 
 

@@ -16,7 +16,9 @@ from routing.runtime import Runtime
 
 def explained(runtime: Runtime, route: RouteConfig, model: str | None, exc: Exception) -> Exception:
     """`exc` with its words and facts when it is a placement's refusal (QueueFull,
-    NoHealthyHost, PinnedHostDown) that has none yet; any other exception as it is."""
+    NoHealthyHost, PinnedHostDown) that has none yet; any other exception as it is. No
+    usable host where one that is up holds the model unloaded and loads none on demand is
+    `ModelNotLoaded`."""
     if getattr(exc, "detail", None):
         return exc  # explained already (a refusal passed on by a later step)
     if isinstance(exc, QueueFull):
@@ -34,7 +36,11 @@ def explained(runtime: Runtime, route: RouteConfig, model: str | None, exc: Exce
             for name in route.hosts
             if name in hosts and (model is None or model in hosts[name].models)
         ]
-        return refusals.no_healthy_host(route.name, model, standings(runtime, serving, model))
+        found = standings(runtime, serving, model)
+        if model is not None and any(standing.state == "unloaded" for standing in found):
+            # Up, and only a load would serve it there: no wait for health helps.
+            return refusals.model_not_loaded(route.name, model, found)
+        return refusals.no_healthy_host(route.name, model, found)
     return exc
 
 

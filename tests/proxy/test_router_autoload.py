@@ -1,0 +1,117 @@
+"""Router-mode hosts started with `--no-models-autoload` answer 400 "model is not loaded" for a
+model they hold unloaded: crossbar never sends them one. A request waits where its model is
+loaded, as if such a host were not there, and a model loaded on no host that may serve it is
+refused with `model_not_loaded`, never the host's 400."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from tests.fakes.llama_server import FakeLlamaServer
+from tests.helpers.fleet import add_host, add_route
+from tests.helpers.invariants import Ledger
+from tests.helpers.observe import wait_for_health_poll
+from tests.helpers.waits import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+COMPLETIONS = "/v1/chat/completions"
+
+
+def ask(ledger: Ledger, model: str, says: str = "hi", **extra: object) -> httpx.Response:
+    """A chat for `model`; each `says` is a conversation of its own."""
+    body = {"model": model, "messages": [{"role": "user", "content": says}], **extra}
+    return ledger.client.post("/chat/v1/chat/completions", json=body)
+
+
+def test_a_request_waits_where_its_model_is_loaded_rather_than_go_where_it_is_not(gateway, ledger):
+    holder = FakeLlamaServer(router_models=("a", "b"), models_autoload=False,
+                             load_on_startup=("a",))  # fmt: skip
+    other = FakeLlamaServer(router_models=("a", "b"), models_autoload=False,
+                            load_on_startup=("b",))  # fmt: skip
+    with holder, other:
+        models = {"a": (1, 4), "b": (1, 4)}
+        # The host without "a" first in the route: only its model state keeps requests away.
+        add_route("chat", [add_host("gpu2", other.url, models=models),
+                           add_host("gpu1", holder.url, models=models)])  # fmt: skip
+        gateway.sync()
+        wait_until(lambda: holder.model_status("a") == "loaded", what="a loaded on gpu1")
+        wait_for_health_poll(holder)
+        wait_for_health_poll(other)
+        holder.token_delay = 0.3  # the first request holds gpu1's only slot for a while
+        first: list[httpx.Response] = []
+        running = threading.Thread(target=lambda: first.append(ask(ledger, "a", max_tokens=5)))
+        running.start()
+        wait_until(lambda: holder.in_flight == 1, what="a request running on gpu1")
+        # Another conversation: gpu1 is full, gpu2 has a free slot and "a" unloaded.
+        second = ask(ledger, "a", "hello", max_tokens=2)
+        running.join()
+
+    assert [first[0].status_code, second.status_code] == [200, 200]
+    assert first[0].headers["x-crossbar-host"] == "gpu1"
+    assert second.headers["x-crossbar-host"] == "gpu1"
+    assert other.requests_to(COMPLETIONS) == []
+    assert other.model_status("a") == "unloaded"
+    assert ledger.statuses() == [200, 200]
+    waited = ledger.rows().get(queued_ms__gt=0)
+    assert (waited.host, waited.code) == ("gpu1", "")
+
+
+def test_a_model_loaded_on_no_host_that_loads_none_on_demand_is_refused_as_not_loaded(
+    gateway, ledger
+):
+    with FakeLlamaServer(router_models=("a", "b"), models_autoload=False) as router:
+        add_route("chat", [add_host("gpu1", router.url, models={"a": (1, 4), "b": (1, 4)})])
+        gateway.sync()
+        wait_for_health_poll(router)
+        refused = ask(ledger, "a")
+
+    assert refused.status_code == 503
+    assert "x-crossbar-host" not in refused.headers
+    error = refused.json()["error"]
+    assert error["code"] == "model_not_loaded"
+    assert "“a”" in error["message"]
+    assert "load it from the admin" in error["message"]
+    assert router.requests_to(COMPLETIONS) == []
+    assert ledger.statuses() == [503]
+    row = ledger.rows().get()
+    assert (row.code, row.host, row.model) == ("model_not_loaded", "", "a")
+    assert "load it from the admin" in row.error
+
+
+@pytest.mark.parametrize(
+    ("setting", "served"), [("", 200), ("yes", 200), ("no", 503)], ids=["unknown", "yes", "no"]
+)
+def test_a_host_that_does_not_say_whether_it_loads_on_demand_is_taken_at_the_operators_word(
+    gateway, ledger, setting, served
+):
+    # A plain server (no router) lists only its own model: "a" is not loaded there.
+    with FakeLlamaServer(models=("own",)) as host:
+        add_route("chat", [add_host("gpu1", host.url, models={"a": (1, 4)},
+                                    loads_on_demand=setting)])  # fmt: skip
+        gateway.sync()
+        wait_for_health_poll(host)
+        answer = ask(ledger, "a")
+
+    assert answer.status_code == served
+    if served == 503:
+        assert answer.json()["error"]["code"] == "model_not_loaded"
+        assert host.requests_to(COMPLETIONS) == []
+    assert ledger.statuses() == [served]
+
+
+def test_what_a_router_says_of_its_autoload_wins_over_the_operators_setting(gateway, ledger):
+    with FakeLlamaServer(router_models=("a",), models_autoload=False) as router:
+        add_route("chat", [add_host("gpu1", router.url, models={"a": (1, 4)},
+                                    loads_on_demand="yes")])  # fmt: skip
+        gateway.sync()
+        wait_for_health_poll(router)
+        refused = ask(ledger, "a")
+
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "model_not_loaded"
+    assert router.requests_to(COMPLETIONS) == []
+    assert ledger.statuses() == [503]
