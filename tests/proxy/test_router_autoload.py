@@ -13,7 +13,7 @@ import pytest
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.helpers.fleet import add_host, add_route
 from tests.helpers.invariants import Ledger
-from tests.helpers.observe import wait_for_health_poll
+from tests.helpers.observe import gauge, wait_for_health_poll
 from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -58,6 +58,78 @@ def test_a_request_waits_where_its_model_is_loaded_rather_than_go_where_it_is_no
     assert ledger.statuses() == [200, 200]
     waited = ledger.rows().get(queued_ms__gt=0)
     assert (waited.host, waited.code) == ("gpu1", "")
+
+
+def test_a_conversation_whose_home_is_full_never_spills_to_a_host_without_its_model_loaded(
+    gateway, ledger
+):
+    holder = FakeLlamaServer(router_models=("a",), models_autoload=False, load_on_startup=("a",))
+    other = FakeLlamaServer(router_models=("a",), models_autoload=False)
+    with holder, other:
+        add_route(
+            "chat",
+            [add_host("gpu1", holder.url, models={"a": (1, 4)}),
+             add_host("gpu2", other.url, models={"a": (1, 4)})],
+            lease_patience=0.2,  # then any free slot of the route may take a waiting turn
+        )  # fmt: skip
+        gateway.sync()
+        wait_until(lambda: holder.model_status("a") == "loaded", what="a loaded on gpu1")
+        wait_for_health_poll(holder)
+        wait_for_health_poll(other)
+        assert ask(ledger, "a").headers["x-crossbar-host"] == "gpu1"  # the conversation's home
+        holder.token_delay = 0.2  # 2 s: its next turn waits past its patience
+        first: list[httpx.Response] = []
+        running = threading.Thread(target=lambda: first.append(ask(ledger, "a", max_tokens=10)))
+        running.start()
+        wait_until(lambda: holder.in_flight == 1, what="a request running on gpu1")
+        again = ask(ledger, "a", max_tokens=2)  # the same conversation: gpu1 is its home
+        running.join()
+
+    assert (first[0].status_code, again.status_code) == (200, 200)
+    assert again.headers["x-crossbar-host"] == "gpu1"
+    assert other.requests_to(COMPLETIONS) == []
+    assert ledger.statuses() == [200, 200, 200]
+
+
+def test_a_request_waiting_in_line_takes_a_slot_of_a_host_as_soon_as_its_model_is_loaded_there(
+    gateway, ledger
+):
+    holder = FakeLlamaServer(router_models=("a",), models_autoload=False, load_on_startup=("a",))
+    other = FakeLlamaServer(router_models=("a",), models_autoload=False)
+    with holder, other:
+        add_route(
+            "chat",
+            [add_host("gpu1", holder.url, models={"a": (1, 4)}),
+             add_host("gpu2", other.url, models={"a": (1, 4)})],
+            lease_patience=0.2,
+        )  # fmt: skip
+        gateway.sync()
+        wait_until(lambda: holder.model_status("a") == "loaded", what="a loaded on gpu1")
+        wait_for_health_poll(holder)
+        wait_for_health_poll(other)
+        holder.token_delay = 1.0  # 30 s: gpu1 stays full through the load below
+        first: list[httpx.Response] = []
+        running = threading.Thread(  # streamed: its head comes at once, however long it runs
+            target=lambda: first.append(ask(ledger, "a", max_tokens=30, stream=True))
+        )
+        running.start()
+        wait_until(lambda: holder.in_flight == 1, what="a request running on gpu1")
+        waiting: list[httpx.Response] = []
+        second = threading.Thread(target=lambda: waiting.append(ask(ledger, "a", "two")))
+        second.start()
+        wait_until(lambda: gauge(gateway.url, "crossbar_queued", host="gpu1", model="a") == 1,
+                   what="the second request in gpu1's line")  # fmt: skip
+        # An operator loads "a" on gpu2 (the admin's action posts the same).
+        assert httpx.post(f"{other.url}/models/load", json={"model": "a"}).status_code == 200
+        second.join(timeout=20)  # served by gpu2; else it waits for gpu1's slot, long after
+        holder.token_delay = 0.0  # the rest of the first at once: it has done its part
+        running.join()
+        second.join()
+
+    assert waiting[0].status_code == 200
+    assert waiting[0].headers["x-crossbar-host"] == "gpu2"
+    assert first[0].status_code == 200
+    assert ledger.statuses() == [200, 200]
 
 
 def test_a_model_loaded_on_no_host_that_loads_none_on_demand_is_refused_as_not_loaded(
