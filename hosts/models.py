@@ -45,7 +45,7 @@ DRAINING = (
 LOADS_ON_DEMAND = (
     "Whether the host loads a model a request names when it is not loaded (llama-server's "
     "router mode, unless started with --no-models-autoload). A host that does not is sent only "
-    "the models it has loaded or is loading; a request waits where its model is loaded, or is "
+    "the models it has loaded; a request waits where its model is loaded, or is "
     "refused with model_not_loaded when it is loaded nowhere (load it from this admin's host "
     "list). A llama-server router says which it does in its /props, and its word wins over "
     "this setting, which is for hosts that do not say (a proxy in front, another engine)."

@@ -307,29 +307,35 @@ class LiveFleet:
         )
 
 
-def answers(host: HostConfig, model: str, health: HostHealth) -> bool:
-    """Whether `host` would serve a request for `model` (one it lists) as it stands now: see
-    `_answers`."""
+def not_loaded(host: HostConfig, model: str, health: HostHealth) -> str:
+    """Why `host` would not serve a request for `model` (one it lists) as it stands now: ""
+    when it would (`_answers`), else "loading" (a load under way there) or "unloaded"."""
     spec = host.models.get(model)
-    return spec is None or _answers(host, spec, health)
-
-
-def _answers(host: HostConfig, model: ModelConfig, health: HostHealth) -> bool:
-    """Whether `host` would serve a request for `model` as it stands: the model is loaded or
-    loading there (or the host did not say which it has), or the host loads models on demand.
-    Else it would refuse it (llama-server's router with --no-models-autoload: 400 "model is
-    not loaded"), and the request goes where the model is loaded, or is refused with
-    `model_not_loaded` (`routing.proxy.refusal`)."""
-    known = health.loaded
-    names = _host_names(model)
-    if known is None or any(name in known for name in names):
-        return True
+    if spec is None or _answers(host, spec, health):
+        return ""
     described = health.described
+    names = _host_names(spec)
     if described is not None and any(
         described.models.get(name) is ModelState.LOADING for name in names
     ):
+        return "loading"
+    return "unloaded"
+
+
+def _answers(host: HostConfig, model: ModelConfig, health: HostHealth) -> bool:
+    """Whether `host` would serve a request for `model` as it stands: the model is loaded there
+    (or the host did not say which it has), or the host loads models on demand. Else it would
+    refuse it, and the request goes where the model is loaded, or is refused with
+    `model_not_loaded` (`routing.proxy.refusal`). A llama-server router started with
+    --no-models-autoload answers 400 "model is not loaded" for a model it holds unloaded, and
+    sends a request for one still loading straight to its instance, which answers 503
+    "Loading model" until the load ends (it listens before it loads: tools/server/server.cpp
+    and server-models.cpp, `router_validate_model` and `proxy_post`, build 11434), so a load
+    under way serves nothing yet either."""
+    known = health.loaded
+    if known is None or any(name in known for name in _host_names(model)):
         return True
-    return loads_on_demand(host, described)
+    return loads_on_demand(host, health.described)
 
 
 def loads_on_demand(host: HostConfig, described: Described | None) -> bool:

@@ -23,8 +23,9 @@ class Candidate:
     leased for the model as it has slots for it, so a new one there would overwrite one of
     theirs in its KV cache (a llama-server keeps one prompt per slot). ``answers``: a request
     for the model sent there is served; False for a host that does not load models on demand
-    (a router started with ``--no-models-autoload``) and has this one neither loaded nor
-    loading: it would answer 400 "model is not loaded", so it is not eligible.
+    (a router started with ``--no-models-autoload``) and has not loaded this one: it would
+    answer 400 "model is not loaded" (or, while it loads, 503 "Loading model"), so it is not
+    eligible.
     """
 
     host: str

@@ -112,7 +112,7 @@ class NoHealthyHost(GatewayError):
 
 
 class ModelNotLoaded(NoHealthyHost):
-    """No host of the route that serves the model has it loaded or loading, and the ones up
+    """No host of the route that serves the model has it loaded, and the ones up
     load no model on demand (a llama-server router started with --no-models-autoload): only a
     load (by an operator, from the admin) serves it. A `NoHealthyHost`, so every step that
     handles one handles this one too."""
@@ -121,7 +121,7 @@ class ModelNotLoaded(NoHealthyHost):
     when = (
         "no host of the route has the model loaded, and those up load no model on demand"
         " (`--no-models-autoload`): an operator loads it from the admin"
-        " (`Retry-After: 2` while another host is down or loading)"
+        " (`Retry-After: 2` while a host is down, or loading the model)"
     )
     retry_after: int | None = None
 

@@ -36,7 +36,8 @@ __all__ = [
 ]
 
 SHOWN = 10  # hosts (and 2x models) named in a message; the JSON detail lists them all
-_COMES_BACK = ("down", "loading")  # states a host leaves without an operator
+# States a host leaves without an operator.
+_COMES_BACK = ("down", "loading", "model_loading")
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,21 +55,23 @@ class Standing:
     parallel: int = 0
     queued: int = 0
     queue_max: int = 0
-    # The model asked is neither loaded nor loading there, and the host loads none on demand.
-    unloaded: bool = False
+    # The model asked where the host loads none on demand and has not loaded it: "unloaded",
+    # or "loading" (a load under way there); "" otherwise.
+    not_loaded: str = ""
 
     @property
     def state(self) -> str:
         """Why the host takes no new request, the first that applies: disabled, draining,
-        down, loading, unloaded (the model asked); else full (slots and queue), else up."""
+        down, loading; the model asked unloaded or loading there (`not_loaded`, states
+        "unloaded" and "model_loading"); else full (slots and queue), else up."""
         if not self.enabled:
             return "disabled"
         if self.draining:
             return "draining"
         if self.health in ("down", "loading"):
             return self.health
-        if self.unloaded:
-            return "unloaded"
+        if self.not_loaded:
+            return "unloaded" if self.not_loaded == "unloaded" else "model_loading"
         if self.in_flight >= self.parallel and self.queued >= self.queue_max:
             return "full"
         return "up"
@@ -86,6 +89,8 @@ class Standing:
             return f"{self.host} disabled"
         if state == "unloaded":
             return f"{self.host} has it unloaded and loads no model on demand"
+        if state == "model_loading":
+            return f"{self.host} is loading it (it serves the model once the load ends)"
         return f"{self.host} {state} ({self._counts()})"
 
     def as_json(self) -> dict[str, object]:
@@ -136,17 +141,23 @@ def no_healthy_host(route: str, model: str | None, hosts: Sequence[Standing]) ->
 
 
 def model_not_loaded(route: str, model: str, hosts: Sequence[Standing]) -> ModelNotLoaded:
-    """No host of `route` has `model` loaded or loading, and those up (`hosts` are those that
+    """No host of `route` has `model` loaded, and those up (`hosts` are those that
     would serve it) load no model on demand: only an operator's load serves it."""
+    if _comes_back(hosts):
+        advice = f"Retry after {NoHealthyHost.retry_after} s: a host may serve it by then"
+    else:
+        advice = (
+            "An operator can load it from the admin (Hosts: select the host, then “Load the "
+            "selected router-mode hosts' models”); to have it loaded on demand, start the host "
+            "without --no-models-autoload"
+        )
     refusal = ModelNotLoaded(
         f"model not loaded: route “{route}” has no host with model “{model}” loaded, and its "
-        f"hosts load no model on demand: {_listed(hosts)}. An operator can load it from the "
-        "admin (Hosts: select the host, then “Load the selected router-mode hosts' models”); "
-        "to have it loaded on demand, start the host without --no-models-autoload",
+        f"hosts load no model on demand: {_listed(hosts)}. {advice}",
         detail=_detail(route, model, hosts),
     )
     if _comes_back(hosts):
-        refusal.retry_after = NoHealthyHost.retry_after  # a host coming back may have it
+        refusal.retry_after = NoHealthyHost.retry_after  # a load under way, or a host back
     return refusal
 
 

@@ -37,7 +37,7 @@ def explained(runtime: Runtime, route: RouteConfig, model: str | None, exc: Exce
             if name in hosts and (model is None or model in hosts[name].models)
         ]
         found = standings(runtime, serving, model)
-        if model is not None and any(standing.state == "unloaded" for standing in found):
+        if model is not None and any(standing.not_loaded for standing in found):
             # Up, and only a load would serve it there: no wait for health helps.
             return refusals.model_not_loaded(route.name, model, found)
         return refusals.no_healthy_host(route.name, model, found)

@@ -1,6 +1,6 @@
-"""Whether a host would serve a request for a model it lists (`routing.live_fleet.answers`):
-the model loaded or loading there, or the host loads models on demand, by its own word (a
-router's /props) before the operator's setting."""
+"""Whether a host would serve a request for a model it lists (`routing.live_fleet.not_loaded`):
+the model loaded there, or the host loads models on demand, by its own word (a router's
+/props) before the operator's setting. A load under way serves nothing yet."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hosts.describe import Described, ModelState
 from hosts.health import HostHealth, HostState
 from routing.config.shape import HostConfig, ModelConfig
-from routing.live_fleet import answers
+from routing.live_fleet import not_loaded
 
 
 def host(setting: bool | None = None) -> HostConfig:
@@ -25,15 +25,26 @@ def health(state: ModelState | None, autoload: bool | None = None) -> HostHealth
     return HostHealth(state=HostState.UP, loaded=described.loaded, described=described)
 
 
-@pytest.mark.parametrize("state", [ModelState.LOADED, ModelState.LOADING])
-def test_a_model_loaded_or_loading_is_served_by_a_host_that_loads_none_on_demand(state):
-    assert answers(host(False), "a", health(state, autoload=False))
+def answers(config: HostConfig, model: str, said: HostHealth) -> bool:
+    return not_loaded(config, model, said) == ""
 
 
-@pytest.mark.parametrize("state", [ModelState.UNLOADED, ModelState.FAILED, None])
-def test_a_model_not_loaded_is_served_only_by_a_host_that_loads_on_demand(state):
+def test_a_model_loaded_is_served_by_a_host_that_loads_none_on_demand():
+    assert answers(host(False), "a", health(ModelState.LOADED, autoload=False))
+
+
+@pytest.mark.parametrize(
+    ("state", "why"),
+    [
+        (ModelState.LOADING, "loading"),  # its instance answers 503 "Loading model" until loaded
+        (ModelState.UNLOADED, "unloaded"),
+        (ModelState.FAILED, "unloaded"),
+        (None, "unloaded"),
+    ],
+)
+def test_a_model_not_loaded_is_served_only_by_a_host_that_loads_on_demand(state, why):
     assert answers(host(), "a", health(state, autoload=True))
-    assert not answers(host(), "a", health(state, autoload=False))
+    assert not_loaded(host(), "a", health(state, autoload=False)) == why
 
 
 def test_the_hosts_own_word_wins_over_the_operators_setting():

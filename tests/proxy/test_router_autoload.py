@@ -154,6 +154,26 @@ def test_a_model_loaded_on_no_host_that_loads_none_on_demand_is_refused_as_not_l
     assert "load it from the admin" in row.error
 
 
+def test_a_model_still_loading_on_its_only_host_is_refused_with_a_retry_after(gateway, ledger):
+    # llama-server passes the request to the instance it is loading, which answers 503
+    # "Loading model" until the load ends (so does the fake).
+    with FakeLlamaServer(router_models=("a",), models_autoload=False, load_delay=60) as router:
+        add_route("chat", [add_host("gpu1", router.url, models={"a": (1, 4)})])
+        gateway.sync()
+        assert httpx.post(f"{router.url}/models/load", json={"model": "a"}).status_code == 200
+        wait_for_health_poll(router)
+        refused = ask(ledger, "a")
+
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "2"
+    error = refused.json()["error"]
+    assert error["code"] == "model_not_loaded"
+    assert "gpu1 is loading it" in error["message"]
+    assert [host["state"] for host in error["hosts"]] == ["model_loading"]
+    assert router.requests_to(COMPLETIONS) == []
+    assert ledger.statuses() == [503]
+
+
 @pytest.mark.parametrize(
     ("setting", "served"), [("", 200), ("yes", 200), ("no", 503)], ids=["unknown", "yes", "no"]
 )
