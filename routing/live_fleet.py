@@ -116,7 +116,7 @@ class LiveFleet:
         """What ranks the host changed: its place is found again, and its free slots are
         offered to the requests watching it, as when it comes back up: a model loaded there
         (by hand, or by the host) makes it usable for that model when it loads none on demand
-        (`answers`)."""
+        (`_answers`)."""
         self.rankings.touch(host)
         self.state.wake(host)
 
@@ -132,7 +132,7 @@ class LiveFleet:
 
     def usable(self, route: RouteConfig, model: str, name: str) -> bool:
         """Whether a host may take new work for this route and model right now (a host that
-        would refuse the model as not loaded may not: `answers`)."""
+        would refuse the model as not loaded may not: `_answers`)."""
         host = self.config.hosts.get(name)
         return (
             host is not None
