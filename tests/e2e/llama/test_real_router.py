@@ -124,3 +124,22 @@ def test_a_request_for_a_model_loaded_on_one_router_waits_for_it_when_it_is_full
     assert ledger.statuses() == [200, 200]
     assert set(ledger.rows().values_list("host", "code")) == {("llama1", "")}
     assert ledger.rows().filter(queued_ms__gt=0).count() == 1
+
+
+def test_a_model_loaded_on_no_router_is_refused_as_not_loaded_never_with_a_hosts_400(
+    gateway, ledger, routers
+):
+    add_route("chat", [add_host(f"llama{n}", router.url, models={"c": (1, 4)})
+                       for n, router in enumerate(routers, 1)])  # fmt: skip
+    gateway.sync()
+    wait_for_host_state(gateway.url, "llama1", "up")
+    wait_for_host_state(gateway.url, "llama2", "up")
+
+    body = {"model": "c", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    refused = ledger.client.post("/chat/v1/chat/completions", json=body)
+
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "model_not_loaded"
+    assert [host["state"] for host in refused.json()["error"]["hosts"]] == ["unloaded"] * 2
+    assert ledger.statuses() == [503]
+    assert list(ledger.rows().values_list("code", "host")) == [("model_not_loaded", "")]
