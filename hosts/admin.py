@@ -38,7 +38,17 @@ class HostForm(forms.ModelForm):
 
     class Meta:
         model = Host
-        fields = ["name", "url", "shares_url", "weight", "enabled", "draining", "api_key", "notes"]
+        fields = [
+            "name",
+            "url",
+            "shares_url",
+            "weight",
+            "enabled",
+            "loads_on_demand",
+            "draining",
+            "api_key",
+            "notes",
+        ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -141,6 +151,7 @@ class HostAdmin(admin.ModelAdmin):
         "shares_url",
         "weight",
         "enabled",
+        "loads_on_demand",
         "draining",
         "api_key",
         "clear_api_key",

@@ -2,7 +2,9 @@
 
 `/props` gives `total_slots` (its `-np`), `model_alias` / `model_path` and
 `default_generation_settings.n_ctx`; a router (`--models-dir`, `--models-preset`) says
-`role: router` and `max_instances`. `/v1/models` lists the models (a router adds each one's
+`role: router`, `max_instances` and `models_autoload` (false when started with
+`--no-models-autoload`: it then answers 400 "model is not loaded" for a model it holds
+unloaded, rather than loading it). `/v1/models` lists the models (a router adds each one's
 `status`: loaded, loading, unloaded, with `failed` when its load failed). Used by the health
 poller (which does its own I/O on the event loop), and, through `read_host` (blocking), the
 host admin's "Read from host" and `crossbar_config discover`, and through `read_props`,
@@ -45,6 +47,7 @@ class Described:
     alias: str = ""
     router: bool = False
     max_models: int | None = None  # a router: models loaded at once (`--models-max`)
+    autoload: bool | None = None  # a router: loads a model a request names (`--models-autoload`)
     # Each name it answers to (an id, an alias) -> its model's state, in its order.
     models: dict[str, ModelState] = field(default_factory=dict)
     # Each id it lists -> its other names (llama-server's `--alias`), in its order.
@@ -68,6 +71,7 @@ def describe(props: object, models: object) -> Described:
         alias=_text(props.get("model_alias")),
         router=router,
         max_models=_count(props.get("max_instances")) if router else None,
+        autoload=_flag(props.get("models_autoload")) if router else None,
         models=_model_states(models),
         aliases=_aliases(models),
     )
@@ -124,6 +128,10 @@ def _model_states(payload: object) -> dict[str, ModelState]:
 
 def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _flag(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
 
 
 def _text(value: object) -> str:

@@ -40,6 +40,18 @@ DRAINING = (
 )
 
 
+# What the gateway does with a host that does not load models on demand, said once: the host
+# form and docs/config.md say it.
+LOADS_ON_DEMAND = (
+    "Whether the host loads a model a request names when it is not loaded (llama-server's "
+    "router mode, unless started with --no-models-autoload). A host that does not is sent only "
+    "the models it has loaded; a request waits where its model is loaded, or is "
+    "refused with model_not_loaded when it is loaded nowhere (load it from this admin's host "
+    "list). A llama-server router says which it does in its /props, and its word wins over "
+    "this setting, which is for hosts that do not say (a proxy in front, another engine)."
+)
+
+
 MAX_MODEL_NAME = 200  # a model's name, each of its aliases, and Request.model
 
 
@@ -85,6 +97,11 @@ class NamesField(models.JSONField):
 class Host(models.Model):
     """One OpenAI-compatible engine (usually a llama-server) behind the gateway."""
 
+    class LoadsOnDemand(models.TextChoices):
+        UNKNOWN = "", "Unknown: as the host says (else yes)"
+        YES = "yes", "Yes"
+        NO = "no", "No"
+
     name = models.SlugField(
         max_length=64, unique=True, help_text="Shown in headers, logs and rows."
     )
@@ -107,6 +124,14 @@ class Host(models.Model):
         help_text="Multiplies the host's free slots when a new conversation is placed.",
     )
     enabled = models.BooleanField(default=True)
+    loads_on_demand = models.CharField(
+        "loads models on demand",
+        max_length=7,
+        choices=LoadsOnDemand.choices,
+        default=LoadsOnDemand.UNKNOWN,
+        blank=True,
+        help_text=LOADS_ON_DEMAND,
+    )
     draining = models.BooleanField(
         default=False,
         help_text=DRAINING,

@@ -53,7 +53,7 @@ class LiveFleet:
         self.rankings = Rankings(self._candidate)
         touch = self.rankings.touch
         self.state = make_state(touch)
-        self.health = HealthTable(on_eligible=self._usable_again, on_change=touch)
+        self.health = HealthTable(on_eligible=self._usable_again, on_change=self._health_changed)
         # What each host's KV cache holds, as this process has seen it (routing/core/prefixes.py);
         # with shared state too, each process keeps its own (docs/replicas.md).
         self.prefixes = prefixes
@@ -112,6 +112,14 @@ class LiveFleet:
         self.prefixes.forget([host])
         self.state.wake(host)
 
+    def _health_changed(self, host: str) -> None:
+        """What ranks the host changed: its place is found again, and its free slots are
+        offered to the requests watching it, as when it comes back up: a model loaded there
+        (by hand, or by the host) makes it usable for that model when it loads none on demand
+        (`_answers`)."""
+        self.rankings.touch(host)
+        self.state.wake(host)
+
     def serves(self, route: RouteConfig, model: str) -> bool:
         """Whether any enabled host of the route serves the model under this, its own, name."""
         return self._served.get(route.name, {}).get(model) == model
@@ -123,7 +131,8 @@ class LiveFleet:
         return self._served.get(route.name, {})
 
     def usable(self, route: RouteConfig, model: str, name: str) -> bool:
-        """Whether a host may take new work for this route and model right now."""
+        """Whether a host may take new work for this route and model right now (a host that
+        would refuse the model as not loaded may not: `_answers`)."""
         host = self.config.hosts.get(name)
         return (
             host is not None
@@ -132,6 +141,7 @@ class LiveFleet:
             and not host.draining
             and model in host.models
             and self.health.eligible(name)
+            and _answers(host, host.models[model], self.health.get(name))
         )
 
     def ranking(self, route: RouteConfig, model: str | None) -> Ranking:
@@ -237,6 +247,7 @@ class LiveFleet:
         if host is None or not host.enabled:
             return None
         evicts_busy = crowded = False
+        answers = True
         if model is None:
             can_serve = loaded = True
             free = self.state.free_slots(name)
@@ -253,6 +264,7 @@ class LiveFleet:
             queued = self.state.queued(name, model)
             evicts_busy = can_serve and not loaded and self._evicts_busy(host, health)
             crowded = spec is not None and self.state.leases_held(name, model) >= spec.parallel
+            answers = spec is None or _answers(host, spec, health)
         return Candidate(
             host=name,
             healthy=self.health.eligible(name),
@@ -265,6 +277,7 @@ class LiveFleet:
             leases=self.state.leases_held(name),
             evicts_busy=evicts_busy,
             crowded=crowded,
+            answers=answers,
         )
 
     def _evicts_busy(self, host: HostConfig, health: HostHealth) -> bool:
@@ -292,6 +305,49 @@ class LiveFleet:
             )
             for upstream in running
         )
+
+
+def not_loaded(host: HostConfig, model: str, health: HostHealth) -> str:
+    """Why `host` would not serve a request for `model` (one it lists) as it stands now: ""
+    when it would (`_answers`), else "loading" (a load under way there) or "unloaded"."""
+    spec = host.models.get(model)
+    if spec is None or _answers(host, spec, health):
+        return ""
+    described = health.described
+    names = _host_names(spec)
+    if described is not None and any(
+        described.models.get(name) is ModelState.LOADING for name in names
+    ):
+        return "loading"
+    return "unloaded"
+
+
+def _answers(host: HostConfig, model: ModelConfig, health: HostHealth) -> bool:
+    """Whether `host` would serve a request for `model` as it stands: the model is loaded there
+    (or the host did not say which it has), or the host loads models on demand. Else it would
+    refuse it, and the request goes where the model is loaded, or is refused with
+    `model_not_loaded` (`routing.proxy.refusal`). A llama-server router started with
+    --no-models-autoload answers 400 "model is not loaded" for a model it holds unloaded, and
+    sends a request for one still loading straight to its instance, which answers 503
+    "Loading model" until the load ends (it listens before it loads: tools/server/server.cpp
+    and server-models.cpp, `router_validate_model` and `proxy_post`, build 11434), so a load
+    under way serves nothing yet either."""
+    known = health.loaded
+    if known is None or any(name in known for name in _host_names(model)):
+        return True
+    return loads_on_demand(host, health.described)
+
+
+def loads_on_demand(host: HostConfig, described: Described | None) -> bool:
+    """Whether `host` loads a model a request names that it has not loaded. A router's own
+    word (`models_autoload` in its /props) wins over the operator's setting: it is what the
+    host will do with the request, and the setting can be stale (a host restarted with other
+    flags). The setting speaks for hosts that say nothing (a proxy in front of llama-server,
+    another engine); without either, yes, as a host that lists a model it has not loaded was
+    always taken to do."""
+    if described is not None and described.autoload is not None:
+        return described.autoload
+    return host.loads_on_demand is not False
 
 
 def _host_names(model: ModelConfig) -> tuple[str, ...]:

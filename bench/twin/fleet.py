@@ -16,16 +16,14 @@ What it reads:
 - per host: its room (`models_max`, `memory_gb`, the models' `size_gb`, from the preset), and
   the loads this actor began there.
 
-What the product actor must do that crossbar does not yet: with autoload off, a router host
-refuses a request for a model it has not loaded (400), and crossbar's ranking still offers
-such a host (a host that lists the model `can_serve`, ranked after those where it is loaded:
-routing/core/choose.py), so a request for a model loaded nowhere would be sent there and
-refused. The actor holds it (`hold`, which the gateway awaits before placing, so the wait is
-in its TTFB: the issue's `loading` wait status) until a load of its model has ended, and tells
-the gateway at once of each change it makes (`poll_now`), as the product actor, which knows
-what it loaded and unloaded, must. A request for a model loaded somewhere is not held: when
-its loaded hosts are full, crossbar may still send it to a host that has it unloaded, and that
-host's 400 is what the client gets (counted in the table's refused).
+What crossbar does now and the actor relies on: a router host with autoload off (its /props
+says `models_autoload: false`) is never sent a model it has not loaded, so a request for a
+model loaded somewhere waits in the lines of its loaded hosts (a line the decision sees grow),
+and one for a model loaded nowhere would be refused with `model_not_loaded`. The actor holds
+such a request (`hold`, which the gateway awaits before placing, so the wait is in its TTFB:
+the issue's `loading` wait status, not in crossbar yet) until a load of its model has ended,
+and tells the gateway at once of each change it makes (`poll_now`), as the product actor,
+which knows what it loaded and unloaded, must.
 """
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ class TwinGateway:
         elif isinstance(twin, RouterHost):
             profile = twin.profile
             described = Described(
-                router=True, max_models=profile.models_max,
+                router=True, max_models=profile.models_max, autoload=twin.autoload,
                 models={model: twin.state(model) for model in profile.models},
             )  # fmt: skip
             health.set(name, HostState.UP, loaded=described.loaded, described=described)

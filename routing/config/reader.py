@@ -35,6 +35,10 @@ def load_fleet() -> FleetConfig:
     return FleetConfig(hosts=hosts, routes=routes, revision=revision, clients=_load_clients())
 
 
+# A host's `loads_on_demand` as written (Host.LoadsOnDemand) to as served; "" (unknown): None.
+_SAID = {"yes": True, "no": False}
+
+
 def served_host(spec: HostSpec, api_key: str) -> HostConfig:
     """The host as the gateway serves it (`api_key`: the key its `api_key_env` names)."""
     return HostConfig(
@@ -47,6 +51,7 @@ def served_host(spec: HostSpec, api_key: str) -> HostConfig:
         models={
             model.name: replace(model, parallel=max(1, model.parallel)) for model in spec.models
         },
+        loads_on_demand=_SAID.get(spec.loads_on_demand),
     )
 
 

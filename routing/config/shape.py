@@ -46,6 +46,9 @@ class HostConfig:
     draining: bool
     api_key: str
     models: Mapping[str, ModelConfig]
+    # The operator's word on whether the host loads a model a request names that it has not
+    # loaded (None: not said). A router's own word (`hosts.describe`) wins over it.
+    loads_on_demand: bool | None = None
 
 
 @dataclass(slots=True, frozen=True)

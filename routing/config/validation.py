@@ -58,6 +58,7 @@ class HostSpec:
     api_key_env: str
     notes: str
     shares_url: bool = False
+    loads_on_demand: str = ""  # Host.LoadsOnDemand: "", "yes" or "no"
     models: list[ModelConfig] = field(default_factory=list)
 
     @classmethod

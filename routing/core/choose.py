@@ -21,7 +21,11 @@ class Candidate:
     demand (router mode), this one is not loaded, and loading it would unload a model with
     requests in flight or conversations leased. ``crowded``: the host has as many conversations
     leased for the model as it has slots for it, so a new one there would overwrite one of
-    theirs in its KV cache (a llama-server keeps one prompt per slot).
+    theirs in its KV cache (a llama-server keeps one prompt per slot). ``answers``: a request
+    for the model sent there is served; False for a host that does not load models on demand
+    (a router started with ``--no-models-autoload``) and has not loaded this one: it would
+    answer 400 "model is not loaded" (or, while it loads, 503 "Loading model"), so it is not
+    eligible.
     """
 
     host: str
@@ -35,16 +39,20 @@ class Candidate:
     leases: int = 0
     evicts_busy: bool = False
     crowded: bool = False
+    answers: bool = True
 
     @property
     def eligible(self) -> bool:
-        return self.healthy and not self.draining and (self.loaded or self.can_serve)
+        return (
+            self.healthy and not self.draining and (self.loaded or self.can_serve) and self.answers
+        )
 
 
 def ranked(candidates: Sequence[Candidate]) -> list[str]:
     """The eligible hosts, best first. Pure; never raises.
 
-    Eligible: healthy, not draining, and the model loaded or listed. Hosts with the model loaded
+    Eligible: healthy, not draining, the model loaded or listed, and a host that would answer
+    a request for it (``answers``). Hosts with the model loaded
     come before hosts that merely list it, and among those, hosts with room to load it before
     hosts where loading it would unload a busy model; then hosts with room for one more
     conversation's cache before crowded ones (placement still takes a free slot on a crowded

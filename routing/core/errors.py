@@ -12,6 +12,7 @@
     ├── ClientLimited                  429 (+ Retry-After)
     ├── QueueFull                      503 queue_full (+ Retry-After 1)
     ├── NoHealthyHost                  503 no_healthy_host (+ Retry-After 2 while a host is down)
+    │   └── ModelNotLoaded             503 model_not_loaded (its hosts load no model on demand)
     ├── PinnedHostDown                 503 pinned_host_down (+ Retry-After 2 while it is down)
     ├── QueueTimeout                   503 queue_timeout (+ Retry-After 5)
     ├── HostRemoved                    503 host_removed (+ Retry-After 1)
@@ -108,6 +109,21 @@ class NoHealthyHost(GatewayError):
         self, message: str = "no healthy host", *, detail: Mapping[str, object] = _NO_DETAIL
     ) -> None:
         super().__init__(message, detail=detail)
+
+
+class ModelNotLoaded(NoHealthyHost):
+    """No host of the route that serves the model has it loaded, and the ones up
+    load no model on demand (a llama-server router started with --no-models-autoload): only a
+    load (by an operator, from the admin) serves it. A `NoHealthyHost`, so every step that
+    handles one handles this one too."""
+
+    code = "model_not_loaded"
+    when = (
+        "no host of the route has the model loaded, and those up load no model on demand"
+        " (`--no-models-autoload`): an operator loads it from the admin"
+        " (`Retry-After: 2` while a host is down, or loading the model)"
+    )
+    retry_after: int | None = None
 
 
 class PinnedHostDown(GatewayError):

@@ -18,12 +18,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from routing.core.errors import NoHealthyHost, PinnedHostDown, QueueFull, UnknownModel
+from routing.core.errors import (
+    ModelNotLoaded,
+    NoHealthyHost,
+    PinnedHostDown,
+    QueueFull,
+    UnknownModel,
+)
 
-__all__ = ["Standing", "no_healthy_host", "pinned_host_down", "queue_full", "unknown_model"]
+__all__ = [
+    "Standing",
+    "model_not_loaded",
+    "no_healthy_host",
+    "pinned_host_down",
+    "queue_full",
+    "unknown_model",
+]
 
 SHOWN = 10  # hosts (and 2x models) named in a message; the JSON detail lists them all
-_COMES_BACK = ("down", "loading")  # states a host leaves without an operator
+# States a host leaves without an operator.
+_COMES_BACK = ("down", "loading", "model_loading")
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,17 +55,23 @@ class Standing:
     parallel: int = 0
     queued: int = 0
     queue_max: int = 0
+    # The model asked where the host loads none on demand and has not loaded it: "unloaded",
+    # or "loading" (a load under way there); "" otherwise.
+    not_loaded: str = ""
 
     @property
     def state(self) -> str:
         """Why the host takes no new request, the first that applies: disabled, draining,
-        down, loading; else full (slots and queue), else up."""
+        down, loading; the model asked unloaded or loading there (`not_loaded`, states
+        "unloaded" and "model_loading"); else full (slots and queue), else up."""
         if not self.enabled:
             return "disabled"
         if self.draining:
             return "draining"
         if self.health in ("down", "loading"):
             return self.health
+        if self.not_loaded:
+            return "unloaded" if self.not_loaded == "unloaded" else "model_loading"
         if self.in_flight >= self.parallel and self.queued >= self.queue_max:
             return "full"
         return "up"
@@ -67,6 +87,10 @@ class Standing:
             return f"{self.host} draining (health {self.health}; takes no new requests)"
         if state == "disabled":
             return f"{self.host} disabled"
+        if state == "unloaded":
+            return f"{self.host} has it unloaded and loads no model on demand"
+        if state == "model_loading":
+            return f"{self.host} is loading it (it serves the model once the load ends)"
         return f"{self.host} {state} ({self._counts()})"
 
     def as_json(self) -> dict[str, object]:
@@ -113,6 +137,27 @@ def no_healthy_host(route: str, model: str | None, hosts: Sequence[Standing]) ->
     )
     if not _comes_back(hosts):
         refusal.retry_after = None  # waiting alone will not help
+    return refusal
+
+
+def model_not_loaded(route: str, model: str, hosts: Sequence[Standing]) -> ModelNotLoaded:
+    """No host of `route` has `model` loaded, and those up (`hosts` are those that
+    would serve it) load no model on demand: only an operator's load serves it."""
+    if _comes_back(hosts):
+        advice = f"Retry after {NoHealthyHost.retry_after} s: a host may serve it by then"
+    else:
+        advice = (
+            "An operator can load it from the admin (Hosts: select the host, then “Load the "
+            "selected router-mode hosts' models”); to have it loaded on demand, start the host "
+            "without --no-models-autoload"
+        )
+    refusal = ModelNotLoaded(
+        f"model not loaded: route “{route}” has no host with model “{model}” loaded, and its "
+        f"hosts load no model on demand: {_listed(hosts)}. {advice}",
+        detail=_detail(route, model, hosts),
+    )
+    if _comes_back(hosts):
+        refusal.retry_after = NoHealthyHost.retry_after  # a load under way, or a host back
     return refusal
 
 

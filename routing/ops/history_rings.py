@@ -38,9 +38,11 @@ from routing.ops.history_steps import WINDOWS, Stats, Steps, chart_point, host_c
 
 CARD_SECONDS = 300  # the per-host cards cover the last 5 minutes
 HOUR_RING_SPARE = 600  # seconds the hour ring keeps past its hour: where the 24 hours take over
-# The refusals that are a route's, not a host's: nothing free, nothing usable, its pinned host
-# down. Their rows name no host.
-ROUTE_REFUSALS = frozenset({"queue_full", "no_healthy_host", "pinned_host_down"})
+# The refusals that are a route's, not a host's: nothing free, nothing usable (the model loaded
+# nowhere among them), its pinned host down. Their rows name no host.
+ROUTE_REFUSALS = frozenset(
+    {"queue_full", "no_healthy_host", "model_not_loaded", "pinned_host_down"}
+)
 
 
 class Ring:

@@ -18,6 +18,7 @@ from routing.config.reader import load_fleet
 from routing.core.limiter import PairSnapshot
 from routing.core.pairs import Pair
 from routing.core.refusals import Standing
+from routing.live_fleet import not_loaded
 from routing.runtime import Runtime, current_runtime
 from routing.signals import config_generation
 
@@ -149,6 +150,7 @@ def standings(runtime: Runtime, hosts: Iterable[str], model: str | None) -> list
                 parallel=sum(spec.parallel for spec in specs),
                 queued=sum(state.queued(name, spec.name) for spec in specs),
                 queue_max=sum(spec.queue_max for spec in specs),
+                not_loaded=not_loaded(host, model, health) if model is not None else "",
             )
         )
     return found

@@ -16,7 +16,9 @@ from routing.runtime import Runtime
 
 def explained(runtime: Runtime, route: RouteConfig, model: str | None, exc: Exception) -> Exception:
     """`exc` with its words and facts when it is a placement's refusal (QueueFull,
-    NoHealthyHost, PinnedHostDown) that has none yet; any other exception as it is."""
+    NoHealthyHost, PinnedHostDown) that has none yet; any other exception as it is. No
+    usable host where one that loads no model on demand has the model unloaded (or still
+    loading) is `ModelNotLoaded`."""
     if getattr(exc, "detail", None):
         return exc  # explained already (a refusal passed on by a later step)
     if isinstance(exc, QueueFull):
@@ -34,7 +36,11 @@ def explained(runtime: Runtime, route: RouteConfig, model: str | None, exc: Exce
             for name in route.hosts
             if name in hosts and (model is None or model in hosts[name].models)
         ]
-        return refusals.no_healthy_host(route.name, model, standings(runtime, serving, model))
+        found = standings(runtime, serving, model)
+        if model is not None and any(standing.not_loaded for standing in found):
+            # Up, but without the model loaded: a load serves it, not the host's health.
+            return refusals.model_not_loaded(route.name, model, found)
+        return refusals.no_healthy_host(route.name, model, found)
     return exc
 
 

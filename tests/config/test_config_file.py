@@ -302,8 +302,8 @@ hosts = "gpu1"
         ),
         (
             "hosts.gpu1.colour",
-            "Unknown key; expected one of api_key_env, draining, enabled, models, name, notes, "
-            "shares_url, url, weight.",
+            "Unknown key; expected one of api_key_env, draining, enabled, loads_on_demand, "
+            "models, name, notes, shares_url, url, weight.",
         ),
         ("hosts.gpu1.enabled", "Expected true or false."),
         ("hosts.gpu1.models.llama3.parallel", "Expected an integer."),
@@ -584,4 +584,21 @@ def test_an_alias_of_the_wrong_type_is_named_with_what_is_expected() -> None:
 
     assert [str(p) for p in problems] == [
         'error: hosts.gpu2.models.qwen.aliases: Expected a list of names, e.g. ["chat", "fast"].'
+    ]
+
+
+@pytest.mark.django_db
+def test_whether_a_host_loads_models_on_demand_loads_dumps_and_is_refused_when_not_yes_or_no(
+    tmp_path: Path,
+) -> None:
+    said = FLEET.replace("draining = true\n", 'draining = true\nloads_on_demand = "no"\n')
+    crossbar_config("load", write(tmp_path, said))
+    dumped = crossbar_config("dump")
+    hosts, routes, _ = parse_config(said.replace('"no"', '"maybe"'))
+
+    assert dict(Host.objects.values_list("name", "loads_on_demand")) == {"gpu1": "", "gpu2": "no"}
+    assert 'loads_on_demand = "no"' in dumped
+    assert dumped.count("loads_on_demand") == 1  # unknown, the default, is left out
+    assert [str(p) for p in config_problems(hosts, routes)] == [
+        "error: hosts.gpu2.loads_on_demand: Value 'maybe' is not a valid choice."
     ]

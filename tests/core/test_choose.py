@@ -41,6 +41,15 @@ def test_host_that_only_lists_the_model_is_ranked_when_none_has_it_loaded() -> N
     assert ranked(hosts) == ["b", "a"]
 
 
+def test_a_host_that_would_refuse_a_model_it_has_not_loaded_is_never_ranked() -> None:
+    refuses = candidate("refuses", loaded=False, answers=False, free=8, weight=4.0)
+    loads = candidate("loads", loaded=False, free=1)
+    full = candidate("full", free=0)
+
+    assert ranked([refuses, loads, full]) == ["full", "loads"]
+    assert ranked([refuses]) == []
+
+
 def test_most_free_slots_times_weight_comes_first() -> None:
     hosts = [
         candidate("many-slots", free=4, weight=1.0),

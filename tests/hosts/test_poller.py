@@ -126,7 +126,18 @@ async def test_a_router_is_asked_its_models_every_round_and_its_props_only_on_th
     assert after_load == ["/health", "/v1/models"]
     described = poller.table.get("gpu1").described
     assert described is not None and described.router and described.max_models == 1
+    assert described.autoload is True
     assert described.models["small"] in (ModelState.LOADING, ModelState.LOADED)
+
+
+async def test_a_router_started_without_autoload_is_read_as_loading_no_model_on_demand(
+    poller: Poller,
+) -> None:
+    with FakeLlamaServer(router_models=("small",), models_autoload=False) as router:
+        await round_of(poller, router)
+
+    described = poller.table.get("gpu1").described
+    assert described is not None and described.router and described.autoload is False
 
 
 async def test_a_host_whose_turn_comes_later_in_the_interval_is_not_asked_with_the_first(

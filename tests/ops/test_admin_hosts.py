@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from hosts.models import DRAINING, Host, HostModel
+from hosts.models import DRAINING, LOADS_ON_DEMAND, Host, HostModel
 from routing.models import ConfigRevision
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.helpers.fleet import add_host, add_route
@@ -103,6 +103,21 @@ def test_the_change_page_never_echoes_the_key(admin_client: Client, gpu1: Host) 
     assert 'type="password" name="api_key"' in page
     assert KEY not in page
     assert "A key is set (…cdef)" in page
+
+
+def test_the_host_form_asks_whether_it_loads_models_on_demand_and_says_what_it_means(
+    admin_client: Client, gpu1: Host
+) -> None:
+    page = admin_client.get(change_url(gpu1)).content.decode()
+    response = admin_client.post(
+        change_url(gpu1), host_form(existing_rows(gpu1), initial=2, loads_on_demand="no")
+    )
+
+    assert "Loads models on demand" in page
+    assert "Unknown: as the host says (else yes)" in page
+    assert html.escape(LOADS_ON_DEMAND, quote=False) in page
+    assert response.status_code == 302
+    assert Host.objects.get(pk=gpu1.pk).loads_on_demand == "no"
 
 
 def test_a_host_is_added_with_its_models(admin_client: Client) -> None:

@@ -91,6 +91,15 @@ def test_a_request_that_reached_no_host_counts_for_the_fleet_only() -> None:
     assert point["hosts"] == {}
 
 
+def test_a_model_loaded_nowhere_counts_as_its_routes_refusal() -> None:
+    history = History()
+    history.observe(record(host="", status=503, code="model_not_loaded"), now=T0)
+
+    assert history.route_refusals(now=T0 + 1) == {
+        "chat": {"refused": 1, "codes": {"model_not_loaded": 1}}
+    }
+
+
 def test_a_queue_full_counts_once_in_the_totals_on_its_route_and_as_full_on_each_host() -> None:
     history = History()
     refused = record(host="", status=503, code="queue_full", refused_by="gpu1 gpu2")

@@ -84,12 +84,34 @@ def running_llama_server(
     server's output is appended to `log_dir/llama-server-<port>.log`.
     """
     port = port or free_port()
-    log_path = log_dir / f"llama-server-{port}.log"
     args = [*wrapper, str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
     args += base
     if alias:
         args += ["--alias", alias]
     args += list(extra)
+    with _serving(args, port, log_dir, timeout) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_router(
+    binary: Path, models_dir: Path, log_dir: Path, extra: Sequence[str] = (), timeout: float = 120
+) -> Iterator[LlamaServer]:
+    """llama-server in router mode over the *.gguf files of `models_dir` (each a model, named
+    by its file), with `BASE_ARGS` for each model it loads and `extra`, healthy, then stopped
+    with the models it runs."""
+    port = free_port()
+    args = [str(binary), "--models-dir", str(models_dir), "--host", "127.0.0.1"]
+    args += ["--port", str(port), *BASE_ARGS, *extra]
+    with _serving(args, port, log_dir, timeout) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _serving(args: list[str], port: int, log_dir: Path, timeout: float) -> Iterator[LlamaServer]:
+    """The server `args` start, on `port`, healthy, then stopped; its output appended to
+    `log_dir/llama-server-<port>.log`."""
+    log_path = log_dir / f"llama-server-{port}.log"
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT)
     server = LlamaServer(url=f"http://127.0.0.1:{port}", port=port, process=process,
