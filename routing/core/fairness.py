@@ -218,6 +218,18 @@ class FairLine:
             self._grant(entry)
         return entry
 
+    def last_below(self, priority: Priority) -> Entry | None:
+        """The waiter a full line refuses to make room for a newcomer of `priority` (load
+        shedding): of the lowest class waiting below `priority`, the one queued last; None
+        when nobody below it waits. It stays in the line: the caller takes it out."""
+        for lower in reversed(_HIGHEST_FIRST):
+            if lower.rank >= priority.rank:
+                return None
+            lasts = [state.waiting[-1] for state in self._keys[lower].values() if state.waiting]
+            if lasts:
+                return max(lasts, key=lambda entry: entry.seq)
+        return None
+
     def charge(self, entry: Entry, work: Work) -> None:
         """Charge `entry`'s key with the work its request did, settling the advance charged
         at its grant. Also for a request that took a free slot without waiting. Call once."""
