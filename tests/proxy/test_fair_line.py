@@ -116,5 +116,5 @@ def test_a_key_whose_requests_make_the_host_work_ten_times_more_is_granted_less_
     order = served[1:]
     assert order.index("small3") < order.index("big2"), order
     wait_until(lambda: Request.objects.count() == 11, what="the rows")
-    prompts = {row.client: row.prompt_tokens for row in Request.objects.exclude(client="holder")}
-    assert prompts["summaries"] > 9 * prompts["questions"]  # ten times as many words
+    prompts = {row.client: row.prompt_tokens or 0 for row in Request.objects.all()}
+    assert prompts["summaries"] > 9 * prompts["questions"] > 0  # ten times as many words
