@@ -24,6 +24,9 @@ The rules, in the order `next` applies them:
    left, so an idle key cannot bank credit.
 5. **FIFO within a key** (and class): first come, first served.
 
+A full line also says whom to refuse for a newcomer of a higher class (`last_below`: load
+shedding, the lowest class's most recently queued waiter); the limiter does the refusing.
+
 Work is known only after an answer, so a grant charges the key an advance (a moving average of
 the line's recent costs) and `charge` settles it with what the host reports: every entry that
 `next` returned is charged exactly once (``Work()`` when nothing was done).
