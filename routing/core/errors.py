@@ -11,6 +11,7 @@
     │   └── ManagementNotAllowed       403 model_management_not_allowed (likewise)
     ├── ClientLimited                  429 (+ Retry-After)
     ├── QueueFull                      503 queue_full (+ Retry-After 1)
+    ├── Shed                           429 over_capacity (+ Retry-After 1)
     ├── NoHealthyHost                  503 no_healthy_host (+ Retry-After 2 while a host is down)
     │   └── ModelNotLoaded             503 model_not_loaded (its hosts load no model on demand)
     ├── PinnedHostDown                 503 pinned_host_down (+ Retry-After 2 while it is down)
@@ -91,6 +92,31 @@ class QueueFull(GatewayError):
     ) -> None:
         super().__init__(message, detail=detail)
         self.hosts = tuple(hosts)
+        self.model = model
+
+
+class Shed(GatewayError):
+    """A waiting request refused to make room for one of a higher class: every line the
+    newcomer could wait in was full, and this was the most recently queued of the lowest class
+    waiting there (`routing.core.limiter`). 429, not `queue_full`'s 503: the fleet is not at
+    fault, the request's class is what lost it the place; the same `Retry-After` as a full
+    queue, since the line is as full as when a newcomer is refused."""
+
+    status = 429
+    code = "over_capacity"
+    when = (
+        "the request waited in a full line and was shed for a request of a higher class"
+        " (`Retry-After: 1`; in-process state only)"
+    )
+    retry_after = QueueFull.retry_after
+
+    def __init__(self, host: str, model: str, shed: str, newcomer: str) -> None:
+        super().__init__(
+            f"shed for a higher-priority request: this {shed} request waited in the full line of"
+            f" host {host} for model {model}, and a request of class {newcomer} took its place."
+            f" Retry after {QueueFull.retry_after} s"
+        )
+        self.host = host
         self.model = model
 
 

@@ -24,6 +24,9 @@ The rules, in the order `next` applies them:
    left, so an idle key cannot bank credit.
 5. **FIFO within a key** (and class): first come, first served.
 
+A full line also says whom to refuse for a newcomer of a higher class (`last_below`: load
+shedding, the lowest class's most recently queued waiter); the limiter does the refusing.
+
 Work is known only after an answer, so a grant charges the key an advance (a moving average of
 the line's recent costs) and `charge` settles it with what the host reports: every entry that
 `next` returned is charged exactly once (``Work()`` when nothing was done).
@@ -217,6 +220,18 @@ class FairLine:
         if entry is not None:
             self._grant(entry)
         return entry
+
+    def last_below(self, priority: Priority) -> Entry | None:
+        """The waiter a full line refuses to make room for a newcomer of `priority` (load
+        shedding): of the lowest class waiting below `priority`, the one queued last; None
+        when nobody below it waits. It stays in the line: the caller takes it out."""
+        for lower in reversed(_HIGHEST_FIRST):
+            if lower.rank >= priority.rank:
+                return None
+            lasts = [state.waiting[-1] for state in self._keys[lower].values() if state.waiting]
+            if lasts:
+                return max(lasts, key=lambda entry: entry.seq)
+        return None
 
     def charge(self, entry: Entry, work: Work) -> None:
         """Charge `entry`'s key with the work its request did, settling the advance charged

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from routing.core.errors import HostRemoved
+from routing.core.errors import HostRemoved, Shed
 from routing.core.fairness import (
     ANONYMOUS,
     DEFAULT_STARVATION_BOUND,
@@ -134,13 +134,23 @@ class Limiter:
         self._changed(old)
         self._changed(new)
 
-    def place(self, pairs: Iterable[Pair], share: Share = ANONYMOUS) -> Slot | Waiter | None:
+    def place(
+        self, pairs: Iterable[Pair], share: Share = ANONYMOUS, *, shed: bool = True
+    ) -> Slot | Waiter | None:
         """A free slot on the first of `pairs` that has one (that `share`'s class may take);
-        else a place in the line of the first with room; else None (all full). One step:
-        nothing else runs in between.
+        else a place in the line of the first with room; else, when `shed` and a lower class
+        waits in one of their full lines, the place of the waiter refused for it (`_shed_for`);
+        else None (all full). One step: nothing else runs in between.
 
         `pairs` is read lazily, at most twice (a ranking's order: the first free slot is
-        usually the first pair's), so it must not be an iterator."""
+        usually the first pair's), twice more when every line is full, so it must not be an
+        iterator."""
+        got = self._take(pairs, share)
+        if got is None and shed and self._shed_for(pairs, share):
+            got = self._take(pairs, share)
+        return got
+
+    def _take(self, pairs: Iterable[Pair], share: Share) -> Slot | Waiter | None:
         for host, model in pairs:
             pair = self._find(host, model)
             if pair is None:  # unconfigured: one slot, no line (kept only while it is held)
@@ -158,6 +168,25 @@ class Limiter:
                 self._changed(host)
                 return waiter
         return None
+
+    def _shed_for(self, pairs: Iterable[Pair], share: Share) -> bool:
+        """Refuse (`Shed`) the waiter whose place a newcomer of `share`'s class takes: of the
+        full lines of `pairs`, the first whose lowest class waiting is the lowest, and there
+        that class's last queued (`Line.last_below`), so no request is refused while one of a
+        lower class waits where it could have waited. False when nobody lower waits."""
+        victim: tuple[Waiter, PairState] | None = None
+        for host, model in pairs:
+            pair = self._find(host, model)
+            last = pair.line.last_below(share.priority) if pair is not None else None
+            if last is not None and pair is not None:
+                if victim is None or last.share.priority.rank < victim[0].share.priority.rank:
+                    victim = (last, pair)
+        if victim is None:
+            return False
+        waiter, pair = victim
+        waiter.fail(Shed(pair.host, pair.model, waiter.share.priority, share.priority))
+        waiter._leave()  # a wait cancelled this turn ignores `fail`: its place is free all the same
+        return True
 
     def waiter(self, share: Share = ANONYMOUS) -> Waiter:
         """A waiter with no place in any line, for a request that can only watch (`watch`)."""

@@ -79,6 +79,12 @@ class Line:
             return None
         return self._waiters.pop(entry), entry
 
+    def last_below(self, priority: Priority) -> Waiter | None:
+        """The waiter to shed for a newcomer of `priority` (`FairLine.last_below`), still in
+        the line; None when nobody of a lower class waits."""
+        entry = self.order.last_below(priority)
+        return self._waiters[entry] if entry is not None else None
+
     def allows(self, priority: Priority, free: int) -> bool:
         """Whether a request of `priority` may take one of `free` slots under the headroom
         of the classes above it."""

@@ -80,12 +80,15 @@ async def open_with(
     if home is not None and opening.usable(home):
         own = Pair(home, key.model)
         if opening.patient:
-            got = await state.place([own], opening.share)
-            # Home has neither a slot nor room in its line: the others, in order.
-            if got is None and any(pair != own for pair in opening.pairs):
-                got = await state.place(_Order(None, opening.pairs, own), opening.share)
+            others = any(pair != own for pair in opening.pairs)
+            # Nobody is shed at home while another line has room.
+            got = await state.place([own], opening.share, shed=not others)
+            # Home has neither a slot nor room in its line: the others, in order (home
+            # again first, for a waiter of a lower class to shed when every line is full).
+            if got is None and others:
+                got = await state.place(_Order(own, opening.pairs), opening.share)
         else:
-            got = await state.place(_Order(own, opening.pairs, own), opening.share)
+            got = await state.place(_Order(own, opening.pairs), opening.share)
         if got is not None:
             await keep_or_give_back(state, key, home, ttl, got, home)
         return Opened(home, True, got)
@@ -125,19 +128,17 @@ def give_back(got: Held | InLine) -> None:
 
 
 class _Order:
-    """`first` (when given), then `rest` without `skip`: read as often as it is iterated (a
-    place may read its pairs twice), and lazily (a place stops at the first free slot)."""
+    """`first`, then `rest` without it: read as often as it is iterated (a place may read its
+    pairs several times), and lazily (a place stops at the first free slot)."""
 
-    __slots__ = ("first", "rest", "skip")
+    __slots__ = ("first", "rest")
 
-    def __init__(self, first: Pair | None, rest: Sequence[Pair], skip: Pair) -> None:
+    def __init__(self, first: Pair, rest: Sequence[Pair]) -> None:
         self.first = first
         self.rest = rest
-        self.skip = skip
 
     def __iter__(self) -> Iterator[Pair]:
-        if self.first is not None:
-            yield self.first
+        yield self.first
         for pair in self.rest:
-            if pair != self.skip:
+            if pair != self.first:
                 yield pair

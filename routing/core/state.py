@@ -114,12 +114,15 @@ class InLine(Protocol):
 class FleetState(Protocol):
     """Slots, lines and leases of the whole fleet, and counts of them for ranking."""
 
-    async def place(self, pairs: Iterable[Pair], share: Share = ANONYMOUS) -> Held | InLine | None:
+    async def place(
+        self, pairs: Iterable[Pair], share: Share = ANONYMOUS, *, shed: bool = True
+    ) -> Held | InLine | None:
         """A free slot on the first pair with one; else a place in the first line with room;
-        else None (all full). `pairs` is read at most twice, before the first suspension (it
-        may be a ranking's own sequence, which changes at the ranking's next read). `share`:
-        whose share the request counts against in a line (its client key's; the shared
-        backing's lines are first come, first served)."""
+        else, when `shed`, the place of a lower class's waiter refused for it in one of their
+        full lines (`Limiter.place`); else None (all full). `pairs` is read before the first
+        suspension (it may be a ranking's own sequence, which changes at the ranking's next
+        read). `share`: whose share the request counts against in a line (its client key's;
+        the shared backing's lines are first come, first served, and shed nobody)."""
         ...
 
     async def open(self, opening: Opening) -> Opened:
@@ -191,8 +194,10 @@ class LocalState:
         self.limiter = limiter
         self.leases = leases
 
-    async def place(self, pairs: Iterable[Pair], share: Share = ANONYMOUS) -> Slot | Waiter | None:
-        return self.limiter.place(pairs, share)
+    async def place(
+        self, pairs: Iterable[Pair], share: Share = ANONYMOUS, *, shed: bool = True
+    ) -> Slot | Waiter | None:
+        return self.limiter.place(pairs, share, shed=shed)
 
     async def open(self, opening: Opening) -> Opened:
         return await open_with(self, opening)

@@ -98,9 +98,10 @@ class SharedState:
     # -- placing ------------------------------------------------------------------------
 
     async def place(
-        self, pairs: Iterable[Pair], share: Share = ANONYMOUS
+        self, pairs: Iterable[Pair], share: Share = ANONYMOUS, *, shed: bool = True
     ) -> SharedSlot | SharedPlace | None:
-        # `share` is not read: the lines kept in Redis are first come, first served.
+        # `share` and `shed` are not read: the lines kept in Redis are first come, first
+        # served, and a full one refuses the newcomer.
         pairs = list(pairs)  # read now: a ranking's own sequence changes at its next read
         if not pairs:
             return None

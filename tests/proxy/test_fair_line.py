@@ -72,3 +72,49 @@ def test_an_interactive_request_is_served_before_batch_requests_queued_earlier(
     waited = {row.client: row.queued_ms for row in rows.order_by("started")}  # the last batch's
     assert rows.count() == 4
     assert waited["support-chat"] < waited["nightly"]
+
+
+def test_a_key_whose_requests_make_the_host_work_ten_times_more_is_granted_less_often(
+    gateway, fake, ledger
+):
+    """Two standard keys of weight 1 queue requests in turn; one key's prompts are ten times
+    longer. Each answer charges its key the work the host reported, so once the first answers
+    are in, the line serves the cheap key's requests before the big key's next ones. (Charged
+    nothing, the two keys would alternate: big, small, big, small, ...)"""
+    holder = issue("holder")
+    keys = {"big": issue("summaries"), "small": issue("questions")}
+    words = {"big": 3000, "small": 300}
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 10)})])
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    threads = []
+
+    with holding(url, slow(tokens=100), fake, key=holder):  # 10 s, until the test lets it end
+        for number in range(5):
+            for kind in ("big", "small"):
+                # Each prompt opens with its own word, so the host finds none of it cached.
+                content = f"{kind}{number} " + "lorem " * words[kind]
+                body = chat(content, max_tokens=5)
+                thread = threading.Thread(
+                    target=lambda body=body, key=keys[kind]: httpx.post(
+                        url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60
+                    )
+                )
+                thread.start()
+                threads.append(thread)
+                queued = len(threads)
+                wait_for_gauge(gateway.url, "crossbar_queued", queued, host="gpu1", model=MODEL)
+        ledger.sent(11)
+        fake.token_delay = 0.01
+    for thread in threads:
+        thread.join()
+
+    served = [seen.json["messages"][-1]["content"].split()[0] for seen in completions(fake)]
+    assert sorted(served[1:]) == sorted(f"{kind}{n}" for n in range(5) for kind in words)
+    assert served[1:3] == ["big0", "small0"]  # nothing answered yet: arrival order
+    order = served[1:]
+    assert order.index("small3") < order.index("big2"), order
+    wait_until(lambda: Request.objects.count() == 11, what="the rows")
+    prompts = {row.client: row.prompt_tokens or 0 for row in Request.objects.all()}
+    assert prompts["summaries"] > 9 * prompts["questions"] > 0  # ten times as many words

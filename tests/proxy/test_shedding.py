@@ -1,0 +1,82 @@
+"""Load shedding by class over real sockets: at a host whose line is full of batch requests, an
+interactive request is queued and served, and the batch request queued last is refused with
+429 `over_capacity` instead. The rule itself is tested through the limiter
+(tests/core/test_shedding.py). The lines kept in Redis (CROSSBAR_TEST_SHARED=1) shed nobody:
+these tests are the in-process state's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import httpx
+import pytest
+
+from accounting.models import Request
+from tests.helpers.asking import completions, holding, issue, slow
+from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.observe import wait_for_gauge
+from tests.helpers.waits import wait_until
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        os.environ.get("CROSSBAR_TEST_SHARED") == "1",
+        reason="the shared state's lines are first come, first served (docs/replicas.md)",
+    ),
+]
+
+
+def asked(url: str, key: str, content: str, answers: dict[str, httpx.Response]) -> threading.Thread:
+    """Ask for a chat of `content` in a thread; its answer lands in `answers[content]`."""
+
+    def ask() -> None:
+        headers = {"Authorization": f"Bearer {key}"}
+        answers[content] = httpx.post(url, json=chat(content), headers=headers, timeout=60)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    return thread
+
+
+def test_an_interactive_request_at_a_line_full_of_batch_ones_is_served_and_the_last_is_shed(
+    gateway, fake, ledger
+):
+    batch = issue("nightly", priority="batch")
+    chat_key = issue("support-chat", priority="interactive")
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 2)})])
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    answers: dict[str, httpx.Response] = {}
+    threads = []
+
+    with holding(url, slow(tokens=100), fake, key=batch):  # 10 s, until the test lets it end
+        for number in range(2):
+            threads.append(asked(url, batch, f"batch {number}", answers))
+            wait_for_gauge(gateway.url, "crossbar_queued", number + 1, host="gpu1", model=MODEL)
+        threads.append(asked(url, chat_key, "interactive", answers))
+        wait_until(lambda: "batch 1" in answers, what="the last batch request's answer")
+        assert "interactive" not in answers  # queued, not refused
+        wait_for_gauge(gateway.url, "crossbar_queued", 2, host="gpu1", model=MODEL)
+        ledger.sent(4)
+        fake.token_delay = 0
+    for thread in threads:
+        thread.join()
+
+    shed = answers["batch 1"]
+    assert shed.status_code == 429
+    assert shed.headers["Retry-After"] == "1"
+    error = shed.json()["error"]
+    assert error["code"] == "over_capacity"
+    assert "shed for a higher-priority request" in error["message"]
+    assert answers["interactive"].status_code == 200
+    assert answers["batch 0"].status_code == 200
+    served = [seen.json["messages"][-1]["content"] for seen in completions(fake)]
+    assert served[1:] == ["interactive", "batch 0"]
+    wait_until(lambda: Request.objects.count() == 4, what="the rows")
+    (row,) = Request.objects.filter(status=429)
+    assert (row.client, row.code, row.host) == ("nightly", "over_capacity", "gpu1")
+    assert "shed for a higher-priority request" in row.error
+    assert Request.objects.filter(status=200).count() == 3
