@@ -153,3 +153,20 @@ def test_a_restarted_gateway_counts_the_spend_of_todays_rows_but_not_yesterdays(
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "budget_exhausted"
     assert served.status_code == 200
+
+
+def test_a_key_added_to_a_running_gateway_counts_the_spend_of_its_names_rows(gateway, fake):
+    add_route("chat", [add_host("gpu1", fake.url)])
+    gateway.sync()
+    spender = named("spender")
+    Request.objects.create(
+        client=spender, route="chat", started=datetime.now(UTC), queued_ms=0, total_ms=1,
+        status=200, prompt_tokens=30, completion_tokens=20,
+    )  # fmt: skip
+    key = issue(spender, tokens_per_day=50)  # a key enabled again, under the same name
+    gateway.sync()
+
+    refused = post(gateway, key=key)
+
+    assert refused.status_code == 429
+    assert "50 tokens per day (UTC), 50 spent" in refused.json()["error"]["message"]
