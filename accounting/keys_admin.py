@@ -25,6 +25,7 @@ from django.utils.cache import add_never_cache_headers
 
 from accounting.admin import moment
 from accounting.models import ClientKey, Request
+from accounting.spend import spend_periods, spent_of, tokens_since
 
 CONFIRM = "_confirm_authentication"  # the POST field the confirmation page adds
 ISSUED_TEMPLATE = "admin/accounting/clientkey/issued.html"
@@ -47,7 +48,7 @@ class ClientKeyForm(forms.ModelForm):
         model = ClientKey
         fields = [
             "name", "enabled", "routes", "max_concurrent", "requests_per_minute", "priority",
-            "weight", "notes",
+            "weight", "tokens_per_day", "tokens_per_month", "notes",
         ]  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -72,6 +73,18 @@ class ClientKeyForm(forms.ModelForm):
         weight = self.cleaned_data["weight"]
         return self.instance.weight if weight is None else weight
 
+    def clean_tokens_per_day(self) -> int | None:
+        return self._kept("tokens_per_day")
+
+    def clean_tokens_per_month(self) -> int | None:
+        return self._kept("tokens_per_month")
+
+    def _kept(self, name: str) -> int | None:
+        # A form sent without the field keeps the key's budget; sent empty, it clears it.
+        if name not in self.data:
+            return cast(int | None, getattr(self.instance, name))
+        return cast(int | None, self.cleaned_data[name])
+
     def clean_routes(self) -> str:
         # ClientKey.clean() refuses names no route has, with the same words as `check`.
         return ", ".join(self.cleaned_data["routes"])
@@ -80,15 +93,17 @@ class ClientKeyForm(forms.ModelForm):
 class ClientKeyAdmin(admin.ModelAdmin):
     form = ClientKeyForm
     list_display = [
-        "name", "key_start", "enabled", "allowed_routes", "limits", "last_used_at", "requests_24h",
+        "name", "key_start", "enabled", "allowed_routes", "limits", "tokens_spent", "last_used_at",
+        "requests_24h",
     ]  # fmt: skip
     list_filter = ["enabled"]
     search_fields = ["name", "prefix", "notes"]
     fields = [
         "name", "key_start", "enabled", "routes", "max_concurrent", "requests_per_minute",
-        "priority", "weight", "notes", "created_at",
+        "priority", "weight", "tokens_per_day", "tokens_per_month", "tokens_spent", "notes",
+        "created_at",
     ]  # fmt: skip
-    readonly_fields = ["key_start", "created_at"]
+    readonly_fields = ["key_start", "tokens_spent", "created_at"]
     actions = ["replace_keys"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ClientKey]:
@@ -97,6 +112,7 @@ class ClientKeyAdmin(admin.ModelAdmin):
         rows = Request.objects.filter(client=OuterRef("name")).order_by()
         since = timezone.now() - timedelta(hours=24)
         recent = rows.filter(started__gte=since).values("client").annotate(n=Count("pk"))
+        day, month = spend_periods(timezone.now())
         return (
             super()
             .get_queryset(request)
@@ -105,6 +121,8 @@ class ClientKeyAdmin(admin.ModelAdmin):
                 requests_24h=Coalesce(
                     Subquery(recent.values("n"), output_field=IntegerField()), Value(0)
                 ),
+                tokens_today=tokens_since(rows, day),
+                tokens_month=tokens_since(rows, month),
             )
         )
 
@@ -126,6 +144,16 @@ class ClientKeyAdmin(admin.ModelAdmin):
         if key.priority != "standard" or key.weight != 1:
             parts.append(f"{key.priority} x{key.weight:g}")
         return ", ".join(parts) or "none"
+
+    @admin.display(description="tokens (today, month; UTC)")
+    def tokens_spent(self, key: ClientKey) -> str:
+        """Spent against the budgets, as the gateway counts them (read from the rows)."""
+        if not key.pk:
+            return "-"
+        return (
+            f"{spent_of(key.tokens_today, key.tokens_per_day)} today, "  # type: ignore[attr-defined]  # annotated by get_queryset
+            f"{spent_of(key.tokens_month, key.tokens_per_month)} this month"  # type: ignore[attr-defined]  # annotated by get_queryset
+        )
 
     @admin.display(description="created", ordering="created")
     def created_at(self, key: ClientKey) -> str:

@@ -209,6 +209,27 @@ class ClientKey(models.Model):
             "of weight 2 gets twice the work of a key of weight 1. Above 0."
         ),
     )
+    # Budgets count what rows count: the whole prompt, its cached part included (a client
+    # cannot tell what a host holds, so its spend must not depend on it), plus generated tokens.
+    tokens_per_day = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text=(
+            "Tokens the key may spend per day (UTC): prompt tokens, cached ones included, plus "
+            "generated tokens, as request rows count them. Past it, requests get 429 "
+            "budget_exhausted until midnight UTC; a request already running finishes, so the "
+            "spend may pass the budget by that request's size. Empty: no budget."
+        ),
+    )
+    tokens_per_month = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text=(
+            "The same per calendar month (UTC): refused until the 1st, 00:00 UTC. Empty: no budget."
+        ),
+    )
     created = models.DateTimeField(auto_now_add=True)
     notes = models.TextField(blank=True)
 

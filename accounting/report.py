@@ -9,6 +9,8 @@ Definitions:
 - percentiles are nearest-rank: the p-th percentile of n sorted values is the value at rank
   ceil(p / 100 * n), so it is always a value that occurred. `ttfb` percentiles leave out rows
   that got no response head.
+- `tokens` is prompt plus completion tokens (cached prompt tokens included), what client
+  keys' budgets count (routing/core/budgets.py).
 - token sums add the rows where the count is known; an unknown count is not a zero, and a
   group where no row knows the count has no sum (None; `-` in the table).
 - `cache_hit` is cached / prompt tokens over the rows where both are known.
@@ -71,6 +73,7 @@ COLUMNS = (
     "ttfb_p95_ms",
     "total_p50_ms",
     "total_p95_ms",
+    "tokens",
     "prompt_tokens",
     "cached_tokens",
     "completion_tokens",
@@ -176,6 +179,7 @@ def _summary(
         "ttfb_p95_ms": percentile(heads, 95),
         "total_p50_ms": percentile(totals, 50),
         "total_p95_ms": percentile(totals, 95),
+        "tokens": _known_sum(list(map(_spent, prompt, completion))),
         "prompt_tokens": _known_sum(prompt),
         "cached_tokens": _known_sum(cached),
         "completion_tokens": _known_sum(completion),
@@ -188,6 +192,13 @@ def _summary(
             round(sum(n for n, _, _ in timed) * 1000 / stream_ms, 1) if stream_ms else None
         ),
     }
+
+
+def _spent(prompt: int | None, completion: int | None) -> int | None:
+    """A row's tokens as client keys' budgets count them; None when it knows neither count."""
+    if prompt is None and completion is None:
+        return None
+    return (prompt or 0) + (completion or 0)
 
 
 def _known_sum(counts: list[int | None]) -> int | None:

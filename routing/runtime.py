@@ -25,10 +25,12 @@ from collections.abc import Callable
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from accounting.spend import spend_by_client
 from hosts.poller import Poller, Probe
 from routing import signals
 from routing.config.reader import current_revision, load_fleet
 from routing.config.shape import FleetConfig, RouteConfig
+from routing.core.budgets import Spend
 from routing.core.clients import Admitted, ClientGate, ClientSpec
 from routing.core.leases import LeaseTable
 from routing.core.limiter import Limiter
@@ -39,6 +41,7 @@ from routing.core.running import RunningTable
 from routing.core.state import FleetState, LocalState
 from routing.live_fleet import LiveFleet
 from routing.shared.fleet_state import SharedState
+from routing.shared.state import StateUnavailable
 from routing.upstream_client import upstream_client
 
 log = logging.getLogger("crossbar.runtime")
@@ -104,6 +107,7 @@ class Runtime:
         conf = settings.CROSSBAR
         if self.shared is not None:
             await self.shared.start()
+        await self._seed_budgets(self.clients.names())
         self._tasks = [
             asyncio.create_task(self.poller.run(self._probes), name="crossbar-health"),
             asyncio.create_task(self._watch_revision(conf["CONFIG_POLL"]), name="crossbar-config"),
@@ -135,7 +139,7 @@ class Runtime:
         async with self._reload_lock:
             if generation > self._generation:
                 self._generation = generation
-                self._apply(fleet)
+                await self._apply_seeded(fleet)
 
     async def reload(self, *, force: bool = False) -> None:
         """Load the fleet again; unless forced, only when this process changed it."""
@@ -145,11 +149,38 @@ class Runtime:
                 return  # another request reloaded while this one waited for the lock
             fleet = await sync_to_async(load_fleet)()
             self._generation = generation
-            self._apply(fleet)
+            await self._apply_seeded(fleet)
+
+    async def _apply_seeded(self, fleet: FleetConfig) -> None:
+        """Apply `fleet`; keys new to this runtime get their spend from the rows."""
+        before = self.clients.names()
+        self._apply(fleet)
+        await self._seed_budgets(self.clients.names() - before)
 
     def _apply(self, fleet: FleetConfig) -> None:
         self.live.apply(fleet)
         self._configured(fleet)
+
+    async def _seed_budgets(self, names: set[str]) -> None:
+        """Count the day's and month's rows of the keys `names` against their budgets, so a
+        restart (or a key enabled again) does not give a key its budget back. With shared
+        state, only a period Redis does not count yet is seeded (another process may have)."""
+        if not names:
+            return
+        now = self.clients.now()
+        try:
+            found = await sync_to_async(spend_by_client)(names, now)
+        except Exception as exc:  # a database away: budgets count from 0, as rows come back
+            log.warning("budgets: the spend in the rows could not be read: %s", exc)
+            return
+        spends = {name: Spend(day, month) for name, (day, month) in found.items()}
+        if self.shared is None:
+            self.clients.ledger.seed(spends, now)
+            return
+        try:
+            await self.shared.clients.seed(spends, now)
+        except StateUnavailable as exc:
+            log.warning("budgets: the spend could not be seeded in Redis: %s", exc)
 
     def _configured(self, fleet: FleetConfig) -> None:
         self.clients.configure(fleet.clients)

@@ -91,6 +91,8 @@ def _load_clients() -> dict[str, ClientSpec]:
             per_minute=key.requests_per_minute,
             priority=Priority(key.priority),
             weight=key.weight,
+            tokens_per_day=key.tokens_per_day,
+            tokens_per_month=key.tokens_per_month,
         )
         for key in ClientKey.objects.filter(enabled=True)
     }

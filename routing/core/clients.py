@@ -8,7 +8,9 @@ request's record gives back when the request ends.
 
 Limits are per key: `max_concurrent` requests from admit to release, and `per_minute` requests
 admitted in any sliding 60 seconds (exact: the admission times of the last `per_minute`
-requests are kept). A refused request counts against neither.
+requests are kept). A refused request counts against neither. Token budgets per UTC day and
+month (routing/core/budgets.py) are checked first: a pass's `release(tokens)` adds what its
+request spent to the key's `Ledger`.
 
 Loop safety: everything here, `ClientPass.release` included, runs on the gateway's event loop;
 nothing is thread-safe.
@@ -20,8 +22,10 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
 
+from routing.core.budgets import Ledger, exhausted
 from routing.core.clock import loop_time
 from routing.core.errors import ClientLimited, InvalidKey, MissingKey, RouteNotAllowed
 from routing.core.fairness import Priority, Share
@@ -41,6 +45,12 @@ class ClientSpec:
     per_minute: int | None = None
     priority: Priority = Priority.STANDARD  # its requests' class in a host's line
     weight: float = 1.0  # its share of its class's slots while it waits (> 0)
+    tokens_per_day: int | None = None  # its budget per UTC day (routing/core/budgets.py)
+    tokens_per_month: int | None = None  # and per UTC month
+
+    @property
+    def budgeted(self) -> bool:
+        return self.tokens_per_day is not None or self.tokens_per_month is not None
 
     def share(self) -> Share:
         """Whose share its requests count against in a host's line (`routing.core.line`)."""
@@ -56,24 +66,29 @@ class _Usage:
 class Admitted(Protocol):
     """An admitted request of one client (`ClientPass` here, or one counted in Redis)."""
 
-    def release(self) -> None: ...
+    def release(self, tokens: int = 0) -> None:
+        """The request ended, having spent `tokens` (prompt and generated, as its row says)."""
+        ...
 
 
 class ClientPass:
-    """An admitted request of one client. `release` is idempotent."""
+    """An admitted request of one client. `release` is idempotent: the first counts."""
 
-    __slots__ = ("client", "_usage", "_released")
+    __slots__ = ("client", "_usage", "_gate", "_released")
 
-    def __init__(self, client: ClientSpec, usage: _Usage) -> None:
+    def __init__(self, client: ClientSpec, usage: _Usage, gate: ClientGate) -> None:
         self.client = client
         self._usage = usage
+        self._gate = gate
         self._released = False
 
-    def release(self) -> None:
+    def release(self, tokens: int = 0) -> None:
         if self._released:
             return
         self._released = True
         self._usage.in_flight -= 1
+        if tokens:
+            self._gate.ledger.add(self.client.name, tokens, self._gate.now())
 
 
 def bearer_token(authorization: str | None) -> str:
@@ -90,11 +105,19 @@ class ClientGate:
     Keys are required when any key is configured, or always when `require` is set.
     """
 
-    def __init__(self, *, require: bool = False, clock: Callable[[], float] = loop_time):
+    def __init__(
+        self,
+        *,
+        require: bool = False,
+        clock: Callable[[], float] = loop_time,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
         self._require = require
         self._clock = clock
+        self.now = now  # the wall clock budgets' days and months are read on
         self._keys: Mapping[str, ClientSpec] = {}
         self._usage: dict[str, _Usage] = {}  # by client name
+        self.ledger = Ledger()
 
     @property
     def required(self) -> bool:
@@ -109,6 +132,11 @@ class ClientGate:
         self._keys = dict(keys)
         for name in [name for name in self._usage if name not in names]:
             del self._usage[name]
+        self.ledger.keep_only(names)
+
+    def names(self) -> set[str]:
+        """The names of the keys configured now."""
+        return {spec.name for spec in self._keys.values()}
 
     def identify(self, key_hash: str | None) -> ClientSpec | None:
         """The client presenting the key with this sha256 (hex); None when keys are not required.
@@ -127,10 +155,17 @@ class ClientGate:
     def admit(self, client: ClientSpec, route: str) -> ClientPass:
         """Count a request of `client` on `route` and return its pass.
 
-        Raises RouteNotAllowed, or ClientLimited with `retry_after` in whole seconds.
+        Raises RouteNotAllowed, BudgetExhausted or ClientLimited, with `retry_after` in whole
+        seconds.
         """
         if client.routes and route not in client.routes:
             raise RouteNotAllowed(f"this API key may not use route “{route}”")
+        if client.budgeted:
+            wall = self.now()
+            spend = self.ledger.spend(client.name, wall)
+            refusal = exhausted(client.tokens_per_day, client.tokens_per_month, spend, wall)
+            if refusal is not None:
+                raise refusal
         now = self._clock()
         usage = self._usage.get(client.name)
         if usage is None:
@@ -155,7 +190,7 @@ class ClientGate:
                 )
             admitted.append(now)
         usage.in_flight += 1
-        return ClientPass(client, usage)
+        return ClientPass(client, usage, self)
 
     def in_flight(self, name: str) -> int:
         """Requests of the named client admitted and not yet released."""

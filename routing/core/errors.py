@@ -10,6 +10,7 @@
     ├── OperatorOnly                   403 operator_only (401 when a token would get in)
     │   └── ManagementNotAllowed       403 model_management_not_allowed (likewise)
     ├── ClientLimited                  429 (+ Retry-After)
+    ├── BudgetExhausted                429 budget_exhausted (+ Retry-After: to the reset)
     ├── QueueFull                      503 queue_full (+ Retry-After 1)
     ├── Shed                           429 over_capacity (+ Retry-After 1)
     ├── NoHealthyHost                  503 no_healthy_host (+ Retry-After 2 while a host is down)
@@ -377,6 +378,18 @@ class ClientLimited(GatewayError):
     status = 429
     code = "rate_limit_exceeded"
     when = "the client key is over its concurrency or per-minute limit (`Retry-After`)"
+
+
+class BudgetExhausted(GatewayError):
+    """The key has spent its tokens of the UTC day or month (routing/core/budgets.py); the
+    message and `detail` say which budget and when it resets, `retry_after` in how long."""
+
+    status = 429
+    code = "budget_exhausted"
+    when = (
+        "the client key has spent its tokens of the day or month; the message says which and "
+        "when it resets (`Retry-After`: the seconds until then)"
+    )
 
 
 @dataclass(slots=True, frozen=True)

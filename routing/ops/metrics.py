@@ -49,7 +49,7 @@ from hosts.health import HostState
 from hosts.live import HostLive
 from routing.core.clients import bearer_token
 from routing.core.recent import RecentRequests
-from routing.ops import dashboard_share, history
+from routing.ops import client_metrics, dashboard_share, history
 from routing.ops.live import departed, host_lives
 from routing.runtime import Runtime, current_runtime, get_runtime
 
@@ -161,12 +161,8 @@ REFUSALS = Counter(
     [*_PLACE, "code"],
     registry=REGISTRY,
 )
-CLIENT_REQUESTS = Counter(
-    "crossbar_client_requests",
-    "Requests sent with a client key, by the key's name and HTTP status.",
-    ["client", "status"],
-    registry=REGISTRY,
-)
+for _counter in (client_metrics.REQUESTS, client_metrics.TOKENS):
+    REGISTRY.register(_counter)
 HEAD_TIMEOUTS = Counter(
     "crossbar_head_timeouts",
     "Connections closed (408) because a request's head did not arrive whole within "
@@ -273,7 +269,7 @@ def observe(record: RequestRecord) -> None:
     if record.fallback:
         FALLBACKS.labels(record.route, record.fallback).inc()
     if record.client:
-        CLIENT_REQUESTS.labels(record.client, status).inc()
+        client_metrics.observe(record, status)
     recent.add(record)
     history.history.observe(record)
     dashboard_share.observe(record)
@@ -341,14 +337,7 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
     lives = host_lives(runtime)
     yield from _pair_state(runtime, lives)
     yield from _host_state(lives)
-
-    clients = GaugeMetricFamily(
-        "crossbar_client_in_flight", "Requests in flight per client key.", labels=["client"]
-    )
-    if runtime.shared is None:  # shared counts live in Redis: a scrape costs no round trip
-        for spec in runtime.fleet.clients.values():
-            clients.add_metric([spec.name], runtime.clients.in_flight(spec.name))
-    yield clients
+    yield from client_metrics.state(runtime)
 
     if runtime.shared is not None:
         yield GaugeMetricFamily(

@@ -419,15 +419,16 @@ class Lifecycle:
 
     def _close(self, outcome: Outcome, trail: Trail) -> None:
         self._ended = True
-        self._give_back()
+        self._give_back(outcome.tokens())
         if self._charged is not None:
             charge(self._charged, outcome.work())
             self._charged = None
         finish(trail, outcome)
 
-    def _give_back(self) -> None:
+    def _give_back(self, tokens: int = 0) -> None:
         """Give back what is still held, each once: the slot, the host's response (closed in
-        a background task), a placement no attempt took up, the pass, the running entry."""
+        a background task), a placement no attempt took up, the pass (with the `tokens` the
+        request spent, counted against its key's budgets), the running entry."""
         self.host_done()
         if self._upstream is not None:
             close_soon(self._upstream)
@@ -440,7 +441,7 @@ class Lifecycle:
             if granted is not None:
                 granted.release()
         if self._pass is not None:
-            self._pass.release()
+            self._pass.release(tokens)
             self._pass = None
         if self._running is not None:
             self._running.table.finish(self._running)

@@ -99,6 +99,11 @@ class Outcome:
         prompt, cached = usage.prompt_tokens or 0, usage.cached_tokens or 0
         return Work(max(0, prompt - cached), cached, usage.completion_tokens or 0)
 
+    def tokens(self) -> int:
+        """What the request spent of its key's budgets: prompt tokens (cached ones included)
+        plus generated tokens, as its row counts them; an unknown count spends none."""
+        return (self.usage.prompt_tokens or 0) + (self.usage.completion_tokens or 0)
+
 
 def refused_by(trail: Trail, hosts: tuple[str, ...]) -> Trail:
     """A request the route refused because `hosts` were full: the refusal is the route's, so

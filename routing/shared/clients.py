@@ -6,11 +6,18 @@ sliding 60 seconds (exact: the admission times of the last `per_minute` are kept
 clock). Identifying the key stays in `ClientGate.identify`, which needs no shared state.
 `admit` and a pass's release are one round trip each.
 
+Token budgets (routing/core/budgets.py) are one ledger for every process: `P budget:<name>:
+<period>` (the tokens spent in the UTC day "2026-12-06" or month "2026-12", expiring a day past
+the period's end), added to by a pass's release, read by `admit` before the other limits, and
+seeded from the rows when a gateway starts where Redis has no count yet (`seed`). A key past a
+budget is refused on every process from the release that spent it on.
+
 Keys, under the prefix P: `P client:<name>:running` (hash pass id -> process: what is in
 flight, at most `max_concurrent` or the requests really running), `P client:<name>:minute`
-(sorted set of admission times, at most `per_minute`, expiring a minute after the last), and
-`P clients` (the names, for the sweep). A process's passes carry its id, so a killed process's
-requests stop counting once its liveness key expired (routing/shared/state.py).
+(sorted set of admission times, at most `per_minute`, expiring a minute after the last), the
+budgets' counts, and `P clients` (the names, for the sweep). A process's passes carry its id,
+so a killed process's requests stop counting once its liveness key expired
+(routing/shared/state.py).
 """
 
 from __future__ import annotations
@@ -19,8 +26,11 @@ import asyncio
 import itertools
 import math
 import threading
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from routing.core.budgets import Spend, exhausted, periods
 from routing.core.clients import ClientSpec
 from routing.core.errors import ClientLimited, RouteNotAllowed
 from routing.shared.state import ALIVE, Shared, StateUnavailable
@@ -43,14 +53,24 @@ end
 """
 )
 
-# ARGV: P, name, pass id, process, max_concurrent (-1: none), per_minute (-1: none).
-# Reply: {'ok'} | {'concurrent'} | {'minute', ms until the oldest admission leaves the window}
+# ARGV: P, name, pass id, process, max_concurrent (-1: none), per_minute (-1: none), tokens per
+# day (-1: none), per month (-1: none), the day's and the month's names.
+# Reply: {'ok'} | {'budget', tokens spent in the day, in the month} | {'concurrent'}
+# | {'minute', ms until the oldest admission leaves the window}
 _ADMIT = (
     _PRELUDE
     + r"""
 local name, id = ARGV[2], ARGV[3]
 local run = running_key(name)
 if redis.call('HEXISTS', run, id) == 1 then return {'ok'} end
+local per_day, per_month = tonumber(ARGV[7]), tonumber(ARGV[8])
+if per_day >= 0 or per_month >= 0 then
+  local day = tonumber(redis.call('GET', P .. 'budget:' .. name .. ':' .. ARGV[9]) or '0')
+  local month = tonumber(redis.call('GET', P .. 'budget:' .. name .. ':' .. ARGV[10]) or '0')
+  if (per_day >= 0 and day >= per_day) or (per_month >= 0 and month >= per_month) then
+    return {'budget', day, month}
+  end
+end
 local most = tonumber(ARGV[5])
 if most >= 0 and redis.call('HLEN', run) >= most then
   reclaim(name)
@@ -80,9 +100,34 @@ return {'ok'}
 """
 )
 
-# ARGV: P, name, pass id
+# ARGV: P, name, pass id, tokens spent, (period name, expiry in Unix seconds) for the day, then
+# the month: the request's end and its spend, in one round trip.
 _RELEASE = r"""
 redis.call('HDEL', ARGV[1] .. 'client:' .. ARGV[2] .. ':running', ARGV[3])
+local tokens = tonumber(ARGV[4])
+if tokens > 0 then
+  for i = 5, 7, 2 do
+    local key = ARGV[1] .. 'budget:' .. ARGV[2] .. ':' .. ARGV[i]
+    redis.call('INCRBY', key, tokens)
+    redis.call('EXPIREAT', key, ARGV[i + 1])
+  end
+end
+return 1
+"""
+
+# ARGV: P, (period name, expiry) for the day and the month, count, (name, day, month)*: the
+# spend read from the rows, kept only where Redis counts nothing yet for the period.
+_SEED = r"""
+local i = 7
+for _ = 1, tonumber(ARGV[6]) do
+  for j = 0, 1 do
+    local key = ARGV[1] .. 'budget:' .. ARGV[i] .. ':' .. ARGV[2 + 2 * j]
+    if redis.call('SET', key, ARGV[i + 1 + j], 'NX') then
+      redis.call('EXPIREAT', key, ARGV[3 + 2 * j])
+    end
+  end
+  i = i + 3
+end
 return 1
 """
 
@@ -139,43 +184,63 @@ return 1
 )
 
 
+def _or_none(limit: int | None) -> int:
+    return -1 if limit is None else limit
+
+
+def _expiring(now: datetime) -> list[str | int]:
+    """The names of the day and the month `now` is in, each with when its count expires (a
+    day past the period's end, in Unix seconds)."""
+    return [
+        value
+        for period in periods(now)
+        for value in (period.name, int((period.ends + timedelta(days=1)).timestamp()))
+    ]
+
+
 class RedisClientPass:
     """An admitted request of one client. `release` is idempotent and thread-safe (an
     exchange may be finished from another thread); it schedules the round trip on the loop."""
 
-    __slots__ = ("client", "id", "_gate", "_lock", "_released")
+    __slots__ = ("client", "id", "spent", "_gate", "_lock", "_released")
 
     def __init__(self, gate: RedisClients, client: ClientSpec, ident: str) -> None:
         self.client = client
         self.id = ident
+        self.spent: tuple[int, datetime] | None = None  # tokens, and when: set by the release
         self._gate = gate
         self._lock = threading.Lock()
         self._released = False
 
-    def release(self) -> None:
-        if self._claim():
+    def release(self, tokens: int = 0) -> None:
+        if self._claim(tokens):
             self._gate._release_soon(self)
 
-    async def arelease(self) -> None:
+    async def arelease(self, tokens: int = 0) -> None:
         """Release now, on the loop, waiting for the round trip (never raises for Redis)."""
-        if self._claim():
+        if self._claim(tokens):
             await self._gate._release(self)
 
-    def _claim(self) -> bool:
+    def _claim(self, tokens: int) -> bool:
         with self._lock:
             if self._released:
                 return False
             self._released = True
+            self.spent = (tokens, self._gate.now())
             return True
 
 
 class RedisClients:
     """Counts what each client key runs over every process. Use it on one event loop."""
 
-    def __init__(self, shared: Shared) -> None:
+    def __init__(
+        self, shared: Shared, now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> None:
         self._shared = shared
+        self.now = now  # the wall clock budgets' days and months are read on
         self._admit = shared.script(_ADMIT)
         self._release_script = shared.script(_RELEASE)
+        self._seed_script = shared.script(_SEED)
         self._in_flight = shared.script(_IN_FLIGHT)
         self._tick_script = shared.script(_TICK)
         self._restore_script = shared.script(_RESTORE)
@@ -191,8 +256,8 @@ class RedisClients:
     async def admit(self, client: ClientSpec, route: str) -> RedisClientPass:
         """Count a request of `client` on `route` over every process and return its pass.
 
-        Raises RouteNotAllowed, ClientLimited (with `retry_after` in whole seconds) or
-        StateUnavailable. A refused request counts against neither limit."""
+        Raises RouteNotAllowed, BudgetExhausted or ClientLimited (with `retry_after` in whole
+        seconds) or StateUnavailable. A refused request counts against no limit."""
         if client.routes and route not in client.routes:
             raise RouteNotAllowed(f"this API key may not use route “{route}”")
         self._loop = asyncio.get_running_loop()
@@ -201,13 +266,19 @@ class RedisClients:
         admitted = RedisClientPass(self, client, ident)
         # Counted before the reply: if the reply is lost, the next tick keeps or drops it.
         self._passes[ident] = admitted
+        now = self.now()
+        day, month = periods(now)
         try:
             reply = await self._admit(
                 client.name,
                 ident,
                 self._shared.proc,
-                -1 if client.max_concurrent is None else client.max_concurrent,
-                -1 if client.per_minute is None else client.per_minute,
+                _or_none(client.max_concurrent),
+                _or_none(client.per_minute),
+                _or_none(client.tokens_per_day),
+                _or_none(client.tokens_per_month),
+                day.name,
+                month.name,
             )
         except BaseException:
             del self._passes[ident]
@@ -216,6 +287,11 @@ class RedisClients:
         if reply[0] == "ok":
             return admitted
         del self._passes[ident]
+        if reply[0] == "budget":
+            spend = Spend(int(reply[1]), int(reply[2]))
+            refusal = exhausted(client.tokens_per_day, client.tokens_per_month, spend, now)
+            assert refusal is not None  # Redis found the same spend over a budget
+            raise refusal
         if reply[0] == "concurrent":
             raise ClientLimited(
                 f"too many requests in flight for this API key (at most {client.max_concurrent})",
@@ -246,10 +322,21 @@ class RedisClients:
 
     async def _release(self, admitted: RedisClientPass) -> None:
         self._passes.pop(admitted.id, None)
+        tokens, ended = admitted.spent or (0, self.now())
         try:
-            await self._release_script(admitted.client.name, admitted.id)
+            await self._release_script(admitted.client.name, admitted.id, tokens, *_expiring(ended))
         except StateUnavailable:
-            self._reconcile_needed = True  # the next tick that reaches Redis drops it
+            # The next tick that reaches Redis drops the pass; the spend is lost to the
+            # budgets (its row keeps it, and seeds a period Redis lost whole).
+            self._reconcile_needed = True
+
+    async def seed(self, spends: Mapping[str, Spend], now: datetime) -> None:
+        """Count the spend read from the rows where Redis counts nothing yet for the period
+        of `now` (a Redis started empty, a period no process has spent in). Raises
+        StateUnavailable."""
+        values = [str(v) for n, s in spends.items() for v in (n, s.day, s.month)]
+        if values:
+            await self._seed_script(*_expiring(now), len(spends), *values)
 
     async def _tick(self) -> None:
         mark = -1

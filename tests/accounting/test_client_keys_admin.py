@@ -248,3 +248,50 @@ def test_the_list_shows_when_each_key_was_last_used_and_its_requests_of_the_last
     used = cell("last_used_at")
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", used[0])
     assert used[1] < used[0] and used[2] == "never"
+
+
+def test_a_key_is_saved_with_its_budgets_and_the_loader_carries_them(
+    admin_client: Client,
+) -> None:
+    existing_key("other")
+    page = admin_client.get(ADD).content.decode()
+
+    admin_client.post(ADD, form(tokens_per_day="1000", tokens_per_month="20000"))
+    row = ClientKey.objects.get(name="team-a")
+    edited = admin_client.post(f"{LIST}{row.pk}/change/", form(notes="a script's edit"))
+    spec = reader._load_clients()[row.key_hash]  # what a reload gives the runtime
+    admin_client.post(f"{LIST}{row.pk}/change/", form(tokens_per_day="", tokens_per_month=""))
+
+    assert "cached ones included" in page and "midnight UTC" in page
+    assert edited.status_code == 302  # saved without the fields: the budgets are kept
+    assert (spec.tokens_per_day, spec.tokens_per_month) == (1000, 20000)
+    row.refresh_from_db()
+    assert (row.tokens_per_day, row.tokens_per_month) == (None, None)
+
+
+def test_the_list_shows_each_keys_tokens_of_the_utc_day_and_month_against_its_budgets(
+    admin_client: Client,
+) -> None:
+    existing_key("busy", tokens_per_day=1000, tokens_per_month=50_000)
+    existing_key("free")
+    now = timezone.now()
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    month = day.replace(day=1)
+    for started, prompt, completion in (
+        (now, 300, 200),  # today
+        (day - timedelta(seconds=1), 1000, None),  # yesterday (this month, unless the 1st)
+        (month - timedelta(seconds=1), 70_000, 0),  # last month
+    ):
+        Request.objects.create(
+            client="busy", started=started, queued_ms=0, total_ms=5, status=200,
+            prompt_tokens=prompt, completion_tokens=completion,
+        )  # fmt: skip
+
+    page = admin_client.get(LIST).content.decode()
+    cells = re.findall(r'<td class="field-tokens_spent">([^<]*)</td>', page)
+
+    month_spent = "1,500" if day > month else "500"
+    assert cells == [
+        f"500 of 1,000 today, {month_spent} of 50,000 this month",
+        "0 today, 0 this month",
+    ]

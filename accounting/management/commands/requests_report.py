@@ -33,6 +33,8 @@ Columns:
   queued/ttfb/total p50, p95 (ms)  nearest-rank percentiles: the value at rank ceil(p% x n)
                                    of the sorted values; ttfb leaves out rows with no
                                    response head
+  tokens                           prompt + completion tokens (cached prompt tokens included):
+                                   what client keys' budgets count (--by client)
   prompt/cached/completion_tokens  sums over the rows that report them (unknown is not 0:
                                    - when no row of the group reports one)
   cold_turns                       requests that came back to their conversation's host
