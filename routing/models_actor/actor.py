@@ -174,19 +174,8 @@ class ModelActor:
         self._spawn(self._ask(pair, "load"))
 
     async def _ask(self, pair: Pair, action: str) -> None:
-        """POST /models/<action> to the pair's host, then read the host again at once."""
-        host = self.live.config.hosts.get(pair.host)
-        if host is None:
-            return
-        headers = {"Authorization": f"Bearer {host.api_key}"} if host.api_key else {}
-        url = f"{host.url.rstrip('/')}/models/{action}"
-        try:
-            response = await self.client.post(
-                url, json={"model": pair.upstream}, headers=headers, timeout=self.load_timeout
-            )
-            said = "" if response.status_code == 200 else _host_words(response)
-        except httpx.HTTPError as exc:
-            said = f"{type(exc).__name__}: {exc}"
+        """Ask the pair's host to load or unload the model, then read the host again at once."""
+        said = await self.ask_host(pair.host, pair.upstream, action)
         if said and action == "load":
             self._fail((pair.host, pair.model), f"{pair.host} answered the load: {said}")
         elif said:
@@ -195,6 +184,22 @@ class ModelActor:
         if action == "load" and (pair.host, pair.model) in self._started:
             self._confirmed.add((pair.host, pair.model))
         self.poke()
+
+    async def ask_host(self, name: str, upstream: str, action: str) -> str:
+        """`POST /models/<action>` (load or unload) of `upstream` to host `name`, with its
+        api_key: "" when it answered 200, else what it said (the twin's seam)."""
+        host = self.live.config.hosts.get(name)
+        if host is None:
+            return "no longer configured"
+        headers = {"Authorization": f"Bearer {host.api_key}"} if host.api_key else {}
+        url = f"{host.url.rstrip('/')}/models/{action}"
+        try:
+            response = await self.client.post(
+                url, json={"model": upstream}, headers=headers, timeout=self.load_timeout
+            )
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "" if response.status_code == 200 else _host_words(response)
 
     def _observe(self, current: dict[PairKey, Pair], now: float) -> None:
         """What the hosts say now: each pair's state and since when; loads that ended, failed
