@@ -181,8 +181,17 @@ class ModelActor:
         elif said:
             log.warning("model unload: host=%s model=%s answered: %s", pair.host, pair.model, said)
         await self.poll_now(pair.host)
-        if action == "load" and (pair.host, pair.model) in self._started:
-            self._confirmed.add((pair.host, pair.model))
+        key = (pair.host, pair.model)
+        if action == "load" and key in self._started:
+            self._confirmed.add(key)
+            self.poke()
+            # Read it again when a load of this model took as long before (one read, not a
+            # poll): the requests waiting go on then rather than at the poller's next round.
+            expected = self._load_s_of(key)
+            if expected is not None:
+                await asyncio.sleep(max(0.0, self._started[key] + expected - self.loop.time()))
+                if key in self._started:
+                    await self.poll_now(pair.host)
         self.poke()
 
     async def ask_host(self, name: str, upstream: str, action: str) -> str:
@@ -311,9 +320,17 @@ class ModelActor:
             on_hosts[key] = ModelOnHost(
                 status=status, since=since, last_used=self._last_used(key, since),
                 failed_until=failed_until, running=state.in_flight(*key),
-                waiting=state.queued(*key), slots=pair.slots, load_s=self._load_s.get(key),
+                waiting=state.queued(*key), slots=pair.slots, load_s=self._load_s_of(key),
             )  # fmt: skip
         return Snapshot(self._hosts(now), models, on_hosts)
+
+    def _load_s_of(self, key: PairKey) -> float | None:
+        """The pair's measured load; else the model's on other hosts (the same file, most
+        often on the same kind of box), averaged; None when never measured."""
+        if key in self._load_s:
+            return self._load_s[key]
+        seen = [s for (_, m), s in self._load_s.items() if m == key[1]]
+        return sum(seen) / len(seen) if seen else None
 
     def _hosts(self, now: float) -> dict[str, Host]:
         found = {}
