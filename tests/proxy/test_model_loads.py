@@ -7,6 +7,7 @@ In-process state only: with CROSSBAR_REDIS_URL no process loads models yet."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 import httpx
@@ -135,7 +136,8 @@ def test_the_loads_show_in_the_metrics(gateway, ledger):
 
     assert 'crossbar_model_loads_total{host="box7",model="m7",reason="demand"} 1.0' in text
     assert 'crossbar_model_loaded{host="box7",model="m7"} 1.0' in text
-    assert "crossbar_model_load_seconds_count 1.0" in text
+    counted = re.search(r"^crossbar_model_load_seconds_count (\S+)$", text, re.MULTILINE)
+    assert counted is not None and float(counted.group(1)) >= 1  # the gateway's other tests too
     assert ledger.statuses() == [200]
 
 
