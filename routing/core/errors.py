@@ -146,9 +146,9 @@ class ModelNotLoaded(NoHealthyHost):
 
     code = "model_not_loaded"
     when = (
-        "no host of the route has the model loaded, and those up load no model on demand"
-        " (`--no-models-autoload`): an operator loads it from the admin"
-        " (`Retry-After: 2` while a host is down, or loading the model)"
+        "no host of the route has the model loaded, those up load no model on demand"
+        " (`--no-models-autoload`), and crossbar's load failed or none may load it: an operator"
+        " loads it from the admin (`Retry-After: 2` while a host is down, or loading the model)"
     )
     retry_after: int | None = None
 
