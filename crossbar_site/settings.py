@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from routing.core.fairness import DEFAULT_STARVATION_BOUND, Priority
 from routing.core.forwarding import trusted_networks
+from routing.core.model_placement import DEFAULT_IDLE_UNLOAD
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -227,6 +228,11 @@ CROSSBAR = {
     "HEADROOM": env.headroom("CROSSBAR_HEADROOM", default="interactive=1"),
     # A request that has waited this long in a host's line goes before every class.
     "STARVATION_BOUND": env.float("CROSSBAR_STARVATION_BOUND", default=DEFAULT_STARVATION_BOUND),
+    # Fleet model placement (routing/models_actor): seconds a model loaded on a router-mode
+    # host that loads none on demand may stay unused before crossbar unloads it (0: never),
+    # and seconds a load crossbar started may take before it counts as failed.
+    "MODEL_IDLE_UNLOAD": env.float("CROSSBAR_MODEL_IDLE_UNLOAD", default=DEFAULT_IDLE_UNLOAD),
+    "MODEL_LOAD_TIMEOUT": env.float("CROSSBAR_MODEL_LOAD_TIMEOUT", default=600.0),
     # With CROSSBAR_REDIS_URL: how long a process's slots outlive it (routing/shared/state.py).
     "REDIS_HOLD_TTL": env.float("CROSSBAR_REDIS_HOLD_TTL", default=5.0),
     # Set: slots, queues, leases and client counts are shared by every process through Redis.

@@ -69,6 +69,8 @@ class LiveFleet:
         self._route_hosts: dict[str, frozenset[str]] = {}  # by route name, for `usable`
         # Every name each route serves a model by, to the model's own (`FleetConfig.route_names`).
         self._served: dict[str, Mapping[str, str]] = {}
+        # Told of each host whose health changed (the model actor: routing/models_actor).
+        self.watchers: list[Callable[[str], None]] = []
         self.apply(config)
 
     def apply(self, config: FleetConfig) -> None:
@@ -119,6 +121,8 @@ class LiveFleet:
         (`_answers`)."""
         self.rankings.touch(host)
         self.state.wake(host)
+        for watcher in self.watchers:
+            watcher(host)
 
     def serves(self, route: RouteConfig, model: str) -> bool:
         """Whether any enabled host of the route serves the model under this, its own, name."""
@@ -258,7 +262,7 @@ class LiveFleet:
             health = self.health.get(name)
             known = health.loaded
             loaded = spec is not None and (
-                known is None or any(name in known for name in _host_names(spec))
+                known is None or any(name in known for name in host_names(spec))
             )
             free = self.state.free_for(name, model) if can_serve else 0
             queued = self.state.queued(name, model)
@@ -294,7 +298,7 @@ class LiveFleet:
         if len(running) < described.max_models:
             return False
         by_upstream = {
-            name: m.name for m in host.models.values() for name in reversed(_host_names(m))
+            name: m.name for m in host.models.values() for name in reversed(host_names(m))
         }
         return all(
             (name := by_upstream.get(upstream)) is not None
@@ -314,7 +318,7 @@ def not_loaded(host: HostConfig, model: str, health: HostHealth) -> str:
     if spec is None or _answers(host, spec, health):
         return ""
     described = health.described
-    names = _host_names(spec)
+    names = host_names(spec)
     if described is not None and any(
         described.models.get(name) is ModelState.LOADING for name in names
     ):
@@ -333,7 +337,7 @@ def _answers(host: HostConfig, model: ModelConfig, health: HostHealth) -> bool:
     and server-models.cpp, `router_validate_model` and `proxy_post`, build 11434), so a load
     under way serves nothing yet either."""
     known = health.loaded
-    if known is None or any(name in known for name in _host_names(model)):
+    if known is None or any(name in known for name in host_names(model)):
         return True
     return loads_on_demand(host, health.described)
 
@@ -350,6 +354,6 @@ def loads_on_demand(host: HostConfig, described: Described | None) -> bool:
     return host.loads_on_demand is not False
 
 
-def _host_names(model: ModelConfig) -> tuple[str, ...]:
+def host_names(model: ModelConfig) -> tuple[str, ...]:
     """The names a host may list the model by: the one it is sent as, then its aliases."""
     return (model.upstream_name or model.name, *model.aliases)

@@ -40,6 +40,7 @@ from routing.core.prefixes import PrefixIndex
 from routing.core.running import RunningTable
 from routing.core.state import FleetState, LocalState
 from routing.live_fleet import LiveFleet
+from routing.models_actor.actor import ModelActor
 from routing.shared.fleet_state import SharedState
 from routing.shared.state import StateUnavailable
 from routing.upstream_client import upstream_client
@@ -94,6 +95,15 @@ class Runtime:
         self._reload_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._probing: dict[str, asyncio.Future[None]] = {}  # on-demand probes, by host
+        # Fleet model placement: in-process state only, until a lease in Redis elects one
+        # process to decide (docs/operating.md).
+        self.models: ModelActor | None = None
+        if not conf["REDIS_URL"]:
+            idle = conf["MODEL_IDLE_UNLOAD"]
+            self.models = ModelActor(
+                self.live, self.client, self.poll_host, interval=conf["HEALTH_INTERVAL"],
+                idle_unload=idle if idle > 0 else None, load_timeout=conf["MODEL_LOAD_TIMEOUT"],
+            )  # fmt: skip
         self._configured(fleet)
 
     @property
@@ -107,6 +117,10 @@ class Runtime:
         conf = settings.CROSSBAR
         if self.shared is not None:
             await self.shared.start()
+            log.info(
+                "fleet model placement off: with CROSSBAR_REDIS_URL no process loads or unloads"
+                " models on router-mode hosts yet (an operator does, from the admin)"
+            )
         await self._seed_budgets(self.clients.names())
         self._tasks = [
             asyncio.create_task(self.poller.run(self._probes), name="crossbar-health"),
@@ -114,6 +128,8 @@ class Runtime:
         ]
 
     async def aclose(self) -> None:
+        if self.models is not None:
+            await self.models.aclose()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -222,15 +238,24 @@ class Runtime:
             host = self.fleet.hosts.get(name)
             if host is None or not host.enabled or self.health.eligible(name):
                 continue
-            probing = self._probing.get(name)
-            if probing is None:
-                probe = Probe(host.name, host.url, host.api_key)
-                probing = asyncio.ensure_future(self.poller.poll(probe))
-                self._probing[name] = probing
-                probing.add_done_callback(lambda _, name=name: self._probing.pop(name, None))  # type: ignore[misc]  # mypy cannot infer a lambda with a default argument
-            waits.append(probing)
+            waits.append(self._probe(host.name, host.url, host.api_key))
         if waits:
             await asyncio.wait(waits)
+
+    async def poll_host(self, name: str) -> None:
+        """Read the host again now (the model actor, after a load or unload it asked for)."""
+        host = self.fleet.hosts.get(name)
+        if host is not None and host.enabled:
+            await self._probe(name, host.url, host.api_key)
+
+    def _probe(self, name: str, url: str, api_key: str) -> asyncio.Future[None]:
+        """The host's on-demand poll, shared by concurrent callers."""
+        probing = self._probing.get(name)
+        if probing is None:
+            probing = asyncio.ensure_future(self.poller.poll(Probe(name, url, api_key)))
+            self._probing[name] = probing
+            probing.add_done_callback(lambda _, name=name: self._probing.pop(name, None))  # type: ignore[misc]  # mypy cannot infer a lambda with a default argument
+        return probing
 
     def _probes(self) -> list[Probe]:
         return [
@@ -238,6 +263,11 @@ class Runtime:
             for host in self.fleet.hosts.values()
             if host.enabled
         ]
+
+    def arrived(self, model: str | None) -> None:
+        """A request for `model` arrives (the model actor counts demand)."""
+        if model is not None and self.models is not None:
+            self.models.arrived(model)
 
     # -- admission -----------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import asyncio
 import math
 import os
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -149,9 +149,6 @@ class TwinGateway:
             if isinstance(host, RouterHost)
         }
         self._next_poll: dict[str, float] = {}
-        # Awaited after a request arrives and before it is placed (its wait is in its TTFB): the
-        # fleet layout's actor holds a request for a model loaded nowhere there (twin.fleet).
-        self.hold: Callable[[str], Awaitable[None]] | None = None
         use_recorder(cast(Any, self.tally))
         self._serves = serves or {name: {model: model} for name in hosts}
         # What the gateway is told of its hosts' --slot-prompt-similarity (one preset a fleet).
@@ -185,7 +182,15 @@ class TwinGateway:
 
     async def aclose(self) -> None:
         use_recorder(None)
+        if self.runtime.models is not None:
+            await self.runtime.models.aclose()
         await self.runtime.client.aclose()
+
+    async def place_no_models(self) -> None:
+        """No model actor: the layouts whose models stay where they are, or load themselves."""
+        if self.runtime.models is not None:
+            await self.runtime.models.aclose()
+            self.runtime.models = None
 
     # -- a request ------------------------------------------------------------------------
 
@@ -199,8 +204,6 @@ class TwinGateway:
         )  # fmt: skip
         life = Lifecycle(forward=self._forward)
         life.routed(self.runtime, self.route)
-        if self.hold is not None:
-            await self.hold(ask.model or self.model)
         try:
             await life.place(ask)
             answered = await life.through()

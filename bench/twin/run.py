@@ -86,6 +86,8 @@ async def _run_models(
     if layout.placed:
         idle = {} if layout.idle_unload is None else {"idle_unload": layout.idle_unload}
         actor = FleetActor(gateway, twins, upstream, **idle)
+    else:
+        await gateway.place_no_models()
     await _talk(gateway, workload, by_model=True)
     if actor is not None:
         actor.close()

@@ -15,6 +15,7 @@
     ├── Shed                           429 over_capacity (+ Retry-After 1)
     ├── NoHealthyHost                  503 no_healthy_host (+ Retry-After 2 while a host is down)
     │   └── ModelNotLoaded             503 model_not_loaded (its hosts load no model on demand)
+    │       └── ModelLoadFailed        (the load crossbar started for it failed)
     ├── PinnedHostDown                 503 pinned_host_down (+ Retry-After 2 while it is down)
     ├── QueueTimeout                   503 queue_timeout (+ Retry-After 5)
     ├── HostRemoved                    503 host_removed (+ Retry-After 1)
@@ -146,11 +147,26 @@ class ModelNotLoaded(NoHealthyHost):
 
     code = "model_not_loaded"
     when = (
-        "no host of the route has the model loaded, and those up load no model on demand"
-        " (`--no-models-autoload`): an operator loads it from the admin"
-        " (`Retry-After: 2` while a host is down, or loading the model)"
+        "no host of the route has the model loaded, those up load no model on demand"
+        " (`--no-models-autoload`), and crossbar's load failed or none may load it: an operator"
+        " loads it from the admin (`Retry-After: 2` while a host is down, or loading the model)"
     )
     retry_after: int | None = None
+
+
+class ModelLoadFailed(ModelNotLoaded):
+    """The load crossbar started for the request's model failed on `host`: the host answered
+    the load with an error, its `/models` says the load failed, or it took too long. `message`
+    carries the host's own words; the pair is not tried again for a while, so the next request
+    starts a load on another host."""
+
+    retry_after: int | None = 1
+
+    def __init__(self, host: str, model: str, message: str) -> None:
+        detail = {"host": host, "model": model}  # explained already: the host's words stay
+        super().__init__(f"model “{model}” failed to load on {host}: {message}", detail=detail)
+        self.host = host
+        self.model = model
 
 
 class PinnedHostDown(GatewayError):

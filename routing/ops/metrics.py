@@ -51,6 +51,7 @@ from routing.core.clients import bearer_token
 from routing.core.recent import RecentRequests
 from routing.ops import client_metrics, dashboard_share, history
 from routing.ops.live import departed, host_lives
+from routing.ops.model_metrics import model_metrics
 from routing.runtime import Runtime, current_runtime, get_runtime
 
 REGISTRY = CollectorRegistry()
@@ -302,10 +303,8 @@ def start_history(runtime: Runtime) -> None:
 
 
 class StateCollector:
-    """The gateway's state at scrape time: slots, queues, host health, leases, the recorder.
-
-    Reads `current_runtime()`; call `collect` on that runtime's loop (the metrics view does).
-    """
+    """The gateway's state at scrape time: slots, queues, host health, leases, the recorder,
+    model placement. Reads `current_runtime()`; call `collect` on its loop (the view does)."""
 
     def collect(self) -> Iterator[Metric]:
         runtime = current_runtime()
@@ -337,6 +336,7 @@ def _runtime_state(runtime: Runtime) -> Iterator[Metric]:
     lives = host_lives(runtime)
     yield from _pair_state(runtime, lives)
     yield from _host_state(lives)
+    yield from model_metrics(runtime)
     yield from client_metrics.state(runtime)
 
     if runtime.shared is not None:

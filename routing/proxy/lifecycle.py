@@ -8,10 +8,9 @@ route (docs/architecture.md, "One request"):
 2. `admit`: the client key's pass, counted against the key's limits until the request ends.
 3. `place`: the ask is known: its line among the running requests, then placement's first try
    (`routing.core.placement`): a slot now, a place in a queue, or a refusal, in one step.
-   When no host of the route is usable, its down hosts are asked how they are now, once, and
-   the request tried again (`_probing`), so a host that just restarted serves at once rather
-   than after the next poll. A request that takes no slot is not placed: `through` finds it a
-   usable host (probing the same way).
+   No usable host: its down hosts are asked how they are now, once, and the request tried
+   again, then once more after a load of its model where one would serve it (`_probing`).
+   A request that takes no slot is not placed: `through` finds it a usable host likewise.
 4. `through`: wait for the slot if needed (shown on `waiting`, for a status stream), then ask
    the host. A host that refuses or resets the connection before its head is marked down (by
    `forward`) and the request placed again by the same `Placer`, unless the route is
@@ -65,6 +64,7 @@ from routing.proxy import upstream
 from routing.proxy.ask import Ask
 from routing.proxy.figures import held, pricing
 from routing.proxy.learning import learnt
+from routing.proxy.loading import waited_for_load
 from routing.proxy.prefix_check import predicted
 from routing.proxy.record import Arrival, Outcome, Trail, finish
 from routing.proxy.refusal import counted_where_it_happened, explained
@@ -98,8 +98,7 @@ class Lifecycle:
     `trail` is what is known of the request so far; `waiting` its current wait (None while it
     holds a slot or takes none), for a status stream. `runtime` and `route` are given by
     `routed` (or at construction, by a test); `forward` and `prices` are the seams a test's
-    model of the request path stands its own hosts and prices in.
-    """
+    model of the request path stands its own hosts and prices in."""
 
     __slots__ = (
         "trail", "runtime", "route", "ask", "waiting", "_forward", "_prices", "_routed",
@@ -136,8 +135,7 @@ class Lifecycle:
         self._share = ANONYMOUS  # whose share it counts against in a host's line
         self._charged: Held | None = None  # the answered slot, charged the work at the end
         if runtime is not None:
-            self.runtime = runtime
-            self._routed = route is not None
+            self.runtime, self._routed = runtime, route is not None
         if route is not None:
             self.route = route
 
@@ -168,6 +166,7 @@ class Lifecycle:
         if ask.model is not None and not self.runtime.live.serves(self.route, ask.model):
             models = self.runtime.fleet.route_models(self.route)
             raise unknown_model(self.route.name, ask.model, models)
+        self.runtime.arrived(ask.model)  # demand, for fleet model placement
         if ask.takes_slot:
             first = self._next = await self._probing(self._first_try)
             if isinstance(first, Waiting):
@@ -184,13 +183,18 @@ class Lifecycle:
         return await placer.now()
 
     async def _probing(self, attempt: Callable[[], Awaitable[T]]) -> T:
-        """`attempt()`; when it finds no usable host, the route's down hosts are asked how they
-        are now (once each, all at once), and `attempt()` runs once more."""
+        """`attempt()`; finding no usable host, again after asking the route's down hosts how
+        they are (once each, all at once), then after a load, where one would serve it."""
         try:
             return await attempt()
         except NoHealthyHost:
             await self.runtime.probe_down(self.route)
+        try:
             return await attempt()
+        except NoHealthyHost:
+            if not await waited_for_load(self):
+                raise
+        return await attempt()
 
     # -- 4: the host's head, placed again while hosts are found down ------------------------
 
@@ -352,8 +356,7 @@ class Lifecycle:
         """The response that relays the host's answer. The server's handler closes it on every
         way out, which ends the request (`Relay.close`); until it is built, the host's
         response stays the lifecycle's, so a failure here is answered by `fail`."""
-        relay = self._relay()
-        answered = self._answered
+        relay, answered = self._relay(), self._answered
         assert answered is not None
         response = streamed(answered.upstream, self.trail, relay, origins)
         self._upstream = None  # the relay's to close from here
@@ -361,8 +364,7 @@ class Lifecycle:
 
     def relay(self) -> Relay:
         """The relay of the host's answer, which closes the host's response from here."""
-        relay = self._relay()
-        self._upstream = None
+        relay, self._upstream = self._relay(), None
         return relay
 
     def _relay(self) -> Relay:

@@ -67,16 +67,19 @@ class Trail(NamedTuple):
     reported_blocks: int | None = None  # the host's word (its cached tokens, in blocks)
     patience: Priced | None = None  # priced patience's choice, when it priced the wait
     named_slot: NamedSlot | None = None  # the slot named on the host (`LiveFleet.id_slot`)
+    load_waited: float | None = None  # seconds it waited for its model's load (proxy/loading)
 
     def placed(self, placement: Placement) -> Trail:
-        """Where the request runs. `route` stays the route the client asked for."""
+        """Where the request runs. `route` stays the route the client asked for; a wait for
+        its model's load is placement `loaded`, and counts in its queued time."""
+        loaded = self.load_waited
         return self._replace(
             host=placement.host,
             lease=str(placement.lease),
-            placement=str(placement.reason),
+            placement=str(placement.reason) if loaded is None else "loaded",
             model=placement.model,
             fallback=placement.fallback,
-            queued_ms=int(placement.waited * 1000),
+            queued_ms=int((placement.waited + (loaded or 0.0)) * 1000),
             patience=placement.patience,
         )
 

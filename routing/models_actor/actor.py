@@ -1,0 +1,355 @@
+"""Fleet placement's actor: it builds a `model_placement.Snapshot` from what the gateway knows,
+calls `decide`, and carries out its loads and unloads through the router hosts' own
+`POST /models/load` and `/models/unload`, off the request path.
+
+Driven by events, never by polling faster than the health checks: a request for a model loaded
+nowhere (`wait_loaded`), a request that finds its model's line not empty (`arrived`), a host's
+state or model states changing as the poller reads them (`host_changed`), the next
+`idle_unload` deadline, and, while a model needs a load it cannot have (`Unplaced`: residency,
+swap budget, no room), one more try a health interval later. Several events before the loop
+runs again make one decision.
+
+What it reads: per model, the requests waiting (in crossbar's lines, `state.queued`, and here
+for a load) and running (`state.in_flight`), and its arrivals of the last minute; per (host,
+model) pair (`fleet_view`), the host's word on its state, when that began (seen here), its last
+use, the load's seconds as measured here (from the POST to the poller seeing `loaded`); per
+host, its room (`--models-max`) and the loads begun here in the last minute.
+
+A load: POST /models/load, then the host is read again at once (`poll_now`) so placement
+learns its state without waiting a round. It ends when the host lists the model `loaded`, and
+fails when the host answers the POST with an error, lists the model `failed`, or has not
+loaded it after `load_timeout`: the pair is then failed for `BACKOFF` seconds (decide tries
+another host) and the requests waiting for that model hear the host's own words
+(`ModelLoadFailed`). Requests that come while a load is under way join it.
+
+One actor per runtime (per event loop), only with the in-process state: with
+CROSSBAR_REDIS_URL, processes would each decide, so none does until a lease in Redis elects
+one. Not thread-safe: use it on its loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, defaultdict, deque
+from collections.abc import Awaitable, Callable, Collection
+
+import httpx
+
+from routing.core.errors import ModelLoadFailed
+from routing.core.model_placement import (
+    DEFAULT_MIN_RESIDENCY,
+    Demand,
+    Host,
+    Load,
+    Model,
+    ModelOnHost,
+    ModelRules,
+    Snapshot,
+    Status,
+    Unload,
+    Unplaced,
+    decide,
+)
+from routing.live_fleet import LiveFleet
+from routing.models_actor.decisions import Decisions
+from routing.models_actor.fleet_view import Pair, models_max, pairs, placeable_hosts
+
+log = logging.getLogger("crossbar.models")
+
+RATE_WINDOW = 60.0  # seconds of arrivals a model's rate counts
+BACKOFF = 60.0  # seconds a pair whose load failed is not tried again
+PairKey = tuple[str, str]
+
+
+class ModelActor:
+    """Places the fleet's models on its router hosts that load none on demand (`fleet_view`).
+
+    `poll_now(host)` reads a host again at once (the runtime's on-demand probe);
+    `interval` is the health checks' (the retry after an `Unplaced`); `idle_unload` seconds
+    (None: never) a loaded model may stay unused; `load_timeout` seconds a load may take."""
+
+    def __init__(
+        self,
+        live: LiveFleet,
+        client: httpx.AsyncClient,
+        poll_now: Callable[[str], Awaitable[None]],
+        *,
+        interval: float,
+        idle_unload: float | None,
+        load_timeout: float,
+    ) -> None:
+        self.live = live
+        self.client = client
+        self.poll_now = poll_now
+        self.interval = interval
+        self.idle_unload = idle_unload
+        self.load_timeout = load_timeout
+        self.loop = asyncio.get_running_loop()
+        self.decisions = Decisions()
+        self._arrivals: defaultdict[str, deque[float]] = defaultdict(deque)
+        self._held: Counter[str] = Counter()  # requests waiting here for a load, by model
+        self._ready: dict[str, asyncio.Future[str]] = {}  # what they await: the host loaded
+        self._seen: dict[PairKey, tuple[Status, float]] = {}  # each pair's state, and since
+        self._started: dict[PairKey, float] = {}  # loads begun here, not ended yet
+        self._confirmed: set[PairKey] = set()  # of those, the ones read again since the POST
+        self._failed: dict[PairKey, float] = {}  # until when a pair's load may not be tried
+        self._load_s: dict[PairKey, float] = {}  # measured
+        self._used: dict[PairKey, float] = {}  # last seen busy
+        self._model_used: dict[str, float] = {}  # last request for the model
+        self._loads: defaultdict[str, deque[float]] = defaultdict(deque)  # begun, per host
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        live.watchers.append(self.host_changed)
+
+    # -- events -----------------------------------------------------------------------------
+
+    def arrived(self, model: str) -> None:
+        """A request for `model` arrives: counted; when its line is not empty, decide again
+        (a line that grows may want another copy)."""
+        now = self.loop.time()
+        self._arrivals[model].append(now)
+        self._model_used[model] = now
+        state = self.live.state
+        if any(state.queued(host, model) for host in self.live.config.hosts):
+            self.poke()
+
+    def host_changed(self, host: str) -> None:
+        """The poller (or the proxy) saw the host change: its state or its models'."""
+        self.poke()
+
+    def can_load(self, model: str, hosts: Collection[str]) -> bool:
+        """Whether a load could serve `model` on one of `hosts` (a route's)."""
+        return any(m == model and h in hosts for (h, m) in self._pairs())
+
+    async def wait_loaded(self, model: str) -> str:
+        """Wait until `model` is loaded on a host the actor acts on, starting one load (or
+        joining the one under way); the host's name. Raises ModelLoadFailed when the load
+        fails. The caller bounds the wait."""
+        ready = self._ready.get(model)
+        if ready is None or ready.done():
+            ready = self._ready[model] = self.loop.create_future()
+        self._held[model] += 1
+        self.poke()
+        try:
+            return await asyncio.shield(ready)
+        finally:
+            self._held[model] -= 1
+
+    def loading_on(self, model: str) -> str:
+        """The host a load of `model` is under way on, "" when none is."""
+        return next((h for (h, m) in self._started if m == model), "")
+
+    def poke(self) -> None:
+        """Decide again soon (once, however many events come before)."""
+        if self._pending is None:
+            self._pending = self.loop.call_soon(self._decide)
+
+    # -- the decision, carried out ----------------------------------------------------------
+
+    def _decide(self) -> None:
+        self._pending = None
+        now = self.loop.time()
+        current = self._pairs()
+        self._observe(current, now)
+        unplaced = False
+        for action in decide(self.snapshot(current, now), now):
+            self.decisions.decided(action)
+            if isinstance(action, Unplaced):
+                unplaced = True
+            elif isinstance(action, Unload):
+                self._seen[action.host, action.model] = (Status.UNLOADED, now)
+                self._spawn(self._ask(current[action.host, action.model], "unload"))
+            else:
+                self._begin(current[action.host, action.model], action, now)
+        self._set_timer(now, unplaced)
+
+    def _begin(self, pair: Pair, action: Load, now: float) -> None:
+        key = (pair.host, pair.model)
+        self._started[key] = now
+        self._confirmed.discard(key)
+        self._seen[key] = (Status.LOADING, now)
+        self._loads[pair.host].append(now)
+        self._spawn(self._ask(pair, "load"))
+
+    async def _ask(self, pair: Pair, action: str) -> None:
+        """Ask the pair's host to load or unload the model, then read the host again at once."""
+        said = await self.ask_host(pair.host, pair.upstream, action)
+        if said and action == "load":
+            self._fail((pair.host, pair.model), f"{pair.host} answered the load: {said}")
+        elif said:
+            log.warning("model unload: host=%s model=%s answered: %s", pair.host, pair.model, said)
+        await self.poll_now(pair.host)
+        key = (pair.host, pair.model)
+        if action == "load" and key in self._started:
+            self._confirmed.add(key)
+            self.poke()
+            # Read it again when a load of this model took as long before (one read, not a
+            # poll): the requests waiting go on then rather than at the poller's next round.
+            expected = self._load_s_of(key)
+            if expected is not None:
+                await asyncio.sleep(max(0.0, self._started[key] + expected - self.loop.time()))
+                if key in self._started:
+                    await self.poll_now(pair.host)
+        self.poke()
+
+    async def ask_host(self, name: str, upstream: str, action: str) -> str:
+        """`POST /models/<action>` (load or unload) of `upstream` to host `name`, with its
+        api_key: "" when it answered 200, else what it said (the twin's seam)."""
+        host = self.live.config.hosts.get(name)
+        if host is None:
+            return "no longer configured"
+        headers = {"Authorization": f"Bearer {host.api_key}"} if host.api_key else {}
+        url = f"{host.url.rstrip('/')}/models/{action}"
+        try:
+            response = await self.client.post(
+                url, json={"model": upstream}, headers=headers, timeout=self.load_timeout
+            )
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "" if response.status_code == 200 else _host_words(response)
+
+    def _observe(self, current: dict[PairKey, Pair], now: float) -> None:
+        """What the hosts say now: each pair's state and since when; loads that ended, failed
+        or took too long; the requests waiting for a model loaded now go on."""
+        for key, start in list(self._started.items()):
+            pair = current.get(key)
+            if now - start > self.load_timeout:
+                self._fail(key, f"{key[0]} had not loaded it after {self.load_timeout:.0f} s")
+            elif pair is None or key not in self._confirmed:
+                continue  # the host is away, or not read since it answered the POST
+            elif pair.status is Status.LOADED:
+                self._loaded(key, now)
+            elif pair.status is Status.FAILED:
+                self._fail(key, f"{key[0]} says its load failed (its /models: failed)")
+        for key, pair in current.items():
+            status = Status.LOADING if key in self._started else pair.status
+            if self._seen.get(key, (None, 0.0))[0] is not status:
+                self._seen[key] = (status, now)
+            if self.live.state.in_flight(*key) or self.live.state.queued(*key):
+                self._used[key] = now
+        for model, ready in list(self._ready.items()):
+            host = next((h for (h, m), p in current.items() if m == model and
+                         p.status is Status.LOADED), None)  # fmt: skip
+            if host is not None and not ready.done():
+                ready.set_result(host)
+
+    def _loaded(self, key: PairKey, now: float) -> None:
+        seconds = now - self._started.pop(key)
+        self._confirmed.discard(key)
+        self._load_s[key] = seconds
+        self.decisions.load_took(seconds)
+        self.decisions.said("loaded", key[0], key[1], f"load took {seconds:.1f} s")
+
+    def _fail(self, key: PairKey, message: str) -> None:
+        """The load of pair `key` failed: the pair backs off, its waiters hear why."""
+        if self._started.pop(key, None) is None:
+            return
+        self._confirmed.discard(key)
+        self._failed[key] = self.loop.time() + BACKOFF
+        self._seen[key] = (Status.FAILED, self.loop.time())
+        self.decisions.said("failed", key[0], key[1], message)
+        ready = self._ready.pop(key[1], None)
+        if ready is not None and not ready.done():
+            ready.set_exception(ModelLoadFailed(key[0], key[1], message))
+            ready.exception()  # retrieved: a future nobody awaits any more must not warn
+
+    def _set_timer(self, now: float, unplaced: bool) -> None:
+        """The next decision without an event: the next idle_unload deadline, a load's
+        timeout, or a health interval from now while a model waits for a load it could
+        not have."""
+        deadlines = [start + self.load_timeout for start in self._started.values()]
+        if self.idle_unload is not None:
+            for key, (status, since) in self._seen.items():
+                if status is Status.LOADED:
+                    at = self._last_used(key, since) + self.idle_unload
+                    # Past it and still loaded: busy or within its residency; not every instant.
+                    deadlines.append(at if at > now else now + self.interval)
+        if unplaced:
+            deadlines.append(now + self.interval)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if deadlines:
+            self._timer = self.loop.call_at(max(min(deadlines), now + 0.01), self.poke)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        for handle in (self._pending, self._timer):
+            if handle is not None:
+                handle.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.host_changed in self.live.watchers:
+            self.live.watchers.remove(self.host_changed)
+
+    # -- what the gateway knows, as a snapshot ----------------------------------------------
+
+    def _pairs(self) -> dict[PairKey, Pair]:
+        return pairs(self.live.config, self.live.health)
+
+    def _last_used(self, key: PairKey, since: float) -> float:
+        return max(since, self._used.get(key, 0.0), self._model_used.get(key[1], 0.0))
+
+    def snapshot(self, current: dict[PairKey, Pair], now: float) -> Snapshot:
+        """The fleet as `decide` reads it, at `now`."""
+        state = self.live.state
+        rules = ModelRules(idle_unload=self.idle_unload)
+        models: dict[str, Model] = {}
+        for model in {m for (_, m) in current}:
+            arrivals = self._arrivals[model]
+            while arrivals and arrivals[0] <= now - RATE_WINDOW:
+                arrivals.popleft()
+            hosts = self.live.config.hosts
+            waiting = self._held[model] + sum(state.queued(h, model) for h in hosts)
+            running = sum(state.in_flight(h, model) for h in hosts)
+            demand = Demand(len(arrivals) / RATE_WINDOW, waiting, running)
+            models[model] = Model(demand, rules)
+        on_hosts: dict[PairKey, ModelOnHost] = {}
+        for key, pair in current.items():
+            status, since = self._seen.get(key, (pair.status, now))
+            failed_until = self._failed.get(key, 0.0)
+            if failed_until > now:
+                status = Status.FAILED
+            on_hosts[key] = ModelOnHost(
+                status=status, since=since, last_used=self._last_used(key, since),
+                failed_until=failed_until, running=state.in_flight(*key),
+                waiting=state.queued(*key), slots=pair.slots, load_s=self._load_s_of(key),
+            )  # fmt: skip
+        return Snapshot(self._hosts(now), models, on_hosts)
+
+    def _load_s_of(self, key: PairKey) -> float | None:
+        """The pair's measured load; else the model's on other hosts (the same file, most
+        often on the same kind of box), averaged; None when never measured."""
+        if key in self._load_s:
+            return self._load_s[key]
+        seen = [s for (_, m), s in self._load_s.items() if m == key[1]]
+        return sum(seen) / len(seen) if seen else None
+
+    def _hosts(self, now: float) -> dict[str, Host]:
+        found = {}
+        for name, described in placeable_hosts(self.live.config, self.live.health).items():
+            loads = self._loads[name]
+            while loads and loads[0] <= now - RATE_WINDOW:
+                loads.popleft()
+            room = models_max(self.live.config.hosts[name], described)
+            # An idle_unload below the residency is the operator's word: no longer kept.
+            residency = min(DEFAULT_MIN_RESIDENCY, self.idle_unload or DEFAULT_MIN_RESIDENCY)
+            found[name] = Host(room, min_residency=residency, recent_loads=tuple(loads))
+        return found
+
+
+def _host_words(response: httpx.Response) -> str:
+    """What a host said when it refused: its error's message, else its status and body."""
+    try:
+        error = response.json().get("error", {})
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    return str(message) if message else f"{response.status_code} {response.text[:200]}"

@@ -1,0 +1,83 @@
+"""The fleet as the model actor sees it: which (host, model) pairs it may load and unload,
+and what each router host says of them.
+
+A pair is the actor's when its host is an enabled, undrained, eligible llama-server router
+that loads no model on demand (`routing.live_fleet.loads_on_demand`: its /props says
+`models_autoload: false`, or the operator's `loads_on_demand = no` where it says nothing), and
+the host lists the model (under its upstream name or an alias). Hosts that load on demand load
+for themselves; a plain llama-server cannot load anything.
+
+Pure reads of the configuration and the health table; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hosts.describe import Described, ModelState
+from hosts.health import HealthTable
+from routing.config.shape import FleetConfig, HostConfig
+from routing.core.model_placement import Status
+from routing.live_fleet import host_names, loads_on_demand
+
+STATUS = {
+    ModelState.LOADED: Status.LOADED,
+    ModelState.LOADING: Status.LOADING,
+    ModelState.UNLOADED: Status.UNLOADED,
+    ModelState.FAILED: Status.FAILED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """A (host, model) pair the actor may act on: the name the host knows the model by, and
+    the model's state there as the host's last `/models` said it."""
+
+    host: str
+    model: str  # crossbar's name
+    upstream: str  # the host's name for it (sent in /models/load)
+    status: Status
+    slots: int  # the pair's `parallel`
+
+
+def placeable_hosts(config: FleetConfig, health: HealthTable) -> dict[str, Described]:
+    """The hosts the actor acts on, with what they said of themselves last."""
+    found = {}
+    for name, host in config.hosts.items():
+        described = health.get(name).described
+        if (
+            host.enabled
+            and not host.draining
+            and health.eligible(name)
+            and described is not None
+            and described.router
+            and not loads_on_demand(host, described)
+        ):
+            found[name] = described
+    return found
+
+
+def pairs(config: FleetConfig, health: HealthTable) -> dict[tuple[str, str], Pair]:
+    """Every pair the actor may act on, by (host, model)."""
+    found = {}
+    for name, described in placeable_hosts(config, health).items():
+        for pair in _pairs_of(config.hosts[name], described):
+            found[pair.host, pair.model] = pair
+    return found
+
+
+def _pairs_of(host: HostConfig, described: Described) -> list[Pair]:
+    found = []
+    for spec in host.models.values():
+        upstream = next((n for n in host_names(spec) if n in described.models), None)
+        if upstream is None:
+            continue  # the host does not list it: it cannot load it
+        status = STATUS[described.models[upstream]]
+        found.append(Pair(host.name, spec.name, upstream, status, spec.parallel))
+    return found
+
+
+def models_max(host: HostConfig, described: Described) -> int:
+    """How many models the router holds at once: its `--models-max` as it says it, else as
+    many as it is configured with (no limit crossbar knows of)."""
+    return described.max_models or max(1, len(host.models))

@@ -1,0 +1,46 @@
+"""The `loading` wait: a request for a model loaded on no host that may serve it, where a load
+would (a router-mode host that loads none on demand), waits for the model actor's load
+(routing/models_actor) instead of being refused with `model_not_loaded`.
+
+The first such request starts one load on the best host; the ones that follow for the same
+model join it. The wait lasts up to the route's `queue_timeout` (then `queue_timeout`); a load
+that fails ends it with the host's own words (`ModelLoadFailed`). Its row says placement
+`loaded`, the wait counted in its queued time (`Trail.placed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from routing.core.clock import loop_time as clock
+from routing.core.errors import ModelLoadFailed, QueueTimeout
+
+if TYPE_CHECKING:
+    from routing.proxy.lifecycle import Lifecycle
+
+
+async def waited_for_load(life: Lifecycle) -> bool:
+    """Wait for a load of the request's model; False (at once) when no load would serve it
+    (no actor, or no host of the route it may load on). Raises ModelLoadFailed, QueueTimeout."""
+    actor, model, route = life.runtime.models, life.ask.model, life.route
+    if actor is None or model is None or not actor.can_load(model, route.hosts):
+        return False
+    started = clock()
+    life.trail = life.trail._replace(placement="loaded")
+    try:
+        async with asyncio.timeout(route.queue_timeout):
+            host = await actor.wait_loaded(model)
+    except ModelLoadFailed as failed:
+        life.trail = life.trail._replace(host=failed.host)
+        raise
+    except TimeoutError:
+        where = actor.loading_on(model)
+        life.trail = life.trail._replace(host=where)
+        on = f" (loading on {where})" if where else ""
+        raise QueueTimeout(
+            f"model “{model}” was not loaded within route {route.name}'s queue_timeout of"
+            f" {route.queue_timeout:g} s{on}"
+        ) from None
+    life.trail = life.trail._replace(host=host, load_waited=clock() - started)
+    return True
