@@ -32,11 +32,13 @@ def fresh_hosts(fake: FakeLlamaServer, fake2: FakeLlamaServer) -> tuple[str, str
 def spilled_at_once(
     url: str, fake: FakeLlamaServer, fake2: FakeLlamaServer, home: str, other: str
 ) -> tuple[httpx.Response, Request]:
-    """Home serves slowly (its first answer takes some 0.4 s), the other host is free and
-    evaluates the short prompt in well under a millisecond: the next turn, with home busy,
-    spills at once. Returns its response and its row."""
+    """Home serves slowly (its first answer takes some 1 s: the service its line is priced
+    with, less what the request holding home's slot has held by then, which on a busy machine
+    can be half a second), the other host is free and evaluates the short prompt in well
+    under a millisecond: the next turn, with home busy, spills at once. Returns its response
+    and its row."""
     fake.token_delay = 0.1
-    first = httpx.post(url, json=chat("mine", max_tokens=4), timeout=10)
+    first = httpx.post(url, json=chat("mine", max_tokens=10), timeout=10)
     assert first.headers["x-crossbar-host"] == home
     theirs = httpx.post(url, json=chat("theirs", max_tokens=2), timeout=10)
     assert theirs.headers["x-crossbar-host"] == other  # the other host's figures

@@ -41,7 +41,7 @@ def test_a_busy_homes_request_spills_at_once_when_the_cold_start_is_priced_soone
     said = spilled.headers["x-crossbar-patience"]
     assert said == f"spill stay_ms={row.patience_stay_ms} spill_ms={row.patience_spill_ms}"
     assert (row.placement, row.lease, row.patience) == ("spilled", "spilled", "spill")
-    assert row.patience_stay_ms is not None and row.patience_stay_ms >= 100  # 4 tokens, 0.1 s
+    assert row.patience_stay_ms is not None and row.patience_stay_ms >= 100  # 10 tokens, 0.1 s
     assert row.patience_spill_ms is not None and row.patience_spill_ms < row.patience_stay_ms
     assert row.queued_ms < 1500  # it did not wait for the fixed default (2 s) to pass
     assert f"patience={said}" in gateway.log()
