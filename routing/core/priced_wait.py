@@ -15,7 +15,8 @@ Pure: standard library only; no I/O, no event loop. Not thread-safe: call from o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 from routing.core.patience import Choice, Priced, Pricing, decide
@@ -42,7 +43,9 @@ class PricedWait:
     an empty line now.
     """
 
-    __slots__ = ("_pricing", "_waiter", "_model", "_free", "_spent", "_choices", "_last", "_line")
+    __slots__ = (
+        "_pricing", "_waiter", "_model", "_free", "_spent", "_choices", "_last", "_line", "_now",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -60,6 +63,8 @@ class PricedWait:
         self._last: Priced | None = None  # the last choice of the wait
         # When the wait in line began and what it was priced then, for `waited`.
         self._line: tuple[float, float] | None = None
+        # The free slots' prices while `repriced` holds them.
+        self._now: dict[str, float | None] | None = None
 
     @property
     def home(self) -> str:
@@ -80,14 +85,22 @@ class PricedWait:
     def reprice(self) -> None:
         """Price staying against the soonest free slot elsewhere: the choice the row keeps if
         the request stays."""
-        stay, pricing = self._stay(), self._pricing
-        free = self._free(self.home)
-        if not free:
-            self._last = Priced(Choice.DEFAULT if stay is None else Choice.STAY, stay, None)
-            return
-        prices = [pricing.spill(host) for host in free] if pricing is not None else []
-        known = [price for price in prices if price is not None]
-        self._last = decide(stay, min(known, default=None), (), self._spent)
+        self._reprice(self._spills())
+
+    @contextmanager
+    def repriced(self) -> Iterator[None]:
+        """`reprice`, then, until the block ends, `takes` prices the free slots elsewhere once,
+        as the first is offered, and reads those prices for the others. For the slots offered
+        at once, one after another in one step (nothing changes between them): pricing every
+        free host again for each was F x F spill prices a reprice on a fleet with F free
+        hosts. Not before the first offer: what the caller reads in between (a ranking, which
+        may expire leases) can change a price."""
+        self.reprice()
+        self._now = {}
+        try:
+            yield
+        finally:
+            self._now = None
 
     def takes(self, host: str) -> bool:
         """Whether a free slot on `host` is priced lower than the wait in line (and than the
@@ -95,11 +108,15 @@ class PricedWait:
         first). The choice is kept for the row."""
         if host == self.home:
             return True
-        pricing = self._pricing
-        spill = pricing.spill(host) if pricing is not None else None
-        rivals: list[float | None] = []
-        if pricing is not None and spill is not None:
-            rivals = [pricing.spill(other) for other in self._free(host, self.home)]
+        now = self._now
+        if now is not None and not now:
+            now.update(self._spills())  # priced as the first slot is offered, not before
+        if now is not None and host in now:
+            spills, spill = now, now[host]
+        else:
+            spills = self._spills(host)
+            spill = spills.pop(host)
+        rivals = [price for other, price in spills.items() if other != host]
         priced = self._choices[host] = decide(self._stay(), spill, rivals, self._spent)
         if not priced.takes:
             self._last = priced  # the row of a request that stays says what it turned down
@@ -117,6 +134,22 @@ class PricedWait:
         """The choice the row keeps for a request served on `host`: the one about that host's
         free slot, else the last of the wait."""
         return self._choices.get(host, self._last)
+
+    def _spills(self, *also: str) -> dict[str, float | None]:
+        """The spill price of each host with a free slot elsewhere (and of `also`, first)."""
+        pricing = self._pricing
+        free = [*also, *self._free(*also, self.home)]
+        if pricing is None:
+            return dict.fromkeys(free)
+        return {host: pricing.spill(host) for host in free}
+
+    def _reprice(self, spills: dict[str, float | None]) -> None:
+        stay = self._stay()
+        if not spills:
+            self._last = Priced(Choice.DEFAULT if stay is None else Choice.STAY, stay, None)
+            return
+        known = [price for price in spills.values() if price is not None]
+        self._last = decide(stay, min(known, default=None), (), self._spent)
 
     def _stay(self) -> float | None:
         pricing, waiter = self._pricing, self._waiter
