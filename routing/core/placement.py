@@ -35,7 +35,7 @@ state is `routing.core.state.FleetState`: in-process, or shared through Redis.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Generic, Protocol, TypeVar
 
@@ -359,17 +359,18 @@ class Placer(Generic[RouteT]):
         with self._priced.repriced():  # the slots `_spill` finds free at once, priced once
             self._spill(waiter)
 
-    def _free_elsewhere(self, *besides: str) -> list[str]:
-        """The route's usable hosts, but `besides`, with a free slot and an empty line now."""
+    def _free_elsewhere(self, *besides: str) -> Iterator[str]:
+        """The route's usable hosts, but `besides`, with a free slot and an empty line now,
+        found as they are read (a price may need only the first few)."""
         state, model = self.fleet.state, self.model
-        return [
+        return (
             host
             for host in self._ranking().listed
             if host not in besides
             and state.free_for(host, model) > 0
             and state.queued(host, model) == 0
             and self._usable(host)
-        ]
+        )
 
     def _fall_back(self, waiter: InLine, fallback: RouteT) -> None:
         """Waited `fallback_after`: a free slot of the fallback route may take it."""

@@ -141,16 +141,26 @@ def test_slots_offered_in_one_repricing_get_the_choices_they_get_one_at_a_time()
     assert taken is not None and taken.choice is Choice.SPILL
 
 
-def test_slots_offered_in_one_repricing_ask_for_the_free_hosts_once():
+def test_slots_offered_in_one_repricing_ask_for_the_free_hosts_at_most_once():
     known, index = figures()
-    for host in ("gpu2", "gpu3", "gpu4"):
-        speed(known, host, TOKENS / 3.0)
+    for host, seconds in (("gpu2", 0.5), ("gpu3", 0.4), ("gpu4", 0.25)):
+        speed(known, host, TOKENS / seconds)
     fleet = _Counted(["gpu2", "gpu3", "gpu4"])
     wait = waiting(known, index, fleet)
     with wait.repriced():
         asked = fleet.asked  # the repricing's own choice for the row
-        assert not any(wait.takes(host) for host in ("gpu2", "gpu3", "gpu4"))
+        assert [wait.takes(host) for host in ("gpu2", "gpu3", "gpu4")] == [False, False, True]
     assert fleet.asked == asked + 1
+
+
+def test_a_slot_priced_later_than_the_line_is_turned_down_without_asking_for_its_rivals():
+    known, index = figures()
+    speed(known, "gpu2", TOKENS / 3.0)
+    speed(known, "gpu3", TOKENS / 0.25)
+    fleet = _Counted(["gpu2", "gpu3"])
+    wait = waiting(known, index, fleet)
+    assert not wait.takes("gpu2")
+    assert fleet.asked == 0
 
 
 def test_a_repricing_prices_its_offers_as_the_first_is_made_not_as_it_begins():
@@ -162,6 +172,15 @@ def test_a_repricing_prices_its_offers_as_the_first_is_made_not_as_it_begins():
         speed(known, "gpu3", TOKENS / 0.25)  # freed (or learnt) after the repricing began
         fleet.free.append("gpu3")
         assert not wait.takes("gpu2")
+
+
+def test_a_host_whose_figures_come_after_a_repricing_began_is_priced_with_them():
+    known, index = figures()
+    fleet = _Fleet(["gpu2"])
+    wait = waiting(known, index, fleet)
+    with wait.repriced():
+        speed(known, "gpu2", TOKENS / 0.5)  # its first answer, between repricing and offer
+        assert wait.takes("gpu2")
 
 
 def test_a_slot_offered_after_a_repricing_is_priced_as_the_fleet_is_then():
