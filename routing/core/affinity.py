@@ -32,8 +32,9 @@ Pure: standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from routing.core.prefixes import PrefixIndex
 from routing.core.state import FleetState
@@ -59,17 +60,20 @@ def prefer(
     margin: int,
     room: Callable[[str], bool],
     lines: Callable[[str], int | None],
+    places: Mapping[str, Any] | None = None,
 ) -> Affinity | None:
     """The host of `order` (a ranking's hosts, best first) holding more of `chain` than
     `order[0]` does, when its `load` is at most `margin` above `order[0]`'s and it has `room`
     for one more conversation's cache, or `order[0]` has none either; None when no host holds
     more, or the one that does is too busy or too full. `lines(host)`: the conversations
     leased to a host without a free slot (a request there joins its line), None for a host
-    with one; of two such hosts, the one holding more does not go first."""
+    with one; of two such hosts, the one holding more does not go first. `places`: each
+    host's place in `order`, when known (`PrefixIndex.deepest`)."""
     if not chain or not order:
         return None
     first = order[0]
-    found = index.deepest(order, model, chain, beyond=index.match(first, model, chain))
+    beyond = index.match(first, model, chain)
+    found = index.deepest(order, model, chain, beyond, places)
     if found is None:
         return None
     host, blocks = found
@@ -90,6 +94,7 @@ def prefer_in(
     chain: tuple[int, ...],
     index: PrefixIndex,
     margin: int,
+    places: Mapping[str, Any] | None = None,
 ) -> Affinity | None:
     """`prefer`, with each host's load, room and line read from the fleet's `state` as it is
     now: load is the model's requests in flight and queued there and the conversations
@@ -110,4 +115,5 @@ def prefer_in(
             < state.in_flight(host, model) + state.free_for(host, model)
         ),
         lambda host: None if state.free_for(host, model) else state.leases_held(host, model),
+        places,
     )

@@ -35,7 +35,7 @@ state is `routing.core.state.FleetState`: in-process, or shared through Redis.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Generic, Protocol, TypeVar
 
@@ -154,13 +154,13 @@ class Placer(Generic[RouteT]):
             if not order:
                 return self._homeless(list(ranking.listed), Reason.NONE, LeaseOutcome.NONE,
                                       NoHealthyHost())  # fmt: skip
-            affinity = self._affinity(order)
+            affinity = self._affinity(ranking)
             got = await self.fleet.state.place(self._pairs_for(ranking, affinity), self.share)
             if got is None:
                 raise QueueFull(ranking.hosts(), self.model)  # each was asked, each was full
             return self._result(got, self._by(affinity, got, Reason.NONE), LeaseOutcome.NONE)
         had_hosts = bool(ranking.hosts())
-        affinity = self._affinity(ranking.hosts())
+        affinity = self._affinity(ranking)
         opening = Opening(
             key=self.key,
             ttl=self.route.lease_ttl,
@@ -353,21 +353,24 @@ class Placer(Generic[RouteT]):
     def _reprice(self, waiter: InLine) -> None:
         """Price staying against the soonest free slot elsewhere (the choice the row keeps if
         the request stays), then offer the free slots elsewhere to `_accepts`."""
-        if self._priced is not None:
-            self._priced.reprice()
-        self._spill(waiter)
+        if self._priced is None:
+            self._spill(waiter)
+            return
+        with self._priced.repriced():  # the slots `_spill` finds free at once, priced once
+            self._spill(waiter)
 
-    def _free_elsewhere(self, *besides: str) -> list[str]:
-        """The route's usable hosts, but `besides`, with a free slot and an empty line now."""
+    def _free_elsewhere(self, *besides: str) -> Iterator[str]:
+        """The route's usable hosts, but `besides`, with a free slot and an empty line now,
+        found as they are read (a price may need only the first few)."""
         state, model = self.fleet.state, self.model
-        return [
+        return (
             host
             for host in self._ranking().listed
             if host not in besides
             and state.free_for(host, model) > 0
             and state.queued(host, model) == 0
             and self._usable(host)
-        ]
+        )
 
     def _fall_back(self, waiter: InLine, fallback: RouteT) -> None:
         """Waited `fallback_after`: a free slot of the fallback route may take it."""
@@ -387,10 +390,11 @@ class Placer(Generic[RouteT]):
         # Asked of the fleet each time: a reload replaces the rankings.
         return self.fleet.ranking(self.route, self.model)
 
-    def _affinity(self, order: Sequence[str]) -> Affinity | None:
-        fleet = self.fleet
+    def _affinity(self, ranking: Ranking) -> Affinity | None:
+        # The ranking read once: asking the fleet again would count the leases again.
+        fleet, order = self.fleet, ranking.hosts()
         return prefer_in(fleet.state, order, self.model, self.prompt, fleet.prefixes,
-                         fleet.prefix_margin)  # fmt: skip
+                         fleet.prefix_margin, ranking.places())  # fmt: skip
 
     def _pairs_for(self, ranking: Ranking, affinity: Affinity | None) -> Sequence[Pair]:
         """The ranking's pairs, the affinity's host first when there is one."""

@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import random
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["BLOCK_CHARS", "BLOCK_TOKENS", "NO_PREFIX", "Prefix", "PrefixIndex", "prefix_blocks"]
 
@@ -32,6 +33,9 @@ __all__ = ["BLOCK_CHARS", "BLOCK_TOKENS", "NO_PREFIX", "Prefix", "PrefixIndex", 
 BLOCK_CHARS = 256
 # A prompt given as token ids: blocks of as many ids as BLOCK_CHARS holds tokens, roughly.
 BLOCK_TOKENS = 64
+
+# An entry's owner: its host, its model and the salt of that pair.
+_Owner = tuple[str, str, int]
 
 
 @dataclass(slots=True, frozen=True)
@@ -156,23 +160,26 @@ class PrefixIndex:
     learnt going first. `learn` refreshes a chain's blocks from its last to its first, so a
     block is always fresher than any block after it: eviction shortens chains from their ends,
     never cuts one in the middle. `match` and `deepest` only read. Memory: about 150 bytes an
-    entry (bench/bench_prefixes.py). Not thread-safe: call from one event loop; nothing here
-    suspends.
+    entry (bench/bench_prefixes.py), and a set of its hosts per block held. Not thread-safe:
+    call from one event loop; nothing here suspends.
     """
 
-    __slots__ = ("max_entries", "_entries", "_salts")
+    __slots__ = ("max_entries", "_entries", "_salts", "_holders")
 
     def __init__(self, max_entries: int) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, not {max_entries}")
         self.max_entries = max_entries
         # An entry is its block's hash XOR a random salt of its (host, model), and says its
-        # host: one int per lookup instead of a tuple to build and hash (a quarter of the cost
-        # of `learn`). Two entries collide with a chance of one in 2**64.
-        self._entries: OrderedDict[int, str] = OrderedDict()
-        # Per model, each host's salt: a lookup per host without building a (host, model) key,
-        # which `deepest` does for every host of a route.
-        self._salts: dict[str, dict[str, int]] = {}
+        # owner, one tuple (host, model, salt) shared by the pair's entries: one int per lookup
+        # instead of a tuple to build and hash (a quarter of the cost of `learn`). Two entries
+        # collide with a chance of one in 2**64.
+        self._entries: OrderedDict[int, _Owner] = OrderedDict()
+        # Per model, each host's owner tuple: a lookup per host without building a key.
+        self._salts: dict[str, dict[str, _Owner]] = {}
+        # Per model, the hosts holding each block: `deepest` reads the hosts that hold the
+        # prompt's blocks, not the route's hosts.
+        self._holders: dict[str, dict[int, set[str]]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -180,67 +187,98 @@ class PrefixIndex:
     def learn(self, host: str, model: str, chain: tuple[int, ...]) -> None:
         """The host now holds `chain` (it was sent there and answered)."""
         hosts = self._salts.setdefault(model, {})
-        salt = hosts.get(host)
-        if salt is None:
-            salt = hosts[host] = random.getrandbits(64)
-        entries = self._entries
+        owner = hosts.get(host)
+        if owner is None:
+            owner = hosts[host] = (host, model, random.getrandbits(64))
+        salt, entries = owner[2], self._entries
+        holders = self._holders.setdefault(model, {})
         for block in reversed(chain[: self.max_entries]):
             key = block ^ salt
             if key in entries:
                 entries.move_to_end(key)
             else:
-                entries[key] = host
+                entries[key] = owner
+                holders.setdefault(block, set()).add(host)
         while len(entries) > self.max_entries:
-            entries.popitem(last=False)
+            self._unhold(*entries.popitem(last=False))
 
     def match(self, host: str, model: str, chain: tuple[int, ...]) -> int:
         """How many leading blocks of `chain` the index believes the host holds."""
-        salt = self._salts.get(model, {}).get(host)
-        if salt is None:
+        owner = self._salts.get(model, {}).get(host)
+        if owner is None:
             return 0
-        entries = self._entries
+        salt, entries = owner[2], self._entries
         for depth, block in enumerate(chain):
             if block ^ salt not in entries:
                 return depth
         return len(chain)
 
     def deepest(
-        self, hosts: Iterable[str], model: str, chain: tuple[int, ...], beyond: int
+        self,
+        hosts: Sequence[str],
+        model: str,
+        chain: tuple[int, ...],
+        beyond: int,
+        places: Mapping[str, Any] | None = None,
     ) -> tuple[str, int] | None:
         """Of `hosts`, the one believed to hold the most leading blocks of `chain`, when that
         is more than `beyond`, with its count (the first given among equals); else None.
 
-        A host holds a block only with the blocks before it (chained hashes; eviction
-        shortens chains from their ends), so a host is walked only when it holds the block
-        past the deepest found so far: one lookup per host, and a walk per host that can win.
-        A prompt whose opening every host holds (a shared system prompt) is walked on the
-        first such host only: on 2,000 hosts holding one, each host used to be walked, 555
-        walks a request in the fleet twin (bench/twin).
+        `places`: each of `hosts`'s place in their order (any values that sort so), when the
+        caller has them; without, they are counted out, at a cost of the number of hosts.
+
+        The chain is read from its end: the first block, from the last, that one of `hosts`
+        holds with every block before it gives the depth, and only that block's holders are
+        looked at. So a lookup costs the blocks past the deepest match and the hosts holding
+        that block, not the route's hosts: on 2,000 hosts sharing a system prompt each
+        request used to look at every host (bench/twin, "Scale").
         """
-        entries, salts = self._entries, self._salts.get(model, {})
-        best: tuple[str, int] | None = None
-        needed = max(beyond, 0)  # a host must hold the block at this index to be deeper
+        if places is None:
+            places = {host: place for place, host in reversed(list(enumerate(hosts)))}
+        held = self._holders.get(model, {})
+        for depth in range(len(chain), max(beyond, 0), -1):
+            holders = held.get(chain[depth - 1])
+            if holders:
+                found = self._first_at(hosts, places, holders, model, chain, depth)
+                if found is not None:
+                    return found, depth
+        return None
+
+    def _first_at(
+        self,
+        hosts: Sequence[str],
+        places: Mapping[str, Any],
+        holders: set[str],
+        model: str,
+        chain: tuple[int, ...],
+        depth: int,
+    ) -> str | None:
+        """The first of `hosts` among `holders` that holds `depth` leading blocks of `chain`
+        (none holds more). From the smaller side: the holders, or the hosts in order up to the
+        first that does (a shared block: nearly always the first)."""
+        if len(holders) <= len(places) // 8:
+            found = [
+                (places[host], host)
+                for host in holders
+                if host in places and self.match(host, model, chain) == depth
+            ]
+            return min(found)[1] if found else None
         for host in hosts:
-            if needed >= len(chain):
-                break  # the whole chain is matched: no host can hold more
-            salt = salts.get(host)
-            if salt is None or chain[needed] ^ salt not in entries:
-                continue
-            depth = self.match(host, model, chain)  # fewer than it seems after a rare hole
-            if depth > (best[1] if best else beyond):
-                best = (host, depth)
-                needed = depth
-        return best
+            if host in holders and self.match(host, model, chain) == depth:
+                return host
+        return None
 
     def correct(self, host: str, model: str, chain: tuple[int, ...], cached_blocks: int) -> None:
         """The host reported holding only `cached_blocks` leading blocks of `chain`: forget
         its blocks of the chain past them."""
-        salt = self._salts.get(model, {}).get(host)
-        if salt is None:
+        owner = self._salts.get(model, {}).get(host)
+        if owner is None:
             return
         entries = self._entries
         for block in chain[max(cached_blocks, 0) :]:
-            entries.pop(block ^ salt, None)
+            key = block ^ owner[2]
+            if entries.pop(key, None) is not None:
+                self._unhold(key, owner)
 
     def forget(self, hosts: Iterable[str]) -> None:
         """Forget everything the hosts held (gone, or another machine under the same name).
@@ -248,10 +286,24 @@ class PrefixIndex:
         gone = set(hosts)
         if not gone:
             return
+        for key, owner in self._entries.items():
+            if owner[0] in gone:
+                self._unhold(key, owner)
         self._entries = OrderedDict(
-            (key, host) for key, host in self._entries.items() if host not in gone
+            (key, owner) for key, owner in self._entries.items() if owner[0] not in gone
         )
         self._salts = {
-            model: {host: salt for host, salt in hosts.items() if host not in gone}
+            model: {host: owner for host, owner in hosts.items() if host not in gone}
             for model, hosts in self._salts.items()
         }
+
+    def _unhold(self, key: int, owner: _Owner) -> None:
+        """The entry `key` of `owner` is gone: its host no longer holds that block."""
+        host, model, salt = owner
+        holders = self._holders[model]
+        block = key ^ salt
+        hosts = holders.get(block)
+        if hosts is not None:
+            hosts.discard(host)
+            if not hosts:
+                del holders[block]

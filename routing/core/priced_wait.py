@@ -15,7 +15,8 @@ Pure: standard library only; no I/O, no event loop. Not thread-safe: call from o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 from routing.core.patience import Choice, Priced, Pricing, decide
@@ -42,14 +43,17 @@ class PricedWait:
     an empty line now.
     """
 
-    __slots__ = ("_pricing", "_waiter", "_model", "_free", "_spent", "_choices", "_last", "_line")
+    __slots__ = (
+        "_pricing", "_waiter", "_model", "_free", "_spent", "_choices", "_last", "_line", "_now",
+        "_free_listed",
+    )  # fmt: skip
 
     def __init__(
         self,
         pricing: Pricing | None,
         waiter: Place,
         model: str,
-        free_elsewhere: Callable[..., list[str]],
+        free_elsewhere: Callable[..., Iterable[str]],
     ) -> None:
         self._pricing = pricing
         self._waiter = waiter
@@ -60,6 +64,9 @@ class PricedWait:
         self._last: Priced | None = None  # the last choice of the wait
         # When the wait in line began and what it was priced then, for `waited`.
         self._line: tuple[float, float] | None = None
+        # The free slots' prices, and those hosts, while `repriced` holds them.
+        self._now: dict[str, float | None] | None = None
+        self._free_listed: list[str] | None = None
 
     @property
     def home(self) -> str:
@@ -80,14 +87,22 @@ class PricedWait:
     def reprice(self) -> None:
         """Price staying against the soonest free slot elsewhere: the choice the row keeps if
         the request stays."""
-        stay, pricing = self._stay(), self._pricing
-        free = self._free(self.home)
-        if not free:
-            self._last = Priced(Choice.DEFAULT if stay is None else Choice.STAY, stay, None)
-            return
-        prices = [pricing.spill(host) for host in free] if pricing is not None else []
-        known = [price for price in prices if price is not None]
-        self._last = decide(stay, min(known, default=None), (), self._spent)
+        self._reprice(self._spills())
+
+    @contextmanager
+    def repriced(self) -> Iterator[None]:
+        """`reprice`, then, until the block ends, `takes` finds the free slots elsewhere once,
+        as the first is offered, and prices each host once. For the slots offered at once, one
+        after another in one step (nothing changes between them): pricing every free host
+        again for each was F x F spill prices a reprice on a fleet with F free hosts. Not
+        before the first offer: what the caller reads in between (a ranking, which may expire
+        leases) can change a price."""
+        self.reprice()
+        self._now = {}
+        try:
+            yield
+        finally:
+            self._now = self._free_listed = None
 
     def takes(self, host: str) -> bool:
         """Whether a free slot on `host` is priced lower than the wait in line (and than the
@@ -95,12 +110,13 @@ class PricedWait:
         first). The choice is kept for the row."""
         if host == self.home:
             return True
-        pricing = self._pricing
-        spill = pricing.spill(host) if pricing is not None else None
-        rivals: list[float | None] = []
-        if pricing is not None and spill is not None:
-            rivals = [pricing.spill(other) for other in self._free(host, self.home)]
-        priced = self._choices[host] = decide(self._stay(), spill, rivals, self._spent)
+        stay, spill = self._stay(), self._price(host)
+        rivals: Iterable[float | None] = ()
+        if stay is not None and spill is not None and spill < stay:
+            # Only a slot priced sooner than the line needs its rivals, and only until one is
+            # priced sooner still: a slot freed to a waiter used to price every free host.
+            rivals = (self._price(other) for other in self._free_now() if other != host)
+        priced = self._choices[host] = decide(stay, spill, rivals, self._spent)
         if not priced.takes:
             self._last = priced  # the row of a request that stays says what it turned down
         return priced.takes
@@ -117,6 +133,36 @@ class PricedWait:
         """The choice the row keeps for a request served on `host`: the one about that host's
         free slot, else the last of the wait."""
         return self._choices.get(host, self._last)
+
+    def _spills(self) -> dict[str, float | None]:
+        """The spill price of each host with a free slot elsewhere."""
+        return {host: self._price(host) for host in self._free(self.home)}
+
+    def _price(self, host: str) -> float | None:
+        """The spill price of `host`'s free slot; in a `repriced` block, priced once."""
+        now, pricing = self._now, self._pricing
+        if now is not None and host in now:
+            return now[host]
+        price = pricing.spill(host) if pricing is not None else None
+        if now is not None:
+            now[host] = price
+        return price
+
+    def _free_now(self) -> Iterable[str]:
+        """The hosts with a free slot elsewhere; in a `repriced` block, found once."""
+        if self._now is None:
+            return self._free(self.home)
+        if self._free_listed is None:
+            self._free_listed = list(self._free(self.home))
+        return self._free_listed
+
+    def _reprice(self, spills: dict[str, float | None]) -> None:
+        stay = self._stay()
+        if not spills:
+            self._last = Priced(Choice.DEFAULT if stay is None else Choice.STAY, stay, None)
+            return
+        known = [price for price in spills.values() if price is not None]
+        self._last = decide(stay, min(known, default=None), (), self._spent)
 
     def _stay(self) -> float | None:
         pricing, waiter = self._pricing, self._waiter

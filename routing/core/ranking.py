@@ -19,7 +19,7 @@ Pure: standard library only. Not thread-safe; call from one event loop.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 
 from routing.core.choose import Candidate, RankKey, rank_key
 from routing.core.limiter import Pair
@@ -80,6 +80,12 @@ class Ranking:
         """`hosts()` as (host, model) pairs."""
         self._settle()
         return self._pairs
+
+    def places(self) -> Mapping[str, RankKey]:
+        """Each eligible host's key, which sorts as `hosts()` is ordered: a host's place in
+        the order without a walk of it (the ranking's own mapping)."""
+        self._settle()
+        return self._key_of
 
     def unusable(self) -> Set[str]:
         """The hosts that list the model but are not eligible now (down, draining), as a set

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
@@ -244,3 +245,49 @@ def test_deepest_finds_a_host_one_block_deeper_than_the_deepest_before_it_in_the
     assert index.deepest(["gpu1", "gpu2", "gpu3"], "m", chain, beyond=0) == ("gpu3", 3)
     assert index.deepest(["gpu2", "gpu1", "gpu4"], "m", chain, beyond=1) == ("gpu4", 4)
     assert index.deepest(["gpu5", "gpu6", "gpu1"], "m", chain, beyond=0) == ("gpu5", 5)
+
+
+class _Counted(list[str]):
+    """A route's hosts in order that count how many of them are read."""
+
+    read = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for host in super().__iter__():
+            self.read += 1
+            yield host
+
+
+def test_deepest_reads_the_hosts_holding_the_prompt_not_every_host_of_the_route():
+    """On a route of a thousand hosts, two holding the prompt: the answer comes from those
+    two, whatever the route's size (a lookup per host of the route made a request's cost
+    grow with the fleet)."""
+    index = PrefixIndex(10_000)
+    chain = (1, 2, 3, 4, 5, 6)
+    hosts = _Counted(f"gpu{n}" for n in range(1000))
+    for host in hosts[:900]:
+        index.learn(host, "m", (7, 8))  # other prompts, on most hosts
+    index.learn("gpu700", "m", chain[:3])
+    index.learn("gpu500", "m", chain[:3])
+    places = {host: place for place, host in enumerate(hosts)}
+    hosts.read = 0
+
+    assert index.deepest(hosts, "m", chain, beyond=0, places=places) == ("gpu500", 3)
+    assert index.deepest(hosts, "m", chain, beyond=3, places=places) is None
+    assert hosts.read == 0
+
+
+def test_deepest_forgets_a_block_the_index_evicted_or_was_told_the_host_lost():
+    index = PrefixIndex(4)
+    index.learn("gpu1", "m", (1, 2, 3))
+    index.learn("gpu2", "m", (1, 2))  # evicts gpu1's block 3: four entries in all
+    index.learn("gpu3", "m", (1, 2, 3))  # evicts gpu1's blocks 1 and 2 and gpu2's block 2
+    index.correct("gpu3", "m", (1, 2, 3), 1)  # gpu3 holds block 1 alone
+    hosts = ["gpu1", "gpu3", "gpu2"]
+
+    assert index.deepest(hosts, "m", (1, 2, 3), beyond=0) == ("gpu3", 1)
+    index.forget(["gpu3"])
+    assert index.deepest(hosts, "m", (1, 2, 3), beyond=0) == ("gpu2", 1)
+    index.forget(["gpu2"])
+    assert index.deepest(hosts, "m", (1, 2, 3), beyond=0) is None
+    assert len(index) == 0

@@ -115,3 +115,93 @@ def test_a_wait_at_home_longer_than_priced_makes_the_lines_next_waits_priced_lon
     untouched = waiting(known, index, _Fleet())
     untouched.waited(now=99.0)  # never began: nothing to compare
     assert known.lateness("gpu1", MODEL) == 2.0
+
+
+@dataclass
+class _Counted(_Fleet):
+    """`_Fleet`, counting how often the free hosts are asked for."""
+
+    asked: int = 0
+
+    def elsewhere(self, *besides: str) -> list[str]:
+        self.asked += 1
+        return super().elsewhere(*besides)
+
+
+def test_slots_offered_in_one_repricing_get_the_choices_they_get_one_at_a_time():
+    known, index = figures()
+    speed(known, "gpu2", TOKENS / 0.5)
+    speed(known, "gpu3", TOKENS / 0.25)
+    wait = waiting(known, index, _Fleet(["gpu2", "gpu3"]))
+    with wait.repriced():
+        assert not wait.takes("gpu2")  # left to gpu3, priced sooner
+        assert wait.takes("gpu3")
+    turned_down, taken = wait.choice("gpu2"), wait.choice("gpu3")
+    assert turned_down is not None and turned_down.choice is Choice.STAY
+    assert taken is not None and taken.choice is Choice.SPILL
+
+
+def test_slots_offered_in_one_repricing_ask_for_the_free_hosts_at_most_once():
+    known, index = figures()
+    for host, seconds in (("gpu2", 0.5), ("gpu3", 0.4), ("gpu4", 0.25)):
+        speed(known, host, TOKENS / seconds)
+    fleet = _Counted(["gpu2", "gpu3", "gpu4"])
+    wait = waiting(known, index, fleet)
+    with wait.repriced():
+        asked = fleet.asked  # the repricing's own choice for the row
+        assert [wait.takes(host) for host in ("gpu2", "gpu3", "gpu4")] == [False, False, True]
+    assert fleet.asked == asked + 1
+
+
+def test_a_slot_priced_later_than_the_line_is_turned_down_without_asking_for_its_rivals():
+    known, index = figures()
+    speed(known, "gpu2", TOKENS / 3.0)
+    speed(known, "gpu3", TOKENS / 0.25)
+    fleet = _Counted(["gpu2", "gpu3"])
+    wait = waiting(known, index, fleet)
+    assert not wait.takes("gpu2")
+    assert fleet.asked == 0
+
+
+def test_a_repricing_prices_its_offers_as_the_first_is_made_not_as_it_begins():
+    known, index = figures()
+    speed(known, "gpu2", TOKENS / 0.5)
+    fleet = _Fleet(["gpu2"])
+    wait = waiting(known, index, fleet)
+    with wait.repriced():
+        speed(known, "gpu3", TOKENS / 0.25)  # freed (or learnt) after the repricing began
+        fleet.free.append("gpu3")
+        assert not wait.takes("gpu2")
+
+
+def test_a_host_whose_figures_come_after_a_repricing_began_is_priced_with_them():
+    known, index = figures()
+    fleet = _Fleet(["gpu2"])
+    wait = waiting(known, index, fleet)
+    with wait.repriced():
+        speed(known, "gpu2", TOKENS / 0.5)  # its first answer, between repricing and offer
+        assert wait.takes("gpu2")
+
+
+def test_a_slot_offered_after_a_repricing_is_priced_as_the_fleet_is_then():
+    known, index = figures()
+    speed(known, "gpu2", TOKENS / 0.5)
+    speed(known, "gpu3", TOKENS / 0.25)
+    fleet = _Fleet(["gpu2", "gpu3"])
+    wait = waiting(known, index, fleet)
+    with wait.repriced():
+        assert not wait.takes("gpu2")
+    fleet.free.remove("gpu3")  # gpu3's slot was taken since
+    assert wait.takes("gpu2")
+
+
+def test_a_slot_offered_in_a_repricing_on_a_host_not_listed_free_is_priced_on_its_own():
+    known, index = figures()
+    speed(known, "gpu2", TOKENS / 3.0)
+    speed(known, "gpu3", TOKENS / 0.5)
+    wait = waiting(known, index, _Fleet(["gpu2"]))  # gpu3: a line, so not listed free
+    with wait.repriced():
+        assert not wait.takes("gpu2")
+        assert wait.takes("gpu3")
+    taken = wait.choice("gpu3")
+    assert taken is not None and taken.choice is Choice.SPILL
