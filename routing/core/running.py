@@ -13,7 +13,6 @@ place is read from its line). Counting events does not: only the relay on the lo
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import threading
 import time
@@ -77,20 +76,10 @@ class RunningRow:
     place: int = 0  # its 1-based place in that queue; 0 when unknown
 
 
-def loop_time() -> float:
-    """The running event loop's clock, which placement's waits and deadlines use (and so the
-    fleet twin's virtual time reaches the holds priced patience weighs); outside a loop (a
-    thread reading the table), the monotonic clock asyncio's loops read."""
-    try:
-        return asyncio.get_running_loop().time()
-    except RuntimeError:
-        return time.monotonic()
-
-
 class RunningTable:
     """The requests in flight in one runtime, oldest first in `snapshot()`."""
 
-    def __init__(self, clock: Callable[[], float] = loop_time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._numbers = itertools.count(1)
         self._entries: dict[int, RunningRequest] = {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 from routing.core.running import RunningTable, data_events
@@ -164,30 +163,3 @@ def test_a_request_asked_again_elsewhere_holds_only_its_new_slot() -> None:
     table.finish(entry)
     table.finish(entry)  # again: nothing
     assert table.holding("gpu2", "llama3") == []
-
-
-def test_a_slot_hold_is_timed_on_the_event_loops_clock() -> None:
-    """Priced patience weighs how long each slot has been held (`holding`) against the waits
-    placement times on the request's event loop: a loop whose clock is not the monotonic one
-    (the fleet twin's, in virtual time) must see the holds on its own clock too."""
-
-    class Ahead(asyncio.SelectorEventLoop):
-        shift = 1000.0
-
-        def time(self) -> float:
-            return super().time() + self.shift
-
-    async def held_for_ten_seconds_of_the_loop() -> list[float]:
-        table = RunningTable()
-        entry = table.add("chat", "llama3", "")
-        table.placed(entry, "h1", 0, "llama3")
-        loop.shift += 10.0
-        return table.holding("h1", "llama3")
-
-    loop = Ahead()
-    try:
-        held = loop.run_until_complete(held_for_ten_seconds_of_the_loop())
-    finally:
-        loop.close()
-
-    assert len(held) == 1 and 9.9 <= held[0] <= 11.0
