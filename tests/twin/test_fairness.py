@@ -3,11 +3,14 @@ view's own access check, their classes ordering a host's line, and the judgement
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import replace
 
+from twin.clock import in_virtual_time
 from twin.fairness import CASES, one, table, verdicts
-from twin.gateway import Policy
+from twin.gateway import Policy, TwinGateway
+from twin.host import TwinHost
 from twin.run import run
 from twin.shapes import Conversation, Segment, Turn, Workload
 
@@ -90,3 +93,26 @@ def test_the_judgement_prints_each_cases_fleet_and_clients_and_five_verdicts() -
                        "batch", "interactive", "standard", "heavy", "light"]  # fmt: skip
     assert len(verdict_lines) == 5
     assert all(line.split(":")[0] in ("pass", "FAIL") for line in verdict_lines)
+
+
+def test_the_gateway_times_a_slots_hold_in_virtual_time() -> None:
+    """Priced patience weighs how long each slot has been held: in the twin, virtual seconds,
+    not the CPU time the run took (which made runs with headroom differ between processes)."""
+
+    async def held_for_ten_virtual_seconds() -> list[float]:
+        gateway = TwinGateway({"h0000": TwinHost("h0000", PROFILE, "chat")}, "chat", None,
+                              queue_max=8)  # fmt: skip
+        running = gateway.runtime.running
+        running.placed(running.add("twin", "chat", ""), "h0000", 0, "chat")
+        await asyncio.sleep(10.0)
+        held = running.holding("h0000", "chat")
+        await gateway.aclose()
+        return held
+
+    assert in_virtual_time(held_for_ten_virtual_seconds()) == [10.0]
+
+
+def test_the_same_fair_run_gives_the_same_figures_every_time() -> None:
+    fair = next(case for case in CASES if case.name == "fair")
+
+    assert one(fair, "gpu-70b", 1, 2, 0.2) == one(fair, "gpu-70b", 1, 2, 0.2)
