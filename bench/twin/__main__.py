@@ -6,6 +6,8 @@ time; one table a workload and preset, each figure the median of the seeds.
     PYTHONPATH=bench .venv/bin/python -m twin --workloads agent --presets gpu-8b --hosts 2000 ...
     PYTHONPATH=bench .venv/bin/python -m twin --layouts static autoload fleet --seeds 5
                                         # router-mode hosts: models_shift on 3 x gpu-mixed
+    PYTHONPATH=bench .venv/bin/python -m twin --fairness --seeds 20
+                                        # fair sharing between client keys (twin/fairness.py)
 
 The same arguments print the same bytes: the workloads are seeded, the clock is virtual, and
 the interpreter's string hashing is fixed (the process starts itself again with
@@ -28,13 +30,14 @@ if __name__ == "__main__" and os.environ.get("PYTHONHASHSEED") != "0":
     os.environ["PYTHONHASHSEED"] = "0"
     os.execv(sys.executable, [sys.executable, "-m", "twin", *sys.argv[1:]])
 
+from twin.fairness import judge  # noqa: E402
 from twin.gateway import Policy  # noqa: E402
 from twin.layouts import LAYOUTS  # noqa: E402
 from twin.presets import PRESETS  # noqa: E402
 from twin.report import AUTO, ONE_HOST, models_table, table, verdicts  # noqa: E402
 from twin.run import run, run_models  # noqa: E402
 from twin.tally import Figures  # noqa: E402
-from twin.workloads import MORE_MODELS, WORKLOADS, Scale  # noqa: E402
+from twin.workloads import MORE_MODELS, WORKLOADS, sized  # noqa: E402
 
 FIXED = (0.0, 2.0, 8.0, 30.0)  # the fixed patiences auto is judged against (2 s: the default)
 DEFAULT_PRESETS = ("gpu-8b", "gpu-70b")
@@ -56,13 +59,8 @@ def _one(task: tuple[str, str, int, int, float, Policy | str]) -> Figures:
     model of the preset, the workload's named after them in order)."""
     workload_name, preset_name, seed, hosts, minutes, policy = task
     preset = PRESETS[preset_name]
-    speeds = next(iter(preset.models.values()))
     models = ("chat", *MORE_MODELS)[: len(preset.models)] if isinstance(policy, str) else ("chat",)
-    scale = Scale(
-        hosts=hosts, slots=preset.slots, minutes=minutes, prefill_tps=speeds.prefill_tps,
-        decode_tps=speeds.decode_tps[min(preset.slots, len(speeds.decode_tps)) - 1],
-        models=models,
-    )  # fmt: skip
+    scale = sized(preset, hosts, minutes, models)
     workload = WORKLOADS[workload_name](seed, scale)
     if isinstance(policy, Policy):
         return run(workload, preset, hosts, policy)
@@ -85,7 +83,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--fairness", action="store_true",
+        help="fair sharing between client keys judged instead (twin/fairness.py: the cases "
+        "on each preset, by default 8 hosts of each GPU preset)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.fairness:
+        return _fairness(args.presets or list(DEFAULT_PRESETS), args)
     if args.layouts:
         args.workloads = args.workloads or list(MODELS_WORKLOADS)
         args.presets = args.presets or list(MODELS_PRESETS)
@@ -128,6 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"  {line}")
             print()
     print(f"twin: {len(tasks)} runs in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _fairness(presets: list[str], args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    lines = judge(presets, args.seeds, args.hosts or 8, args.minutes, args.jobs)
+    print("\n".join(lines))
+    print(f"twin: fairness in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
 
 

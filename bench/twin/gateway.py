@@ -27,20 +27,25 @@ django.setup()
 
 import httpx  # noqa: E402
 from django.conf import settings  # noqa: E402
+from django.http import HttpRequest  # noqa: E402
 
+from accounting.keys import hash_key  # noqa: E402
 from accounting.recorder import use_recorder  # noqa: E402
 from hosts.describe import Described, ModelState  # noqa: E402
 from hosts.health import HostState  # noqa: E402
 from routing import signals  # noqa: E402
 from routing.config.shape import FleetConfig, HostConfig, ModelConfig, RouteConfig  # noqa: E402
-from routing.core.endpoints import Kind  # noqa: E402
+from routing.core.clients import ClientSpec  # noqa: E402
+from routing.core.endpoints import GENERATE, Kind  # noqa: E402
 from routing.core.errors import GatewayError, HostDown  # noqa: E402
 from routing.core.fingerprint import fingerprint  # noqa: E402
 from routing.core.prefixes import prefix_blocks  # noqa: E402
+from routing.core.running import RunningTable  # noqa: E402
 from routing.core.tee import Usage  # noqa: E402
+from routing.proxy.access import check_access  # noqa: E402
 from routing.proxy.ask import Ask  # noqa: E402
 from routing.proxy.lifecycle import Lifecycle  # noqa: E402
-from routing.proxy.record import Outcome  # noqa: E402
+from routing.proxy.record import Outcome, clock  # noqa: E402
 from routing.runtime import Runtime  # noqa: E402
 from twin.host import Cut, Prompt, Refused, TwinHost  # noqa: E402
 from twin.router import NotLoaded, RouterHost  # noqa: E402
@@ -121,7 +126,10 @@ TwinServer = TwinHost | RouterHost
 class TwinGateway:
     """One gateway process over twin hosts, on the running `VirtualLoop`: `model` is the
     route's default; `serves` says, per host, each model crossbar serves there and the name
-    the host knows it by (by default, `model` under its own name on every host)."""
+    the host knows it by (by default, `model` under its own name on every host). `clients`:
+    the enabled client keys, by the name of the workload's client that presents each (none:
+    keys are not in use, every request is the one anonymous key). With `by_client`, the
+    tally counts each client's rows (`Tally.clients`)."""
 
     def __init__(
         self,
@@ -135,11 +143,17 @@ class TwinGateway:
         seed: int = 0,
         name_slots: bool = True,
         serves: Mapping[str, Mapping[str, str]] | None = None,
+        clients: Mapping[str, ClientSpec] | None = None,
+        by_client: bool = False,
     ) -> None:
         self.hosts = hosts
         self.model = model
         self.poll_interval = poll_interval
-        self.tally = Tally(by_model=serves is not None)
+        # Each conversation's client, by its fingerprint: whose a row without a key is.
+        self._client_of: dict[str, str] | None = {} if by_client else None
+        self.tally = Tally(by_model=serves is not None, clients=self._client_of)
+        # The key each client presents, as a client would send it (`Authorization: Bearer`).
+        self._keys = {client: f"twin-key-{client}" for client in clients or {}}
         self._polls = random.Random(seed)
         # Each router's polls, a poll interval apart from a phase of its own.
         phases = random.Random(f"{seed}/router-polls")
@@ -170,11 +184,17 @@ class TwinGateway:
                     queue_timeout=queue_timeout, lease_patience=patience,
                 )
             },
+            clients={hash_key(self._keys[name]): spec for name, spec in (clients or {}).items()},
             revision=1,
         )  # fmt: skip
         self.route = config.routes[ROUTE]
         self.runtime = Runtime(config, signals.config_generation())
         self.runtime.probe_down = self._probe_down  # type: ignore[method-assign]  # the twin's poller
+        # The requests running, timed on the loop's clock as a request's durations are: priced
+        # patience weighs how long each slot has been held, and on the table's default
+        # (monotonic) clock a hold would be the CPU time the twin took, not virtual time (the
+        # runs with headroom then differed from one process to the next).
+        self.runtime.running = RunningTable(clock)
         for name, host in hosts.items():
             if isinstance(host, RouterHost):
                 host.on_change = self._model_changed
@@ -195,16 +215,24 @@ class TwinGateway:
     # -- a request ------------------------------------------------------------------------
 
     async def ask(self, twin_ask: TwinAsk, client: str = "") -> Outcome:
-        """One request, from its route to its row; how it ended."""
+        """One request of `client`, from its route to its row; how it ended. The request
+        presents `client`'s key when it has one, and the view's own access check finds its
+        client and share from it."""
         payload: dict[str, object] = {"messages": twin_ask.messages}
         ask = Ask(
             request=cast(Any, twin_ask), path=PATH, kind=Kind.GENERATE, body=b"",
             payload=payload, model=twin_ask.model or self.model,
             fingerprint=fingerprint("POST", payload, None), prefix=prefix_blocks(payload),
         )  # fmt: skip
+        if self._client_of is not None:
+            self._client_of[ask.fingerprint] = client
         life = Lifecycle(forward=self._forward)
         life.routed(self.runtime, self.route)
         try:
+            caller = await check_access(
+                self._request(client), self.runtime.clients, self.route, GENERATE, PATH
+            )
+            await life.admit(caller.client)
             await life.place(ask)
             answered = await life.through()
         except GatewayError as exc:
@@ -225,6 +253,15 @@ class TwinGateway:
             outcome = Outcome(200, usage=usage, prompt_ms=job.prompt_ms)
         life.end(outcome)
         return outcome
+
+    def _request(self, client: str) -> HttpRequest:
+        """The request's HTTP side as the view reads it for access: its key, if any."""
+        request = HttpRequest()
+        request.method = "POST"
+        key = self._keys.get(client)
+        if key is not None:
+            request.META["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+        return request
 
     async def _forward(
         self, runtime: Runtime, ask: Ask, model: str | None, host: str, id_slot: int | None

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Mapping
 from dataclasses import replace
 
+from routing.core.clients import ClientSpec
 from twin.clock import in_virtual_time
 from twin.fleet import FleetActor
 from twin.gateway import Policy, TwinAsk, TwinGateway, message
@@ -24,13 +26,29 @@ ONE_HOST_SIMILARITY = 0.1
 QUEUE_PER_SLOT = 8  # each host's queue_max, per slot: room enough that a burst queues
 
 
-def run(workload: Workload, preset: HostProfile, hosts: int, policy: Policy) -> Figures:
-    """The figures of `workload` on `hosts` hosts of `preset`, placed by `policy`."""
+def run(
+    workload: Workload,
+    preset: HostProfile,
+    hosts: int,
+    policy: Policy,
+    clients: Mapping[str, ClientSpec] | None = None,
+    by_client: bool = False,
+) -> Figures:
+    """The figures of `workload` on `hosts` hosts of `preset`, placed by `policy`; with
+    `clients`, the workload's clients present those keys (`TwinGateway`), and with
+    `by_client` the figures have each client's part."""
     random.seed(workload.seed)  # the prefix index's salts: the same run, the same table
-    return in_virtual_time(_run(workload, preset, hosts, policy))
+    return in_virtual_time(_run(workload, preset, hosts, policy, clients, by_client))
 
 
-async def _run(workload: Workload, preset: HostProfile, hosts: int, policy: Policy) -> Figures:
+async def _run(
+    workload: Workload,
+    preset: HostProfile,
+    hosts: int,
+    policy: Policy,
+    clients: Mapping[str, ClientSpec] | None,
+    by_client: bool,
+) -> Figures:
     model = workload.models[0]
     preset = serving(preset, model)
     if policy.one_host:
@@ -40,7 +58,7 @@ async def _run(workload: Workload, preset: HostProfile, hosts: int, policy: Poli
     twins = {name: TwinHost(name, preset, model) for name in names}
     gateway = TwinGateway(
         twins, model, policy.patience, queue_max=QUEUE_PER_SLOT * preset.slots,
-        seed=workload.seed, name_slots=not policy.one_host,
+        seed=workload.seed, name_slots=not policy.one_host, clients=clients, by_client=by_client,
     )  # fmt: skip
     loop = asyncio.get_running_loop()
     for restart in () if policy.one_host else workload.restarts:
@@ -116,6 +134,7 @@ async def _talk(gateway: TwinGateway, workload: Workload, by_model: bool) -> Non
         talk.add_done_callback(talks.discard)
     while talks:
         await asyncio.gather(*talks)
+    gateway.tally.elapsed_s = loop.time()
     await gateway.aclose()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from accounting.rows import RequestRecord
@@ -31,6 +32,21 @@ class ModelFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientFigures:
+    """One client's part of a run (a run told who sends what: `Tally(clients=...)`)."""
+
+    client: str
+    requests: int
+    served: int
+    refused: int  # refused or failed
+    queue_full: int  # of which refused at once, every line of the route full
+    ttfb: tuple[float, float]  # p50, p95 of the served
+    generated: int
+    slot_s: float  # its requests' slot time: from the grant to the end, summed
+    longest_wait_s: float  # the longest any request waited in a line (served, or timed out)
+
+
+@dataclass(frozen=True, slots=True)
 class Figures:
     """One run's figures, as the table prints them (times in seconds)."""
 
@@ -46,6 +62,11 @@ class Figures:
     spills: int
     shares: tuple[float, ...]  # each host's part of the served requests, by host name
     by_model: tuple[ModelFigures, ...] = ()  # a run serving several models: each one's
+    by_client: tuple[ClientFigures, ...] = ()  # a run told who sends what: each client's
+    elapsed_s: float = 0.0  # from the first arrival's time 0 to the last request's end
+
+    def client(self, name: str) -> ClientFigures:
+        return next(figures for figures in self.by_client if figures.client == name)
 
     @property
     def cache_fraction(self) -> float:
@@ -61,10 +82,46 @@ class Figures:
         return sum(model.loading_s for model in self.by_model)
 
 
-class Tally:
-    """Counts rows as the recorder would write them; with `by_model`, each model's too."""
+class _Client:
+    """One client's counts, as rows come."""
 
-    def __init__(self, by_model: bool = False) -> None:
+    __slots__ = (
+        "requests", "refused", "queue_full", "ttfb_ms", "generated", "slot_ms", "waited_ms",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.requests = self.refused = self.queue_full = self.generated = 0
+        self.slot_ms = self.waited_ms = 0
+        self.ttfb_ms = array("q")
+
+    def record(self, row: RequestRecord) -> None:
+        self.requests += 1
+        if row.status >= 400:
+            self.refused += 1
+            self.queue_full += row.code == "queue_full"
+            if row.code == "queue_timeout":  # it waited its whole time in a line
+                self.waited_ms = max(self.waited_ms, row.total_ms)
+            return
+        self.ttfb_ms.append(row.ttfb_ms or 0)
+        self.generated += row.completion_tokens or 0
+        self.slot_ms += row.total_ms - row.queued_ms
+        self.waited_ms = max(self.waited_ms, row.queued_ms)
+
+    def figures(self, name: str) -> ClientFigures:
+        return ClientFigures(
+            name, self.requests, len(self.ttfb_ms), self.refused, self.queue_full,
+            _percentiles(self.ttfb_ms, (50, 95)),  # type: ignore[arg-type]
+            self.generated, self.slot_ms / 1000, self.waited_ms / 1000,
+        )  # fmt: skip
+
+
+class Tally:
+    """Counts rows as the recorder would write them; with `by_model`, each model's too; with
+    `clients` (a conversation's fingerprint: its client), each client's. A row names its
+    client key's name when the request presented a key; a request without one (every request
+    of a run without keys) is its conversation's client, by the row's fingerprint."""
+
+    def __init__(self, by_model: bool = False, clients: Mapping[str, str] | None = None) -> None:
         self.requests = self.served = self.refused = self.failed = 0
         self.evaluated = self.cached = self.generated = self.spills = 0
         self.ttfb_ms = array("q")
@@ -76,9 +133,18 @@ class Tally:
         self.model_requests: Counter[str] = Counter()
         self.model_refused: Counter[str] = Counter()
         self.model_ttfb_ms: dict[str, array[int]] = {}
+        self.clients = clients
+        self.by_client: dict[str, _Client] = {}
+        self.elapsed_s = 0.0
 
     def record(self, row: RequestRecord) -> None:
         self.requests += 1
+        if self.clients is not None:
+            name = row.client or self.clients.get(row.fingerprint, "")
+            counts = self.by_client.get(name)
+            if counts is None:
+                counts = self.by_client[name] = _Client()
+            counts.record(row)
         if self.by_model:
             self.model_requests[row.model] += 1
             if row.status >= 400:
@@ -118,6 +184,8 @@ class Tally:
             _percentiles(self.queued_ms, (50, 95)),  # type: ignore[arg-type]
             self.spills, tuple(self.hosts[name] / served for name in hosts),
             tuple(self._model(model) for model in sorted(self.model_requests)),
+            tuple(self.by_client[name].figures(name) for name in sorted(self.by_client)),
+            self.elapsed_s,
         )  # fmt: skip
 
     def _model(self, model: str) -> ModelFigures:

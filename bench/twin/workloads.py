@@ -42,9 +42,12 @@ from bench_cache import parse_args, shape_of
 from cache_workload import Conversation as BenchConversation
 from cache_workload import Shape, make_workload
 
-from .shapes import Conversation, Restart, Segment, Turn, Workload
+from .shapes import Conversation, HostProfile, Restart, Segment, Turn, Workload
 
-__all__ = ["CALIBRATION_NUMBERS", "OWN_IDS", "WORKLOADS", "Chat", "Scale"]
+__all__ = [
+    "CALIBRATION_NUMBERS", "OWN_IDS", "WORKLOADS", "Chat", "Scale", "backlogged",
+    "interactive_alone", "sized",
+]  # fmt: skip
 
 OWN_IDS = 1_000_000  # conversation n's own segments: (n + 1) * OWN_IDS and up
 
@@ -97,6 +100,19 @@ class Scale:
     @property
     def seconds(self) -> float:
         return self.minutes * 60.0
+
+
+def sized(
+    preset: HostProfile, hosts: int, minutes: float, models: tuple[str, ...] = ("chat",)
+) -> Scale:
+    """The scale of `hosts` hosts of `preset` (its first model's speeds, at its slots' decode
+    speed) for `minutes` of arrivals."""
+    speeds = next(iter(preset.models.values()))
+    return Scale(
+        hosts=hosts, slots=preset.slots, minutes=minutes, prefill_tps=speeds.prefill_tps,
+        decode_tps=speeds.decode_tps[min(preset.slots, len(speeds.decode_tps)) - 1],
+        models=models,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,21 +213,47 @@ def models_shift(seed: int, scale: Scale, phase: float = 180.0, focus: float = 0
     return _workload("models_shift", seed, arrivals, models)
 
 
+# The `clients` workload's kinds of conversation.
+INTERACTIVE_CHAT = Chat((Segment(INTERACTIVE_SYSTEM, 300),), ((20, 200),), (2, 6), (5.0, 20.0),
+                        (20, 150), (50, 200))  # fmt: skip
+BATCH_SUMMARY = Chat((), ((3000, 10000), (30, 60)), (1, 1), (0.0, 0.0), (0, 0), (500, 1000))
+STANDARD_CHAT = Chat((Segment(STANDARD_SYSTEM, 1500),), ((100, 600),), (2, 6), (5.0, 30.0),
+                     (50, 400), (100, 400))  # fmt: skip
+
+
 def clients(seed: int, scale: Scale) -> Workload:
     """Three clients: `interactive` (short chats, 30% of the fleet's capacity), `batch`
     (document summaries: a long prompt of its own, one turn, a long answer; 4x the capacity)
     and `standard` (chats taking the rest of `scale.load`, at least 10%)."""
+    shares = {"interactive": (INTERACTIVE_CHAT, 0.3), "batch": (BATCH_SUMMARY, 4.0),
+              "standard": (STANDARD_CHAT, max(0.1, scale.load - 0.3))}  # fmt: skip
+    return _clients("clients", seed, scale, shares)
+
+
+def interactive_alone(seed: int, scale: Scale) -> Workload:
+    """`clients`' interactive conversations alone, the same ones (the others never come):
+    what its client sees with the fleet to itself."""
+    both = clients(seed, scale)
+
+    def conversations() -> Iterator[Conversation]:
+        return (c for c in both.conversations() if c.client == "interactive")
+
+    return Workload("interactive_alone", seed, conversations, both.models, ("interactive",))
+
+
+def backlogged(seed: int, scale: Scale, each: float = 2.0) -> Workload:
+    """Two clients, `light` and `heavy`, each sending `clients`' batch summaries at `each`
+    times the fleet's capacity: both always have requests waiting."""
+    shares = {"light": (BATCH_SUMMARY, each), "heavy": (BATCH_SUMMARY, each)}
+    return _clients("backlogged", seed, scale, shares)
+
+
+def _clients(name: str, seed: int, scale: Scale, shares: dict[str, tuple[Chat, float]]) -> Workload:
+    """Each client's own Poisson stream of its kind, keeping its share of the slots busy."""
     model = scale.models[0]
-    interactive = Chat((Segment(INTERACTIVE_SYSTEM, 300),), ((20, 200),), (2, 6), (5.0, 20.0),
-                       (20, 150), (50, 200))  # fmt: skip
-    batch = Chat((), ((3000, 10000), (30, 60)), (1, 1), (0.0, 0.0), (0, 0), (500, 1000))
-    standard = Chat((Segment(STANDARD_SYSTEM, 1500),), ((100, 600),), (2, 6), (5.0, 30.0),
-                    (50, 400), (100, 400))  # fmt: skip
-    shares = {"interactive": (interactive, 0.3), "batch": (batch, 4.0),
-              "standard": (standard, max(0.1, scale.load - 0.3))}  # fmt: skip
 
     def stream(client: str, kind: Chat, share: float) -> Iterator[Arrival]:
-        rng = random.Random(f"{seed}/clients/{client}")
+        rng = random.Random(f"{seed}/{name}/{client}")
         for start in _poisson(rng, _rate(scale, share, kind), 0.0, scale.seconds):
             yield start, kind, model, client
 
@@ -219,7 +261,7 @@ def clients(seed: int, scale: Scale) -> Workload:
         streams = [stream(client, kind, share) for client, (kind, share) in shares.items()]
         return heapq.merge(*streams, key=lambda arrival: arrival[0])
 
-    return _workload("clients", seed, arrivals, (model,), tuple(shares))
+    return _workload(name, seed, arrivals, (model,), tuple(shares))
 
 
 def few(seed: int, scale: Scale, over: float = 30.0) -> Workload:
