@@ -40,12 +40,11 @@ from routing.core.endpoints import GENERATE, Kind  # noqa: E402
 from routing.core.errors import GatewayError, HostDown  # noqa: E402
 from routing.core.fingerprint import fingerprint  # noqa: E402
 from routing.core.prefixes import prefix_blocks  # noqa: E402
-from routing.core.running import RunningTable  # noqa: E402
 from routing.core.tee import Usage  # noqa: E402
 from routing.proxy.access import check_access  # noqa: E402
 from routing.proxy.ask import Ask  # noqa: E402
 from routing.proxy.lifecycle import Lifecycle  # noqa: E402
-from routing.proxy.record import Outcome, clock  # noqa: E402
+from routing.proxy.record import Outcome  # noqa: E402
 from routing.runtime import Runtime  # noqa: E402
 from twin.host import Cut, Prompt, Refused, TwinHost  # noqa: E402
 from twin.router import NotLoaded, RouterHost  # noqa: E402
@@ -190,11 +189,6 @@ class TwinGateway:
         self.route = config.routes[ROUTE]
         self.runtime = Runtime(config, signals.config_generation())
         self.runtime.probe_down = self._probe_down  # type: ignore[method-assign]  # the twin's poller
-        # The requests running, timed on the loop's clock as a request's durations are: priced
-        # patience weighs how long each slot has been held, and on the table's default
-        # (monotonic) clock a hold would be the CPU time the twin took, not virtual time (the
-        # runs with headroom then differed from one process to the next).
-        self.runtime.running = RunningTable(clock)
         for name, host in hosts.items():
             if isinstance(host, RouterHost):
                 host.on_change = self._model_changed
