@@ -418,6 +418,10 @@ class _Runtime:
         self.live = fleet
         self.running = RunningTable()
         self.figures = Figures()
+        self.models = None  # no model actor: these hosts load nothing
+
+    def arrived(self, model: str | None) -> None:
+        """A request arrives: with no model actor, nobody counts it."""
 
     async def probe_down(self, route: object) -> None:
         pass

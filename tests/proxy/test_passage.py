@@ -70,6 +70,10 @@ class Fleet(MemoryFleet):
         self.clients = ClientGate(require=False)
         self.head: Any = None  # what a healthy host answers: ("head of", host) unless set
         self.stream_idle_timeout = WAIT
+        self.models = None  # no model actor: these hosts load nothing
+
+    def arrived(self, model: str | None) -> None:
+        """A request arrives: with no model actor, nobody counts it."""
 
     @property
     def live(self) -> Fleet:

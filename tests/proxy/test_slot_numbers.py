@@ -143,7 +143,9 @@ def test_a_conversation_whose_slot_another_is_using_leaves_it_to_the_host_that_r
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
     gateway.sync()
     wait_for_health_poll(fake)
-    fake.token_delay = 0.05  # each answer holds its slot some 0.4 s (8 tokens)
+    # Each answer holds its slot some 1.2 s (8 tokens): the wait for slot 0 is priced as that
+    # less what three's turn has held it, which on a busy machine can be half a second.
+    fake.token_delay = 0.15
     for name in ("one", "two", "three"):  # one and three share slot 0
         turn(gateway, opening(name))
 
@@ -151,8 +153,8 @@ def test_a_conversation_whose_slot_another_is_using_leaves_it_to_the_host_that_r
         turn(gateway, opening("one"), "again", alone=False)
         assert fake.max_concurrent == 2
 
-    # Waiting for slot 0 (some 0.4 s) would cost more than reading one's prompt in slot 1
-    # (some 150 tokens at 10,000 a second), which would sit idle meanwhile.
+    # Waiting for slot 0 (up to some 1.2 s) would cost more than reading one's prompt in slot
+    # 1 (some 150 tokens at 10,000 a second), which would sit idle meanwhile.
     assert [body.get("id_slot") for body in sent(fake)] == [0, 1, 0, 0, None]
 
 

@@ -16,7 +16,7 @@ from twin.shapes import Conversation, Segment, Turn, Workload
 
 from routing.core.clients import ClientSpec
 from routing.core.fairness import Priority
-from tests.twin.test_gateway import PROFILE
+from tests.helpers.twin_profiles import PROFILE
 
 ONE_SLOT = replace(PROFILE, slots=1)
 KEYS = {

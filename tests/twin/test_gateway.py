@@ -14,8 +14,6 @@ from twin.host import TwinHost
 from twin.run import one_host, run
 from twin.shapes import (
     Conversation,
-    HostProfile,
-    ModelProfile,
     Restart,
     Segment,
     Turn,
@@ -23,13 +21,8 @@ from twin.shapes import (
 )
 
 from routing.proxy.record import Outcome
+from tests.helpers.twin_profiles import MODEL, PROFILE
 
-MODEL = ModelProfile(
-    "chat", size_gb=5.0, load_s=4.0, prefill_tps=2000.0, decode_tps=(50.0, 45.0),
-    restore_tps=100_000.0, kv_bytes_per_token=1024 * 1024,
-)  # fmt: skip
-PROFILE = HostProfile("test", slots=2, cache_ram_mib=50_000, memory_gb=48.0, models_max=1,
-                      models={"chat": MODEL})  # fmt: skip
 SYSTEM = Segment(1, 2000)
 
 

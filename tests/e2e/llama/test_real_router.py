@@ -1,7 +1,9 @@
 """The gateway in front of real llama-servers in router mode started with
 `--no-models-autoload`: such a host answers 400 "model is not loaded" for a model it lists but
 has not loaded, so a request for a model loaded on one host only waits for that host when it
-is full, and never reaches the other. Skips when no llama-server binary is found."""
+is full, and never reaches the other; a model loaded on neither is loaded by crossbar on one
+(in one process; refused as not loaded with shared state, where no process loads models yet).
+Skips when no llama-server binary is found."""
 
 from __future__ import annotations
 
@@ -126,6 +128,10 @@ def test_a_request_for_a_model_loaded_on_one_router_waits_for_it_when_it_is_full
     assert ledger.rows().filter(queued_ms__gt=0).count() == 1
 
 
+@pytest.mark.skipif(
+    os.environ.get("CROSSBAR_TEST_SHARED") != "1",
+    reason="in one process crossbar loads the model (the test after this one)",
+)
 def test_a_model_loaded_on_no_router_is_refused_as_not_loaded_never_with_a_hosts_400(
     gateway, ledger, routers
 ):
@@ -143,3 +149,32 @@ def test_a_model_loaded_on_no_router_is_refused_as_not_loaded_never_with_a_hosts
     assert [host["state"] for host in refused.json()["error"]["hosts"]] == ["unloaded"] * 2
     assert ledger.statuses() == [503]
     assert list(ledger.rows().values_list("code", "host")) == [("model_not_loaded", "")]
+
+
+@pytest.mark.skipif(
+    os.environ.get("CROSSBAR_TEST_SHARED") == "1",
+    reason="with CROSSBAR_REDIS_URL no process loads models yet (the test before this one)",
+)
+def test_a_model_loaded_on_no_router_is_loaded_by_crossbar_on_one_and_the_request_served_there(
+    gateway, ledger, routers
+):
+    add_route("chat", [add_host(f"llama{n}", router.url, models={"c": (1, 4)})
+                       for n, router in enumerate(routers, 1)])  # fmt: skip
+    gateway.sync()
+    wait_for_host_state(gateway.url, "llama1", "up")
+    wait_for_host_state(gateway.url, "llama2", "up")
+
+    body = {"model": "c", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    served = ledger.client.post("/chat/v1/chat/completions", json=body, timeout=120)
+
+    assert served.status_code == 200
+    host = served.headers["x-crossbar-host"]
+    assert served.headers["x-crossbar-placement"] == "loaded"
+    router = routers[int(host.removeprefix("llama")) - 1]
+    listed = httpx.get(f"{router.url}/v1/models", timeout=5).json()["data"]
+    assert {entry["id"]: entry["status"]["value"] for entry in listed}["c"] == "loaded"
+    other = routers[2 - int(host.removeprefix("llama"))]
+    listed = httpx.get(f"{other.url}/v1/models", timeout=5).json()["data"]
+    assert {entry["id"]: entry["status"]["value"] for entry in listed}["c"] != "loaded"
+    assert ledger.statuses() == [200]
+    assert list(ledger.rows().values_list("placement", "host", "code")) == [("loaded", host, "")]
