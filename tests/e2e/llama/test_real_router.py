@@ -48,15 +48,16 @@ def routers(llama_binary: Path, tiny_model: Path, tmp_path: Path) -> Iterator[li
         yield [first, second]
 
 
+def status_of(router: LlamaServer, model: str) -> str:
+    """The status the router's `/v1/models` gives `model`."""
+    listed = httpx.get(f"{router.url}/v1/models", timeout=5).json()["data"]
+    return next(entry["status"]["value"] for entry in listed if entry["id"] == model)
+
+
 def load(router: LlamaServer, model: str) -> None:
     """Load `model` on `router` through its own endpoint and wait until it says loaded."""
     assert httpx.post(f"{router.url}/models/load", json={"model": model}).status_code == 200
-
-    def status() -> str:
-        listed = httpx.get(f"{router.url}/v1/models", timeout=5).json()["data"]
-        return next(entry["status"]["value"] for entry in listed if entry["id"] == model)
-
-    wait_until(lambda: status() == "loaded", timeout=60, what=f"{model} loaded")
+    wait_until(lambda: status_of(router, model) == "loaded", timeout=60, what=f"{model} loaded")
 
 
 def instance_of(router: LlamaServer, model: str) -> int:
@@ -128,6 +129,18 @@ def test_a_request_for_a_model_loaded_on_one_router_waits_for_it_when_it_is_full
     assert ledger.rows().filter(queued_ms__gt=0).count() == 1
 
 
+def ask_for_c(gateway, ledger: Ledger, routers: list[LlamaServer]) -> httpx.Response:
+    """Both routers behind route `chat`, listing model c (loaded on neither): one request
+    for c, once both are up."""
+    add_route("chat", [add_host(f"llama{n}", router.url, models={"c": (1, 4)})
+                       for n, router in enumerate(routers, 1)])  # fmt: skip
+    gateway.sync()
+    wait_for_host_state(gateway.url, "llama1", "up")
+    wait_for_host_state(gateway.url, "llama2", "up")
+    body = {"model": "c", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    return ledger.client.post("/chat/v1/chat/completions", json=body, timeout=120)
+
+
 @pytest.mark.skipif(
     os.environ.get("CROSSBAR_TEST_SHARED") != "1",
     reason="in one process crossbar loads the model (the test after this one)",
@@ -135,14 +148,7 @@ def test_a_request_for_a_model_loaded_on_one_router_waits_for_it_when_it_is_full
 def test_a_model_loaded_on_no_router_is_refused_as_not_loaded_never_with_a_hosts_400(
     gateway, ledger, routers
 ):
-    add_route("chat", [add_host(f"llama{n}", router.url, models={"c": (1, 4)})
-                       for n, router in enumerate(routers, 1)])  # fmt: skip
-    gateway.sync()
-    wait_for_host_state(gateway.url, "llama1", "up")
-    wait_for_host_state(gateway.url, "llama2", "up")
-
-    body = {"model": "c", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    refused = ledger.client.post("/chat/v1/chat/completions", json=body)
+    refused = ask_for_c(gateway, ledger, routers)
 
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "model_not_loaded"
@@ -158,23 +164,13 @@ def test_a_model_loaded_on_no_router_is_refused_as_not_loaded_never_with_a_hosts
 def test_a_model_loaded_on_no_router_is_loaded_by_crossbar_on_one_and_the_request_served_there(
     gateway, ledger, routers
 ):
-    add_route("chat", [add_host(f"llama{n}", router.url, models={"c": (1, 4)})
-                       for n, router in enumerate(routers, 1)])  # fmt: skip
-    gateway.sync()
-    wait_for_host_state(gateway.url, "llama1", "up")
-    wait_for_host_state(gateway.url, "llama2", "up")
-
-    body = {"model": "c", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    served = ledger.client.post("/chat/v1/chat/completions", json=body, timeout=120)
+    served = ask_for_c(gateway, ledger, routers)
 
     assert served.status_code == 200
     host = served.headers["x-crossbar-host"]
     assert served.headers["x-crossbar-placement"] == "loaded"
-    router = routers[int(host.removeprefix("llama")) - 1]
-    listed = httpx.get(f"{router.url}/v1/models", timeout=5).json()["data"]
-    assert {entry["id"]: entry["status"]["value"] for entry in listed}["c"] == "loaded"
-    other = routers[2 - int(host.removeprefix("llama"))]
-    listed = httpx.get(f"{other.url}/v1/models", timeout=5).json()["data"]
-    assert {entry["id"]: entry["status"]["value"] for entry in listed}["c"] != "loaded"
+    number = int(host.removeprefix("llama"))
+    assert status_of(routers[number - 1], "c") == "loaded"
+    assert status_of(routers[2 - number], "c") != "loaded"  # one load, on one router
     assert ledger.statuses() == [200]
     assert list(ledger.rows().values_list("placement", "host", "code")) == [("loaded", host, "")]
