@@ -109,7 +109,12 @@ class ModelActor:
         """A request for `model` arrives: counted; when its line is not empty, decide again
         (a line that grows may want another copy)."""
         now = self.loop.time()
-        self._arrivals[model].append(now)
+        arrivals = self._arrivals[model]
+        arrivals.append(now)
+        # Kept to the rate's window here, not only when `snapshot` reads it: a model the actor
+        # places nowhere is never read, and its arrivals would grow with every request.
+        while arrivals[0] <= now - RATE_WINDOW:
+            arrivals.popleft()
         self._model_used[model] = now
         state = self.live.state
         if any(state.queued(host, model) for host in self.live.config.hosts):
