@@ -101,9 +101,9 @@ class Slot:
         if self._released:
             return
         self._released = True
-        self._limiter._release(self._pair, self._entry.priority)
         if self._charge == "at release":
-            self.charge(Work())
+            self.charge(Work())  # before the slot is handed on, so the line counts it
+        self._limiter._release(self._pair, self._entry.priority)
 
     def charge_later(self) -> None:
         """`release` charges nothing: the request's end calls `charge` with what it did."""

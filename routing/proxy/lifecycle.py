@@ -52,7 +52,7 @@ from routing.core.errors import (
     QueueFull,
     answer_for,
 )
-from routing.core.fairness import ANONYMOUS
+from routing.core.fairness import ANONYMOUS, Work
 from routing.core.leases import LeaseKey, LeaseOutcome
 from routing.core.named_slots import NamedSlot
 from routing.core.patience import Pricing
@@ -384,13 +384,18 @@ class Lifecycle:
         """The client hears how its wait goes, as an SSE stream (`routing.proxy.waiting`)."""
         self.trail = self.trail._replace(streamed=True)
 
-    def host_done(self) -> None:
+    def host_done(self, work: Work | None = None) -> None:
         """The host is done with: its slot back, and how long it was held to the figures (a
-        slow client may still be reading). Safe to call again."""
+        slow client may still be reading). `work`, when known, is charged to the request's
+        key first, so the line picks who the slot goes to with it counted. Safe to call
+        again."""
         slot = self._slot
         if slot is None:
             return
         self._slot = None
+        if work is not None and self._charged is not None:
+            charge(self._charged, work)
+            self._charged = None
         held(self.trail, self.runtime)
         if self._running is not None:
             self._running.table.freed(self._running)  # what a slow reader still reads holds none

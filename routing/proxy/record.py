@@ -96,16 +96,20 @@ class Outcome:
     prompt_ms: float | None = None
 
     def work(self) -> Work:
-        """What the host did for the request, from the counts its row gets: prompt tokens it
-        evaluated (those it found cached apart) and tokens it generated; none unsaid."""
-        usage = self.usage
-        prompt, cached = usage.prompt_tokens or 0, usage.cached_tokens or 0
-        return Work(max(0, prompt - cached), cached, usage.completion_tokens or 0)
+        """What the host did for the request (`work_done`)."""
+        return work_done(self.usage)
 
     def tokens(self) -> int:
         """What the request spent of its key's budgets: prompt tokens (cached ones included)
         plus generated tokens, as its row counts them; an unknown count spends none."""
         return (self.usage.prompt_tokens or 0) + (self.usage.completion_tokens or 0)
+
+
+def work_done(usage: Usage) -> Work:
+    """What a host did for a request, from the counts its row gets: prompt tokens it evaluated
+    (those it found cached apart) and tokens it generated; none unsaid."""
+    prompt, cached = usage.prompt_tokens or 0, usage.cached_tokens or 0
+    return Work(max(0, prompt - cached), cached, usage.completion_tokens or 0)
 
 
 def refused_by(trail: Trail, hosts: tuple[str, ...]) -> Trail:

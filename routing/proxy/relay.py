@@ -19,9 +19,10 @@ from hosts.failures import failure
 from routing.core import sse
 from routing.core.background import spawn
 from routing.core.errors import Answer
+from routing.core.fairness import Work
 from routing.core.running import RunningRequest, data_events
 from routing.core.tee import Tee
-from routing.proxy.record import Outcome
+from routing.proxy.record import Outcome, work_done
 
 # How far a client may fall behind its host: bytes read from the host that the client's
 # connection has not taken yet (the server's write buffer, 64 KiB, and the kernel's socket
@@ -45,9 +46,10 @@ def close_soon(upstream: httpx.Response) -> None:
 class Ending(Protocol):
     """Who hears how the relayed answer goes: the request's lifecycle."""
 
-    def host_done(self) -> None:
-        """The host is done with (its stream ended, failed, or was cut): its slot back. The
-        relay may say so more than once; only the first counts."""
+    def host_done(self, work: Work | None = None) -> None:
+        """The host is done with (its stream ended, failed, or was cut): its slot back, after
+        the request's key is charged `work` (what the host did, when known). The relay may say
+        so more than once; only the first counts."""
 
     def end(self, outcome: Outcome) -> None:
         """The request has ended, so (once)."""
@@ -252,7 +254,7 @@ class Relay:
                               "client_too_slow")  # fmt: skip
                     return
         finally:
-            self._life.host_done()
+            self._life.host_done(self._work())
             await self._upstream.aclose()
 
     def _host_done(self, status: int, error: str = "", code: str = "") -> None:
@@ -360,11 +362,16 @@ class Relay:
         else:
             close_soon(self._upstream)
 
+    def _work(self) -> Work:
+        """What the host did, from what the tee saw of its answer: read once no chunk is to
+        come, so the key is charged before its slot goes to the next in line."""
+        return work_done(self._tee.usage())
+
     def _end(self, status: int, error: str, code: str) -> None:
         self._closed = True
         if self._watchdog is not None:
             self._watchdog.cancel()
-        self._life.host_done()
+        self._life.host_done(self._work())
         if not code and status >= 400:
             code = "upstream_error"  # the host's own error answer, passed through as it is
         self._life.end(Outcome(status, error, code, self._tee.usage(), self._tee.prompt_ms()))

@@ -66,7 +66,8 @@ def test_an_interactive_request_is_served_before_batch_requests_queued_earlier(
 
     served = [seen.json["messages"][-1]["content"] for seen in completions(fake)]
     assert served[1:] == ["interactive", "batch 0", "batch 1", "batch 2"]
-    assert done == ["interactive", "batch 0", "batch 1", "batch 2"]
+    # All answered; in which order the clients finished reading is theirs, not the line's.
+    assert sorted(done) == ["batch 0", "batch 1", "batch 2", "interactive"]
     wait_until(lambda: Request.objects.count() == 5, what="the rows")
     rows = Request.objects.exclude(queued_ms=0)
     waited = {row.client: row.queued_ms for row in rows.order_by("started")}  # the last batch's
