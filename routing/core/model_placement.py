@@ -16,10 +16,10 @@ The rules, in the order `decide` applies them (room given to an earlier rule is 
 2. **Pinned.** A model pinned on a host (a hand load) and not there is loaded there.
 3. **min_loaded.** A model on fewer hosts (loaded or loading) than `min_loaded` gets one more.
 4. **Demand**, models with the longest line first. A model with requests waiting and loaded
-   nowhere is loaded on the best host. A model whose line outgrows its loaded hosts is loaded
-   on one more when its priced wait (waiting x `service_s` / the slots of its loaded copies)
-   is above the load's seconds there. A model already loading anywhere gets no load for demand:
-   that load is the capacity coming.
+   nowhere is loaded on the best host. A model whose line outgrows its loaded hosts (more
+   waiting than their free slots) is loaded on one more when its priced wait (waiting x
+   `service_s` / the slots of its loaded copies) is above the load's seconds there. A model
+   already loading anywhere gets no load for demand: that load is the capacity coming.
 
 Everywhere: at most one load per model per call; never more loaded or loading on a host than
 `models_max` (and `memory_gb`, when given, counting `size_gb`); never more than `swap_budget`
@@ -302,6 +302,8 @@ def _load_for_demand(plan: _Plan, model: str) -> None:
                f"load {load_s:.0f} s on {host}")  # fmt: skip
         return
     slots = sum(plan.snapshot.pairs[host, model].slots for host in copies)
+    if waiting <= slots - spec.demand.running:
+        return  # its copies have a free slot for each
     priced = waiting * spec.service_s / max(slots, 1)
     best = _best_host(plan, model)
     if isinstance(best, str):

@@ -312,7 +312,7 @@ class ModelActor:
             while arrivals and arrivals[0] <= now - RATE_WINDOW:
                 arrivals.popleft()
             hosts = self.live.config.hosts
-            waiting = self._held[model] + sum(state.queued(h, model) for h in hosts)
+            waiting = self._waiting_for_load(model) + sum(state.queued(h, model) for h in hosts)
             running = sum(state.in_flight(h, model) for h in hosts)
             demand = Demand(len(arrivals) / RATE_WINDOW, waiting, running)
             models[model] = Model(demand, rules)
@@ -328,6 +328,13 @@ class ModelActor:
                 waiting=state.queued(*key), slots=pair.slots, load_s=self._load_s_of(key),
             )  # fmt: skip
         return Snapshot(self._hosts(now), models, on_hosts)
+
+    def _waiting_for_load(self, model: str) -> int:
+        """The requests waiting here for `model` to load; none once it has: those go on to its
+        host now (their tasks have yet to run), and counted as waiting they would ask for a
+        copy more."""
+        ready = self._ready.get(model)
+        return 0 if ready is not None and ready.done() else self._held[model]
 
     def _load_s_of(self, key: PairKey) -> float | None:
         """The pair's measured load; else the model's on other hosts (the same file, most

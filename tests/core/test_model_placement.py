@@ -255,10 +255,26 @@ def test_max_loaded_stops_a_long_line_from_taking_another_host() -> None:
 def test_an_unmeasured_load_is_priced_at_the_default() -> None:
     snapshot = fleet(
         {"gpu1": Host(2), "gpu2": Host(2)},
-        {"chat": Model(Demand(waiting=1), service_s=DEFAULT_LOAD_S + 1.0)},
-        {("gpu1", "chat"): ModelOnHost(Status.LOADED, waiting=1)},
+        {"chat": Model(Demand(waiting=1, running=1), service_s=DEFAULT_LOAD_S + 1.0)},
+        {("gpu1", "chat"): ModelOnHost(Status.LOADED, running=1, waiting=1)},
     )
     assert loads(decide(snapshot, now=1000.0)) == [("gpu2", "chat")]
+
+
+def test_requests_its_loaded_copies_have_free_slots_for_get_no_copy_more() -> None:
+    """Waiting for a load that has just ended, say: they go to the copy's free slots now."""
+    free = fleet(
+        {"gpu1": Host(2), "gpu2": Host(2)},
+        {"chat": Model(Demand(waiting=2, running=1), service_s=100.0)},
+        {("gpu1", "chat"): ModelOnHost(Status.LOADED, running=1, slots=3, load_s=1.0)},
+    )
+    assert decide(free, now=1000.0) == []
+    full = fleet(
+        {"gpu1": Host(2), "gpu2": Host(2)},
+        {"chat": Model(Demand(waiting=3, running=1), service_s=100.0)},
+        {("gpu1", "chat"): ModelOnHost(Status.LOADED, running=1, slots=3, load_s=1.0)},
+    )
+    assert loads(decide(full, now=1000.0)) == [("gpu2", "chat")]
 
 
 # -- the decisions applied, in virtual time --------------------------------------------------

@@ -80,6 +80,31 @@ def test_three_requests_for_a_model_loaded_nowhere_cause_one_load(gateway, ledge
     assert min(row.queued_ms for row in rows) > 0  # the load's wait is in its queued time
 
 
+def test_a_request_for_a_model_loaded_on_neither_of_two_routers_loads_it_on_one_only(
+    gateway, ledger
+):
+    """The request waiting for the load still counts as waiting when the load ends: it is
+    no line the first copy cannot serve, so no second copy is loaded for it."""
+    first = FakeLlamaServer(router_models=("a",), models_autoload=False, load_delay=0.5)
+    second = FakeLlamaServer(router_models=("a",), models_autoload=False, load_delay=0.5)
+    with first, second:
+        add_route("chat", [add_host("gpu1", first.url, models={"a": (1, 4)}),
+                           add_host("gpu2", second.url, models={"a": (1, 4)})])  # fmt: skip
+        gateway.sync()
+        wait_for_health_poll(first)
+        wait_for_health_poll(second)
+        answer = ask(ledger, "a")
+        wait_for_health_poll(first)  # a decision the load's end set off has been carried out
+        wait_for_health_poll(second)
+        loads = len(first.requests_to(LOAD)) + len(second.requests_to(LOAD))
+        statuses = {first.model_status("a"), second.model_status("a")}
+
+    assert answer.status_code == 200
+    assert loads == 1
+    assert statuses == {"loaded", "unloaded"}
+    assert ledger.statuses() == [200]
+
+
 def test_a_request_for_a_model_an_operator_is_loading_joins_that_load(gateway, ledger):
     with FakeLlamaServer(router_models=("a",), models_autoload=False, load_delay=1.0) as router:
         add_route("chat", [add_host("gpu1", router.url, models={"a": (1, 4)})])

@@ -171,5 +171,6 @@ def test_a_model_loaded_on_no_router_is_loaded_by_crossbar_on_one_and_the_reques
     assert served.headers["x-crossbar-placement"] == "loaded"
     number = int(host.removeprefix("llama"))
     assert status_of(routers[number - 1], "c") == "loaded"
+    assert status_of(routers[2 - number], "c") == "unloaded"  # one load, not one per router
     assert ledger.statuses() == [200]
     assert list(ledger.rows().values_list("placement", "host", "code")) == [("loaded", host, "")]
