@@ -12,6 +12,9 @@ judged under (`twin.run.run_models`).
 - `fleet`: fleet placement. Every host is configured with every model, nothing is loaded at
   the start, autoload is off; an actor (`twin.fleet`) loads and unloads models on the hosts
   as `routing.core.model_placement.decide` says, from what the gateway knows of the demand.
+- `warm`: fleet placement started from `static`'s models, loaded before the run: a gateway
+  (re)started in front of boxes already serving. Beside `fleet` it splits what the policy
+  costs from what starting with nothing loaded costs.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["LAYOUTS", "Layout", "autoload", "fleet", "static"]
+__all__ = ["LAYOUTS", "Layout", "autoload", "fleet", "static", "warm"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +61,17 @@ def fleet(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layou
     return Layout("fleet", every, {}, autoload=False, placed=True)
 
 
+def warm(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout:
+    """Every model on every host, `static`'s loaded, autoload off: fleet placement goes on
+    from there."""
+    loaded = static(hosts, models, models_max).loaded
+    every = {host: tuple(models) for host in hosts}
+    return Layout("warm", every, loaded, autoload=False, placed=True)
+
+
 LAYOUTS: dict[str, Callable[[Sequence[str], Sequence[str], int], Layout]] = {
     "static": static,
     "autoload": autoload,
     "fleet": fleet,
+    "warm": warm,
 }
