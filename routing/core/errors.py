@@ -98,25 +98,33 @@ class QueueFull(GatewayError):
 
 
 class Shed(GatewayError):
-    """A waiting request refused to make room for one of a higher class: every line the
-    newcomer could wait in was full, and this was the most recently queued of the lowest class
-    waiting there (`routing.core.limiter`). 429, not `queue_full`'s 503: the fleet is not at
-    fault, the request's class is what lost it the place; the same `Retry-After` as a full
-    queue, since the line is as full as when a newcomer is refused."""
+    """A waiting request refused to make room for one of a higher class, or of its own class
+    whose key is further below its share of the slots: every line the newcomer could wait in
+    was full, and this was the most recently queued of the lowest class waiting there, or of
+    the key furthest ahead of its share (`routing.core.limiter`). 429, not `queue_full`'s
+    503: the fleet is not at fault, the request's class (or its key's share) is what lost it
+    the place; the same `Retry-After` as a full queue, since the line is as full as when a
+    newcomer is refused."""
 
     status = 429
     code = "over_capacity"
     when = (
-        "the request waited in a full line and was shed for a request of a higher class"
+        "the request waited in a full line and was shed for a request of a higher class, or"
+        " of its own class whose key was further below its share (its weight)"
         " (`Retry-After: 1`; in-process state only)"
     )
     retry_after = QueueFull.retry_after
 
     def __init__(self, host: str, model: str, shed: str, newcomer: str) -> None:
+        why = (
+            f"a request of class {newcomer} took its place"
+            if shed != newcomer
+            else "a request of a client key further below its share of the slots (its weight)"
+            " took its place"
+        )
         super().__init__(
-            f"shed for a higher-priority request: this {shed} request waited in the full line of"
-            f" host {host} for model {model}, and a request of class {newcomer} took its place."
-            f" Retry after {QueueFull.retry_after} s"
+            f"shed for another request: this {shed} request waited in the full line of host"
+            f" {host} for model {model}, and {why}. Retry after {QueueFull.retry_after} s"
         )
         self.host = host
         self.model = model

@@ -12,9 +12,11 @@ The rules, in the order `next` applies them:
    conservation: with no headroom configured, `next` grants someone whenever anyone waits and
    a slot is free. Headroom is capped at ``parallel - 1`` (the free slots plus those running),
    so a lower class can always run on one slot and its wait stays bounded.
-2. **Aging.** A waiter that has waited `starvation_bound` seconds or longer goes before every
-   class, the oldest such first, so no request waits past the bound because of classes (only
-   because every slot runs something and, with headroom, the higher class keeps its own).
+2. **Aging.** A waiter that has waited `starvation_bound` seconds or longer puts its class
+   before every other, the class of the oldest such first, so no request waits past the bound
+   because of classes (only because every slot runs something and, with headroom, the higher
+   class keeps its own). Within that class the shares still decide (rule 4): aging is between
+   classes, and a flooded class's keys keep their weights however long they all wait.
 3. **Classes.** Otherwise the highest class waiting goes first.
 4. **Fair shares within a class.** Among the class's backlogged keys, the one with the least
    virtual work goes first (ties: the one whose oldest waiter came first). A key's virtual work
@@ -24,8 +26,12 @@ The rules, in the order `next` applies them:
    left, so an idle key cannot bank credit.
 5. **FIFO within a key** (and class): first come, first served.
 
-A full line also says whom to refuse for a newcomer of a higher class (`last_below`: load
-shedding, the lowest class's most recently queued waiter); the limiter does the refusing.
+A full line also says whom to refuse for a newcomer (`to_shed`: load shedding): of a lower
+class, the lowest class's most recently queued waiter; else, of the newcomer's own class, the
+most recently queued waiter of the key furthest ahead of its share once its waiters are
+counted, when it is still at least as far ahead as the newcomer's key with the newcomer: so a
+full line holds each key's requests in proportion to its weight, not to its arrivals. The
+limiter does the refusing.
 
 Work is known only after an answer, so a grant charges the key an advance (a moving average of
 the line's recent costs) and `charge` settles it with what the host reports: every entry that
@@ -69,6 +75,12 @@ DEFAULT_ESTIMATE = 512.0
 _ESTIMATE_SHARE = 0.125
 # Weights below this count as this, so a key's work stays finite.
 _MIN_WEIGHT = 0.001
+# Virtual work compared for equality at the door: sums of floats.
+_EPSILON = 1e-9
+
+
+def _weight(weight: float) -> float:
+    return max(weight, _MIN_WEIGHT)
 
 
 class Priority(StrEnum):
@@ -233,10 +245,45 @@ class FairLine:
                 return max(lasts, key=lambda entry: entry.seq)
         return None
 
+    def to_shed(self, key: str, priority: Priority, weight: float) -> Entry | None:
+        """The waiter a full line refuses to make room for a newcomer of `key` (`priority`,
+        `weight`): of a lower class (`last_below`), else of the newcomer's own class, the last
+        of the key most ahead of its share (`_claim`: its virtual work with its waiters served)
+        if, without that waiter, it is still at least as far ahead as the newcomer's key with
+        the newcomer. None when nobody is to be refused. It stays in the line."""
+        lower = self.last_below(priority)
+        if lower is not None:
+            return lower
+        keys, per_request = self._keys[priority], self._estimate
+        mine = keys.get(key)
+        if mine is not None and mine.waiting:
+            before = self._claim(mine)
+        else:  # where `join` would start it
+            floor = self._virtual_now(priority)
+            before = max(mine.work, floor) if mine is not None else floor
+        newcomer = before + per_request / _weight(weight)
+        ahead = [(self._claim(s), s) for k, s in keys.items() if k != key and s.waiting]
+        if not ahead:
+            return None
+        claim, state = max(ahead, key=lambda pair: (pair[0], pair[1].waiting[-1].seq))
+        last = state.waiting[-1]
+        if claim - per_request / _weight(last.weight) >= newcomer - _EPSILON:
+            return last
+        return None
+
+    def _claim(self, state: _Key) -> float:
+        """The key's virtual work once its waiters are served (each at the advance)."""
+        return state.work + sum(self._estimate / _weight(e.weight) for e in state.waiting)
+
+    def _virtual_now(self, priority: Priority) -> float:
+        """The class's virtual time (`_floor`), read without moving it."""
+        works = [s.work for s in self._keys[priority].values() if s.waiting]
+        return max(self._virtual[priority], min(works)) if works else self._virtual[priority]
+
     def charge(self, entry: Entry, work: Work) -> None:
         """Charge `entry`'s key with the work its request did, settling the advance charged
         at its grant. Also for a request that took a free slot without waiting. Call once."""
-        weight = max(entry.weight, _MIN_WEIGHT)
+        weight = _weight(entry.weight)
         state = self._key(entry)
         cost = work.cost(self.cached_weight, self.decode_weight)
         if entry.advance is not None:
@@ -289,7 +336,8 @@ class FairLine:
         return True
 
     def _aged(self, now: float, allowed: list[Priority]) -> Entry | None:
-        """The oldest waiter of an allowed class, if it has waited the bound or longer."""
+        """When a waiter of an allowed class has waited the bound or longer: the fairest
+        waiter of the class of the oldest such (`_fairest`)."""
         heads = [
             state.waiting[0]
             for priority in allowed
@@ -299,7 +347,9 @@ class FairLine:
         if not heads:
             return None
         oldest = min(heads, key=lambda entry: (entry.arrived, entry.seq))
-        return oldest if now - oldest.arrived >= self.starvation_bound else None
+        if now - oldest.arrived < self.starvation_bound:
+            return None
+        return self._fairest([oldest.priority])
 
     def _fairest(self, allowed: list[Priority]) -> Entry | None:
         """The first waiter of the highest allowed class's key with the least virtual work."""
@@ -316,7 +366,7 @@ class FairLine:
         state.waiting.remove(entry)
         self._count -= 1
         entry.advance = self._estimate
-        state.work += self._estimate / max(entry.weight, _MIN_WEIGHT)
+        state.work += self._estimate / _weight(entry.weight)
         state.unsettled += 1
 
     def _forget_if_idle(self, priority: Priority, key: str) -> None:

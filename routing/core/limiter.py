@@ -170,14 +170,15 @@ class Limiter:
         return None
 
     def _shed_for(self, pairs: Iterable[Pair], share: Share) -> bool:
-        """Refuse (`Shed`) the waiter whose place a newcomer of `share`'s class takes: of the
-        full lines of `pairs`, the first whose lowest class waiting is the lowest, and there
-        that class's last queued (`Line.last_below`), so no request is refused while one of a
-        lower class waits where it could have waited. False when nobody lower waits."""
+        """Refuse (`Shed`) the waiter whose place a newcomer of `share` takes: of the full
+        lines of `pairs`, the first whose waiter to shed (`Line.to_shed`) is of the lowest
+        class, so no request is refused while one of a lower class waits where it could have
+        waited; of the newcomer's class only when no lower one waits in any (a key further
+        ahead of its share). False when nobody is to be shed."""
         victim: tuple[Waiter, PairState] | None = None
         for host, model in pairs:
             pair = self._find(host, model)
-            last = pair.line.last_below(share.priority) if pair is not None else None
+            last = pair.line.to_shed(share) if pair is not None else None
             if last is not None and pair is not None:
                 if victim is None or last.share.priority.rank < victim[0].share.priority.rank:
                     victim = (last, pair)

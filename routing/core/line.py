@@ -79,10 +79,10 @@ class Line:
             return None
         return self._waiters.pop(entry), entry
 
-    def last_below(self, priority: Priority) -> Waiter | None:
-        """The waiter to shed for a newcomer of `priority` (`FairLine.last_below`), still in
-        the line; None when nobody of a lower class waits."""
-        entry = self.order.last_below(priority)
+    def to_shed(self, share: Share) -> Waiter | None:
+        """The waiter to shed for a newcomer of `share` (`FairLine.to_shed`: of a lower class,
+        or of a key further ahead of its share), still in the line; None when nobody is."""
+        entry = self.order.to_shed(share.key, share.priority, share.weight)
         return self._waiters[entry] if entry is not None else None
 
     def allows(self, priority: Priority, free: int) -> bool:

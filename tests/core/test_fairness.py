@@ -206,16 +206,28 @@ def test_backlogged_keys_with_weights_1_and_2_share_the_work_1_to_2() -> None:
     assert abs(done["heavy"] / done["light"] - 2.0) <= 0.2
 
 
-def test_past_the_bound_the_oldest_goes_first_whatever_the_weights() -> None:
+def test_past_the_bound_the_shares_still_decide_within_a_class() -> None:
+    """Aging is between classes: a flooded class whose waiters are all past the bound keeps
+    its keys' weights, or two keys flooding it would be served in arrival order, 1:1."""
     line = FairLine(starvation_bound=10.0)
     light = Entry("light", weight=1.0, arrived=0.0)
-    heavy = Entry("heavy", weight=8.0, arrived=1.0)
-    waiting(line, light, heavy)
-    line.charge(Entry("light", weight=1.0), Work(evaluated=10_000))  # far behind on its share
+    heavy = [Entry("heavy", weight=8.0, arrived=1.0), Entry("heavy", weight=8.0, arrived=2.0)]
+    waiting(line, light, *heavy)
+    line.charge(Entry("light", weight=1.0), Work(evaluated=10_000))  # far ahead of its share
 
-    assert line.next(5.0, 1, NOBODY_RUNS) is heavy  # under the bound: the share decides
-    line.join(heavy := Entry("heavy", weight=8.0, arrived=5.0))
-    assert line.next(10.0, 1, NOBODY_RUNS) is light
+    assert line.next(5.0, 1, NOBODY_RUNS) is heavy[0]  # under the bound: the share decides
+    assert line.next(60.0, 1, NOBODY_RUNS) is heavy[1]  # past it too: light is older, not owed
+
+
+def test_past_the_bound_the_class_of_the_oldest_goes_first_and_its_shares_decide_there() -> None:
+    line = FairLine(starvation_bound=10.0)
+    old_batch = Entry("nightly", BATCH, weight=1.0, arrived=0.0)
+    favoured = Entry("eval", BATCH, weight=8.0, arrived=3.0)
+    chat = Entry("chat", INTERACTIVE, arrived=4.0)
+    waiting(line, old_batch, favoured, chat)
+    line.charge(Entry("nightly", BATCH), Work(evaluated=10_000))
+
+    assert line.next(20.0, 1, NOBODY_RUNS) is favoured  # batch's turn; eval is owed within it
 
 
 def test_a_key_that_was_idle_does_not_bank_credit() -> None:
@@ -360,13 +372,16 @@ class FairLineModel(RuleBasedStateMachine):
         # FIFO within a key (and class).
         assert not [w for w in others if (w.key, w.priority) == (entry.key, entry.priority)
                     and w.seq < entry.seq]  # fmt: skip
-        # No starvation past the bound: a waiter past it that could take this slot is younger
-        # than the one it went to.
-        for waiter in others:
-            if self.now - waiter.arrived >= BOUND and self.may_take(waiter.priority, free, running):
-                assert (entry.arrived, entry.seq) < (waiter.arrived, waiter.seq), waiter
-        # Classes: before the bound, nobody of a higher class that could take it was passed.
-        if self.now - entry.arrived < BOUND:
+        # No starvation past the bound because of classes: when waiters past it could take
+        # this slot, it went to the class of the oldest of them (whose shares decide within).
+        aged = [w for w in self.waiting if self.now - w.arrived >= BOUND
+                and self.may_take(w.priority, free, running)]  # fmt: skip
+        if aged:
+            oldest = min(aged, key=lambda w: (w.arrived, w.seq))
+            assert entry.priority is oldest.priority, oldest
+        # Classes: while nobody is past the bound, nobody of a higher class that could take it
+        # was passed.
+        else:
             assert not [w for w in others if w.priority.rank > entry.priority.rank
                         and self.may_take(w.priority, free, running)]  # fmt: skip
 
@@ -431,3 +446,28 @@ def test_over_a_long_backlogged_run_each_key_gets_work_in_proportion_to_its_weig
     total, weight_sum = sum(done.values()), sum(keys.values())
     for key, weight in keys.items():
         assert abs(done[key] / total - weight / weight_sum) <= 0.1 * weight / weight_sum, key
+
+
+def test_keys_of_weights_1_and_2_flooding_a_full_line_at_one_rate_are_served_1_to_2() -> None:
+    """The door as the limiter keeps it: a full line sheds for a newcomer further below its
+    share (`to_shed`), so what waits, and so what is served, follows the weights and not the
+    arrivals (1:1 here); without it a full line admits each key what it sends."""
+    line, places = FairLine(starvation_bound=30.0), 8
+    served: Counter[str] = Counter()
+    weights = {"light": 1.0, "heavy": 2.0}
+    for step in range(800):
+        now = float(step)
+        for key in ("light", "heavy") if step % 2 else ("heavy", "light"):
+            entry = Entry(key, weight=weights[key], arrived=now)
+            if len(line) >= places:
+                victim = line.to_shed(key, STANDARD, weights[key])
+                if victim is None:
+                    continue  # refused
+                assert line.leave(victim)
+            line.join(entry)
+        granted = line.next(now, 1, NOBODY_RUNS)
+        assert granted is not None
+        line.charge(granted, Work(evaluated=400, generated=50))
+        served[granted.key] += 1
+
+    assert abs(served["heavy"] / served["light"] - 2.0) <= 0.2, served

@@ -1,7 +1,9 @@
 """Load shedding by class: when every line a request could wait in is full, a request of a
 higher class takes the place of the lowest class's most recently queued waiter, which is refused
-(429 `over_capacity`); never the other way round. Driven through the limiter (and placement's
-opening) as requests drive it; the order of the line itself is tested in test_fair_limiter.py.
+(429 `over_capacity`); never the other way round. Within a class, a newcomer whose key is
+further below its share takes the place of the last of the key most ahead of it. Driven
+through the limiter (and placement's opening) as requests drive it; the order of the line
+itself is tested in test_fair_limiter.py.
 """
 
 from __future__ import annotations
@@ -90,13 +92,42 @@ async def test_a_batch_request_at_a_full_line_is_refused_and_sheds_nobody() -> N
     assert not any(w.granted.done() for w in waiters)
 
 
-async def test_nobody_of_the_same_class_or_above_is_shed() -> None:
+async def test_nobody_of_a_higher_class_or_of_an_even_share_in_its_own_class_is_shed() -> None:
     limiter, waiters = full_line(CHAT, STANDARD)
 
     assert limiter.place([PAIR], STANDARD) is None
     assert limiter.place([PAIR], Share("other chat", Priority.INTERACTIVE)) is not None
     assert shed(waiters[1]) and not waiters[0].granted.done()
     assert limiter.place([PAIR], CHAT) is None  # only interactive requests wait now
+
+
+async def test_a_key_with_no_place_in_a_line_another_key_of_its_class_fills_takes_its_last() -> (
+    None
+):
+    limiter, (first, last) = full_line(BATCH, BATCH)
+
+    newcomer = limiter.place([PAIR], EVAL)
+
+    assert isinstance(newcomer, Waiter)
+    assert shed(last) and not first.granted.done()
+    refusal = last.granted.exception()
+    assert refusal is not None
+    answer = answer_for(refusal)
+    assert (answer.status, answer.code) == (429, "over_capacity")
+    assert "further below its share" in answer.message
+    assert limiter.place([PAIR], EVAL) is None  # one place each: even shares, nobody shed
+
+
+async def test_a_full_line_holds_a_key_of_weight_2_and_one_of_weight_1_two_for_one() -> None:
+    light, heavy = Share("light", Priority.BATCH, 1.0), Share("heavy", Priority.BATCH, 2.0)
+    limiter, lights = full_line(light, light, light)
+
+    assert isinstance(limiter.place([PAIR], heavy), Waiter)
+    assert isinstance(limiter.place([PAIR], heavy), Waiter)
+    assert limiter.place([PAIR], heavy) is None  # two for one: the door holds
+
+    assert [shed(w) for w in lights] == [False, True, True]
+    assert limiter.place([PAIR], light) is None  # and light gets none back
 
 
 async def test_a_standard_request_sheds_a_batch_request_never_an_interactive_one() -> None:
@@ -176,8 +207,9 @@ CLASSES = st.sampled_from([BATCH, EVAL, STANDARD, CHAT])
 class SheddingModel(RuleBasedStateMachine):
     """Two 1-slot pairs with short lines; requests of every class arrive, slots free, waiters
     leave. After each arrival: a refused newcomer leaves no lower class waiting in any line it
-    could have waited in; a shed waiter was of the lowest class waiting, below the newcomer's,
-    and the last of its class queued in its line."""
+    could have waited in; a shed waiter was of the lowest class waiting, and the last of its
+    class queued in its line when below the newcomer's, else (the newcomer's own class) the
+    last of another key's."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -224,10 +256,14 @@ class SheddingModel(RuleBasedStateMachine):
         assert len(gone) <= 1
         for victim in gone:
             rank = victim.share.priority.rank
-            assert victim in could and rank < share.priority.rank
+            assert victim in could and rank <= share.priority.rank
             assert rank == min(w.share.priority.rank for w in could)
             own = next(line for line in before if victim in line)
-            assert victim is [w for w in own if w.share.priority.rank == rank][-1]
+            if rank < share.priority.rank:
+                assert victim is [w for w in own if w.share.priority.rank == rank][-1]
+            else:  # its own class: another key's last, one further ahead of its share
+                assert victim.share.key != share.key
+                assert victim is [w for w in own if w.share == victim.share][-1]
 
     @rule(data=st.data())
     def free_a_slot(self, data: st.DataObject) -> None:

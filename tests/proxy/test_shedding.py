@@ -70,7 +70,7 @@ def test_an_interactive_request_at_a_line_full_of_batch_ones_is_served_and_the_l
     assert shed.headers["Retry-After"] == "1"
     error = shed.json()["error"]
     assert error["code"] == "over_capacity"
-    assert "shed for a higher-priority request" in error["message"]
+    assert "a request of class interactive took its place" in error["message"]
     assert answers["interactive"].status_code == 200
     assert answers["batch 0"].status_code == 200
     served = [seen.json["messages"][-1]["content"] for seen in completions(fake)]
@@ -78,5 +78,5 @@ def test_an_interactive_request_at_a_line_full_of_batch_ones_is_served_and_the_l
     wait_until(lambda: Request.objects.count() == 4, what="the rows")
     (row,) = Request.objects.filter(status=429)
     assert (row.client, row.code, row.host) == ("nightly", "over_capacity", "gpu1")
-    assert "shed for a higher-priority request" in row.error
+    assert "a request of class interactive took its place" in row.error
     assert Request.objects.filter(status=200).count() == 3
