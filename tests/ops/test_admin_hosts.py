@@ -39,6 +39,8 @@ def host_form(
         "weight": "1.0",
         "enabled": "on",
         "api_key": "",
+        "swap_budget": "4",
+        "min_residency": "60",
         "notes": "",
         "models-TOTAL_FORMS": str(len(models)),
         "models-INITIAL_FORMS": str(initial),
