@@ -12,8 +12,8 @@ from django.urls import reverse
 from hosts.models import Host, HostModel, PlacedModel
 from routing.models import ConfigRevision
 from tests.fakes.llama_server import FakeLlamaServer
+from tests.helpers.admin_hosts import change_url, drain, host_form
 from tests.helpers.fleet import add_host
-from tests.ops.test_admin_hosts import change_url, drain, host_form
 
 pytestmark = pytest.mark.django_db
 
@@ -142,7 +142,8 @@ def test_a_new_host_keeps_placements_defaults_and_counts_no_memory(operator: Cli
 def test_a_negative_host_rule_is_refused_with_a_message(
     operator: Client, field: str, message: str
 ) -> None:
-    response = operator.post(reverse("admin:hosts_host_add"), host_form([], **{field: "-1"}))
+    form = {**host_form([]), field: "-1"}
+    response = operator.post(reverse("admin:hosts_host_add"), form)
 
     assert response.status_code == 200
     assert message in response.content.decode()
