@@ -123,13 +123,18 @@ def _read_model(
 def manage_models(host: Host, action: str) -> list[str]:
     """Ask a router-mode host to `load` or `unload` each of its configured models
     (`POST /models/load` or `/models/unload`); one line per model saying how it answered.
-    Blocking I/O: call from a view's thread or a command."""
+    A model the host loaded is pinned there: fleet model placement keeps it loaded until it
+    is unpinned (`unpin`) or unloaded here, which unpins it first (else placement could load
+    it again before the host has unloaded it). Blocking I/O: call from a view's thread or a
+    command."""
     if action not in ("load", "unload"):
         raise ValueError(f"action is load or unload, not {action!r}")
     headers = {"Authorization": f"Bearer {host.api_key}"} if host.api_key else {}
     said = []
     with httpx.Client(timeout=10, headers=headers, trust_env=False) as client:
         for model in host.models.all():
+            if action == "unload":
+                _pin(model, False)
             name = model.upstream_name or model.name
             try:
                 url = f"{host.url.rstrip('/')}/models/{action}"
@@ -137,6 +142,29 @@ def manage_models(host: Host, action: str) -> list[str]:
             except httpx.HTTPError as exc:
                 said.append(f"{host.name}: {action} {name}: {type(exc).__name__}: {exc}")
                 continue
-            outcome = "done" if response.status_code == 200 else f"answered {response.status_code}"
-            said.append(f"{host.name}: {action} {name}: {outcome}")
+            if response.status_code != 200:
+                said.append(f"{host.name}: {action} {name}: answered {response.status_code}")
+                continue
+            if action == "load":
+                _pin(model, True)
+            pinned = " (pinned: kept loaded until unpinned)" if action == "load" else ""
+            said.append(f"{host.name}: {action} {name}: done{pinned}")
     return said
+
+
+def unpin(host_names: Iterable[str]) -> int:
+    """Unpin every model pinned on the named hosts (fleet model placement may unload them
+    again, idle or for another model); how many were pinned. Sync."""
+    changed = 0
+    with transaction.atomic():
+        for model in HostModel.objects.filter(host__name__in=list(host_names), pinned=True):
+            _pin(model, False)
+            changed += 1
+    return changed
+
+
+def _pin(model: HostModel, pinned: bool) -> None:
+    # Saved alone, so the gateway hears of it through the model signals.
+    if model.pinned != pinned:
+        model.pinned = pinned
+        model.save(update_fields=["pinned"])

@@ -16,10 +16,10 @@ from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
-from hosts.actions import Said, manage_models, read_from_host, set_draining
+from hosts.actions import Said, manage_models, read_from_host, set_draining, unpin
 from hosts.describe import Unreachable
 from hosts.live import HostStates, host_states
-from hosts.models import DRAINING, Host, HostModel
+from hosts.models import DRAINING, Host, HostModel, PlacedModel
 from hosts.routes_left import left_lines, routes_left_without
 from hosts.slots import ROUTER_SAYS_NO_SLOTS, slot_fit, slots_or_why
 
@@ -47,6 +47,9 @@ class HostForm(forms.ModelForm):
             "loads_on_demand",
             "draining",
             "api_key",
+            "swap_budget",
+            "min_residency",
+            "memory_gb",
             "notes",
         ]
 
@@ -137,7 +140,8 @@ class HostModelInline(admin.TabularInline):
     model = HostModel
     form = HostModelForm
     formset = SlotCheckedFormSet
-    fields = ["name", "aliases", "upstream_name", "parallel", "queue_max"]
+    fields = ["name", "aliases", "upstream_name", "parallel", "queue_max", "pinned"]
+    readonly_fields = ["pinned"]  # set by the load and unload actions, cleared by unpin
     extra = 1
 
 
@@ -156,6 +160,9 @@ class HostAdmin(admin.ModelAdmin):
         "api_key",
         "clear_api_key",
         "api_key_env",
+        "swap_budget",
+        "min_residency",
+        "memory_gb",
         "notes",
         "live_state",
     ]
@@ -164,7 +171,14 @@ class HostAdmin(admin.ModelAdmin):
     list_editable = ["draining"]
     list_filter = ["enabled", "draining"]
     search_fields = ["name", "url", "notes"]
-    actions = ["start_draining", "stop_draining", "read_from_host", "load_models", "unload_models"]
+    actions = [
+        "start_draining",
+        "stop_draining",
+        "read_from_host",
+        "load_models",
+        "unload_models",
+        "unpin_models",
+    ]
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
         # One read of the gateway's state per page, not one per row.
@@ -249,18 +263,24 @@ class HostAdmin(admin.ModelAdmin):
             for level, line in said or [unchanged]:
                 self.message_user(request, line, _LEVELS[level])
 
-    @admin.action(description="Load the selected router-mode hosts' models")
+    @admin.action(description="Load the selected router-mode hosts' models (and pin them)")
     def load_models(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
         self._manage(request, queryset, "load")
 
-    @admin.action(description="Unload the selected router-mode hosts' models")
+    @admin.action(description="Unload the selected router-mode hosts' models (and unpin them)")
     def unload_models(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
         self._manage(request, queryset, "unload")
+
+    @admin.action(description="Unpin the selected hosts' models (placement may unload them)")
+    def unpin_models(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+        changed = unpin(queryset.values_list("name", flat=True))
+        text = f"{_counted(changed, 'model')} unpinned: fleet model placement may unload them."
+        self.message_user(request, text, messages.SUCCESS)
 
     def _manage(self, request: HttpRequest, queryset: QuerySet[Host], action: str) -> None:
         for host in queryset:
             for line in manage_models(host, action):
-                level = messages.SUCCESS if line.endswith(": done") else messages.WARNING
+                level = messages.SUCCESS if ": done" in line else messages.WARNING
                 self.message_user(request, line, level)
 
     def _drain(self, request: HttpRequest, queryset: QuerySet[Host], draining: bool) -> None:
@@ -271,6 +291,23 @@ class HostAdmin(admin.ModelAdmin):
         self.message_user(
             request, f"{text}. {DRAINING if draining else ''}".strip(), messages.SUCCESS
         )
+
+
+@admin.register(PlacedModel)
+class PlacedModelAdmin(admin.ModelAdmin):
+    """The operator's rules for fleet model placement, one model (by name) at a time."""
+
+    fields = ["name", "min_loaded", "max_loaded", "hosts", "idle_unload", "size_gb"]
+    filter_horizontal = ["hosts"]
+    list_display = ["name", "min_loaded", "max_loaded", "allowed_hosts", "idle_unload", "size_gb"]
+    search_fields = ["name"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[PlacedModel]:
+        return super().get_queryset(request).prefetch_related("hosts")
+
+    @admin.display(description="hosts")
+    def allowed_hosts(self, placed: PlacedModel) -> str:
+        return ", ".join(host.name for host in placed.hosts.all()) or "any that lists it"
 
 
 def describe_live(states: HostStates, host: Host) -> str:

@@ -54,6 +54,12 @@ LOADS_ON_DEMAND = (
 
 MAX_MODEL_NAME = 200  # a model's name, each of its aliases, and Request.model
 
+# Fleet model placement's defaults (`routing.core.model_placement`'s DEFAULT_SWAP_BUDGET and
+# DEFAULT_MIN_RESIDENCY, which this app may not import: a test checks they agree).
+SWAP_BUDGET = 4
+MIN_RESIDENCY = 60.0
+_NOT_NEGATIVE = MinValueValidator(0, message="Must be 0 or more.")
+
 
 def validate_aliases(value: object) -> None:
     """A list of names, none empty, none twice, none longer than a model's name."""
@@ -148,6 +154,29 @@ class Host(models.Model):
         blank=True,
         help_text="The environment variable `crossbar_config load` read the key from, if any.",
     )
+    swap_budget = models.PositiveIntegerField(
+        "swap budget",
+        default=SWAP_BUDGET,
+        help_text=f"Fleet model placement begins at most this many model loads on this host in "
+        f"any minute, so that alternating demand cannot keep it loading (default {SWAP_BUDGET}). "
+        "0: crossbar loads nothing here.",
+    )
+    min_residency = models.FloatField(
+        "minimum residency",
+        default=MIN_RESIDENCY,
+        validators=[_NOT_NEGATIVE],
+        help_text="Seconds a model loaded here stays loaded at least before fleet model "
+        f"placement may unload it (idle, or for another model; default {MIN_RESIDENCY:.0f}).",
+    )
+    memory_gb = models.FloatField(
+        "memory (GB)",
+        null=True,
+        blank=True,
+        validators=[_NOT_NEGATIVE],
+        help_text="The memory models may take here: fleet model placement loads no model whose "
+        "size (a placed model's size_gb) would not fit beside those loaded. Blank: not "
+        "counted, only the host's --models-max.",
+    )
     notes = models.TextField(blank=True)
 
     class Meta:
@@ -196,6 +225,12 @@ class HostModel(models.Model):
         help_text="Other names clients may send for this model (llama-server's --alias), "
         "separated by commas. They share the model's parallel and queue.",
     )
+    pinned = models.BooleanField(
+        default=False,
+        help_text="Loaded by hand from the admin: fleet model placement keeps it loaded on this "
+        "host (never unloads it idle, loads it again if it goes) until it is unpinned or "
+        "unloaded from the admin.",
+    )
 
     class Meta:
         ordering = ["host__name", "name"]
@@ -205,3 +240,62 @@ class HostModel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host.name}/{self.name}"
+
+
+class PlacedModel(models.Model):
+    """The operator's rules for one model across the fleet (every host's HostModel of that
+    name), read by fleet model placement on router hosts that load no model on demand."""
+
+    name = models.CharField(
+        max_length=MAX_MODEL_NAME,
+        unique=True,
+        help_text="The model's name, as the hosts' models call it (what clients send).",
+    )
+    min_loaded = models.PositiveIntegerField(
+        "minimum loaded",
+        default=0,
+        help_text="Kept loaded on at least this many hosts, asked for or not (default 0).",
+    )
+    max_loaded = models.PositiveIntegerField(
+        "maximum loaded",
+        null=True,
+        blank=True,
+        help_text="Loaded on at most this many hosts, however long its line. Blank: no limit.",
+    )
+    hosts = models.ManyToManyField(
+        Host,
+        blank=True,
+        related_name="placed_models",
+        help_text="The hosts it may be loaded on. None chosen: any host that lists it.",
+    )
+    idle_unload = models.FloatField(
+        "idle unload",
+        null=True,
+        blank=True,
+        validators=[_NOT_NEGATIVE],
+        help_text="Seconds unused before a loaded copy is unloaded (never within its host's "
+        "minimum residency). 0: never. Blank: CROSSBAR_MODEL_IDLE_UNLOAD (default 600; 0 "
+        "there: never too).",
+    )
+    size_gb = models.FloatField(
+        "size (GB)",
+        null=True,
+        blank=True,
+        validators=[_NOT_NEGATIVE],
+        help_text="The memory it takes loaded, counted against the memory of hosts that give "
+        "theirs. Blank: not counted (0).",
+    )
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "placed model"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        most, least = self.max_loaded, self.min_loaded
+        if most is not None and least is not None and least > most:
+            raise ValidationError(
+                {"max_loaded": f"Maximum loaded ({most}) is below minimum loaded ({least})."}
+            )

@@ -176,6 +176,8 @@ class Runtime:
     def _apply(self, fleet: FleetConfig) -> None:
         self.live.apply(fleet)
         self._configured(fleet)
+        if self.models is not None:  # the operator's placement rules may have changed
+            self.models.poke()
 
     async def _seed_budgets(self, names: set[str]) -> None:
         """Count the day's and month's rows of the keys `names` against their budgets, so a

@@ -12,11 +12,11 @@ import threading
 from typing import Any
 
 from django.db import transaction
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 
 from accounting.models import ClientKey
-from hosts.models import Host, HostModel
+from hosts.models import Host, HostModel, PlacedModel
 from routing.models import ConfigRevision, Route, RouteHost
 
 _lock = threading.Lock()
@@ -48,10 +48,13 @@ def config_changed() -> None:
 @receiver(post_save, sender=Route)
 @receiver(post_save, sender=RouteHost)
 @receiver(post_save, sender=ClientKey)
+@receiver(post_save, sender=PlacedModel)
 @receiver(post_delete, sender=Host)
 @receiver(post_delete, sender=HostModel)
 @receiver(post_delete, sender=Route)
 @receiver(post_delete, sender=RouteHost)
 @receiver(post_delete, sender=ClientKey)
+@receiver(post_delete, sender=PlacedModel)
+@receiver(m2m_changed, sender=PlacedModel.hosts.through)
 def _config_changed(**kwargs: Any) -> None:
     transaction.on_commit(config_changed, using=kwargs.get("using"))

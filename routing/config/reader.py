@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, close_old_connections, connection
 
-from routing.config.shape import FleetConfig, HostConfig, RouteConfig
+from routing.config.shape import FleetConfig, HostConfig, PlacedModelConfig, RouteConfig
 from routing.core.clients import ClientSpec
 from routing.core.cors import parse_origins
 from routing.core.fairness import Priority
 
 if TYPE_CHECKING:  # the specs read Django's models, which load once the apps are ready
+    from hosts.models import Host
     from routing.config.validation import HostSpec, RouteSpec
 
 
@@ -25,14 +26,20 @@ def load_fleet() -> FleetConfig:
     close_old_connections()  # a connection broken by a database restart is replaced, not reused
     revision = ConfigRevision.current()
     hosts = {
-        host.name: served_host(HostSpec.from_host(host), host.api_key)
+        host.name: _with_placement(served_host(HostSpec.from_host(host), host.api_key), host)
         for host in Host.objects.prefetch_related("models")
     }
     routes = {
         route.name: served_route(RouteSpec.from_route(route))
         for route in Route.objects.select_related("fallback").prefetch_related("route_hosts__host")
     }
-    return FleetConfig(hosts=hosts, routes=routes, revision=revision, clients=_load_clients())
+    return FleetConfig(
+        hosts=hosts,
+        routes=routes,
+        revision=revision,
+        clients=_load_clients(),
+        placed=_load_placed(),
+    )
 
 
 # A host's `loads_on_demand` as written (Host.LoadsOnDemand) to as served; "" (unknown): None.
@@ -53,6 +60,34 @@ def served_host(spec: HostSpec, api_key: str) -> HostConfig:
         },
         loads_on_demand=_SAID.get(spec.loads_on_demand),
     )
+
+
+def _with_placement(served: HostConfig, host: Host) -> HostConfig:
+    """The host with fleet model placement's rules for it, which only the admin sets (the
+    configuration file leaves them as they are), and the models pinned on it."""
+    return replace(
+        served,
+        swap_budget=host.swap_budget,
+        min_residency=host.min_residency,
+        memory_gb=host.memory_gb,
+        pinned=frozenset(model.name for model in host.models.all() if model.pinned),
+    )
+
+
+def _load_placed() -> dict[str, PlacedModelConfig]:
+    from hosts.models import PlacedModel
+
+    return {
+        placed.name: PlacedModelConfig(
+            name=placed.name,
+            min_loaded=placed.min_loaded,
+            max_loaded=placed.max_loaded,
+            hosts=frozenset(host.name for host in placed.hosts.all()) or None,
+            idle_unload=placed.idle_unload,
+            size_gb=placed.size_gb,
+        )
+        for placed in PlacedModel.objects.prefetch_related("hosts")
+    }
 
 
 def served_route(spec: RouteSpec) -> RouteConfig:

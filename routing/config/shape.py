@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from hosts.address import address
 from routing.core.clients import ClientSpec
+from routing.core.model_placement import DEFAULT_MIN_RESIDENCY, DEFAULT_SWAP_BUDGET
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,6 +50,26 @@ class HostConfig:
     # The operator's word on whether the host loads a model a request names that it has not
     # loaded (None: not said). A router's own word (`hosts.describe`) wins over it.
     loads_on_demand: bool | None = None
+    # Fleet model placement's rules for this host (`hosts.models.Host`'s help texts say them),
+    # and the models loaded here by hand, which placement keeps loaded here.
+    swap_budget: int = DEFAULT_SWAP_BUDGET
+    min_residency: float = DEFAULT_MIN_RESIDENCY
+    memory_gb: float | None = None
+    pinned: frozenset[str] = frozenset()
+
+
+@dataclass(slots=True, frozen=True)
+class PlacedModelConfig:
+    """The operator's placement rules for one model across the fleet (field names are
+    `PlacedModel`'s). `hosts` None: any host that lists it; `idle_unload` None: the gateway's
+    CROSSBAR_MODEL_IDLE_UNLOAD; `size_gb` None: not counted."""
+
+    name: str
+    min_loaded: int = 0
+    max_loaded: int | None = None
+    hosts: frozenset[str] | None = None
+    idle_unload: float | None = None
+    size_gb: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -81,6 +102,7 @@ class FleetConfig:
     routes: Mapping[str, RouteConfig]
     revision: int
     clients: Mapping[str, ClientSpec] = field(default_factory=dict)  # enabled keys by sha256
+    placed: Mapping[str, PlacedModelConfig] = field(default_factory=dict)  # by model name
 
     def route_models(self, route: RouteConfig) -> list[str]:
         """Every model some enabled host of the route serves, in route order."""

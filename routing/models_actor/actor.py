@@ -38,7 +38,6 @@ import httpx
 
 from routing.core.errors import ModelLoadFailed
 from routing.core.model_placement import (
-    DEFAULT_MIN_RESIDENCY,
     Demand,
     Host,
     Load,
@@ -265,12 +264,12 @@ class ModelActor:
         timeout, or a health interval from now while a model waits for a load it could
         not have."""
         deadlines = [start + self.load_timeout for start in self._started.values()]
-        if self.idle_unload is not None:
-            for key, (status, since) in self._seen.items():
-                if status is Status.LOADED:
-                    at = self._last_used(key, since) + self.idle_unload
-                    # Past it and still loaded: busy or within its residency; not every instant.
-                    deadlines.append(at if at > now else now + self.interval)
+        for key, (status, since) in self._seen.items():
+            idle_unload = self._idle_unload(key[1])
+            if status is Status.LOADED and idle_unload is not None:
+                at = self._last_used(key, since) + idle_unload
+                # Past it and still loaded: busy or within its residency; not every instant.
+                deadlines.append(at if at > now else now + self.interval)
         if unplaced:
             deadlines.append(now + self.interval)
         if self._timer is not None:
@@ -305,7 +304,6 @@ class ModelActor:
     def snapshot(self, current: dict[PairKey, Pair], now: float) -> Snapshot:
         """The fleet as `decide` reads it, at `now`."""
         state = self.live.state
-        rules = ModelRules(idle_unload=self.idle_unload)
         models: dict[str, Model] = {}
         for model in {m for (_, m) in current}:
             arrivals = self._arrivals[model]
@@ -315,7 +313,9 @@ class ModelActor:
             waiting = self._waiting_for_load(model) + sum(state.queued(h, model) for h in hosts)
             running = sum(state.in_flight(h, model) for h in hosts)
             demand = Demand(len(arrivals) / RATE_WINDOW, waiting, running)
-            models[model] = Model(demand, rules)
+            placed = self.live.config.placed.get(model)
+            size_gb = placed.size_gb if placed is not None and placed.size_gb else 0.0
+            models[model] = Model(demand, self._rules(model), size_gb)
         on_hosts: dict[PairKey, ModelOnHost] = {}
         for key, pair in current.items():
             status, since = self._seen.get(key, (pair.status, now))
@@ -328,6 +328,30 @@ class ModelActor:
                 waiting=state.queued(*key), slots=pair.slots, load_s=self._load_s_of(key),
             )  # fmt: skip
         return Snapshot(self._hosts(now), models, on_hosts)
+
+    def _rules(self, model: str) -> ModelRules:
+        """The operator's rules for `model` (a placed model's, else the defaults), with the
+        hosts it was loaded on by hand."""
+        config = self.live.config
+        pinned = frozenset(name for name, host in config.hosts.items() if model in host.pinned)
+        placed = config.placed.get(model)
+        if placed is None:
+            return ModelRules(idle_unload=self.idle_unload, pinned=pinned)
+        return ModelRules(
+            min_loaded=placed.min_loaded,
+            max_loaded=placed.max_loaded,
+            hosts=placed.hosts,
+            idle_unload=self._idle_unload(model),
+            pinned=pinned,
+        )
+
+    def _idle_unload(self, model: str) -> float | None:
+        """The seconds `model` may stay loaded unused: its placed model's, else the gateway's;
+        None (0 where the operator says it): never."""
+        placed = self.live.config.placed.get(model)
+        if placed is None or placed.idle_unload is None:
+            return self.idle_unload
+        return placed.idle_unload or None
 
     def _waiting_for_load(self, model: str) -> int:
         """The requests waiting here for `model` to load; none once it has: those go on to its
@@ -350,10 +374,15 @@ class ModelActor:
             loads = self._loads[name]
             while loads and loads[0] <= now - RATE_WINDOW:
                 loads.popleft()
-            room = models_max(self.live.config.hosts[name], described)
-            # An idle_unload below the residency is the operator's word: no longer kept.
-            residency = min(DEFAULT_MIN_RESIDENCY, self.idle_unload or DEFAULT_MIN_RESIDENCY)
-            found[name] = Host(room, min_residency=residency, recent_loads=tuple(loads))
+            host = self.live.config.hosts[name]
+            room = models_max(host, described)
+            # A CROSSBAR_MODEL_IDLE_UNLOAD below the residency is the operator's word: no
+            # longer kept.
+            residency = min(host.min_residency, self.idle_unload or host.min_residency)
+            found[name] = Host(
+                room, memory_gb=host.memory_gb, swap_budget=host.swap_budget,
+                min_residency=residency, recent_loads=tuple(loads),
+            )  # fmt: skip
         return found
 
 

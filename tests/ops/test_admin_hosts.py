@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from django.test import Client
-from django.urls import reverse
 
 from hosts.models import DRAINING, LOADS_ON_DEMAND, Host, HostModel
 from routing.models import ConfigRevision
 from tests.fakes.llama_server import FakeLlamaServer
+from tests.helpers.admin_hosts import ADD, CHANGELIST, change_url, drain, host_form
 from tests.helpers.fleet import add_host, add_route
 from tests.helpers.machine import free_port
 from tests.helpers.waits import wait_until
@@ -21,35 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 pytestmark = pytest.mark.django_db
 
 KEY = "sk-live-0123456789abcdef"
-CHANGELIST = reverse("admin:hosts_host_changelist")
-ADD = reverse("admin:hosts_host_add")
-
-
-def change_url(host: Host) -> str:
-    return reverse("admin:hosts_host_change", args=[host.pk])
-
-
-def host_form(
-    models: list[dict[str, object]], initial: int = 0, **fields: object
-) -> dict[str, object]:
-    """The POST the host change form sends, with `models` as its inline rows."""
-    data: dict[str, object] = {
-        "name": "gpu1",
-        "url": "http://10.0.0.5:8080",
-        "weight": "1.0",
-        "enabled": "on",
-        "api_key": "",
-        "notes": "",
-        "models-TOTAL_FORMS": str(len(models)),
-        "models-INITIAL_FORMS": str(initial),
-        "models-MIN_NUM_FORMS": "0",
-        "models-MAX_NUM_FORMS": "1000",
-    }
-    for index, row in enumerate(models):
-        row = {"upstream_name": "", "parallel": "1", "queue_max": "0", **row}
-        data.update({f"models-{index}-{name}": value for name, value in row.items()})
-    data.update(fields)
-    return {name: value for name, value in data.items() if value is not None}
 
 
 @pytest.fixture
@@ -238,16 +209,6 @@ def test_a_new_key_and_the_clear_box_together_are_refused(admin_client: Client, 
     assert b"Type a new API key or clear it, not both." in response.content
     gpu1.refresh_from_db()
     assert gpu1.api_key == KEY
-
-
-def drain(admin_client: Client, action: str, hosts: list[Host]) -> str:
-    response = admin_client.post(
-        CHANGELIST,
-        {"action": action, "_selected_action": [host.pk for host in hosts]},
-        follow=True,
-    )
-    assert response.status_code == 200
-    return "".join(str(message) for message in response.context["messages"])
 
 
 def test_start_draining_flips_the_flag_and_counts_the_hosts(admin_client: Client) -> None:
