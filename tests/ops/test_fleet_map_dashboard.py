@@ -44,7 +44,7 @@ def test_after_a_request_loads_a_model_the_map_shows_it_there_for_demand_and_the
     gateway, ledger, admin_user
 ):
     with FakeLlamaServer(router_models=("a", "b"), models_autoload=False) as router:
-        add_route("chat", [add_host("gpu1", router.url, models={"a": (1, 4), "b": (1, 4)})])
+        add_route("chat", [add_host("fleet1", router.url, models={"a": (1, 4), "b": (1, 4)})])
         gateway.sync()
         wait_for_health_poll(router)
         with dashboard(gateway) as socket:
@@ -57,14 +57,14 @@ def test_after_a_request_loads_a_model_the_map_shows_it_there_for_demand_and_the
     assert [(r["model"], r["hosts"]) for r in before["models"]["map"]] == [("a", []), ("b", [])]
     a, b = after["models"]["map"]
     [placed] = a["hosts"]
-    assert (placed["host"], placed["status"], placed["why"]) == ("gpu1", "loaded", "demand")
+    assert (placed["host"], placed["status"], placed["why"]) == ("fleet1", "loaded", "demand")
     assert placed["reason"].startswith("demand: 1 waiting")
     assert placed["since"] and placed["idle_since"]
     assert b["hosts"] == []
     log = after["models"]["log"]
     assert [(e["kind"], e["host"], e["model"]) for e in log[:2]] == [
-        ("loaded", "gpu1", "a"),
-        ("load", "gpu1", "a"),
+        ("loaded", "fleet1", "a"),
+        ("load", "fleet1", "a"),
     ]
     assert log[1]["reason"].startswith("demand")
     assert log[0]["at"] >= log[1]["at"]
@@ -92,7 +92,7 @@ def test_the_page_shows_the_fleet_map_and_the_log_with_a_models_name_as_text(
 
     with FakeLlamaServer(router_models=("a", "b"), models_autoload=False) as router:
         models = {"a": (1, 4), SCRIPT: (1, 4)}
-        host = add_host("gpu1", router.url, models=models, upstream_names={SCRIPT: "b"})
+        host = add_host("fleet2", router.url, models=models, upstream_names={SCRIPT: "b"})
         add_route("chat", [host])
         gateway.sync()
         wait_for_health_poll(router)
@@ -102,7 +102,7 @@ def test_the_page_shows_the_fleet_map_and_the_log_with_a_models_name_as_text(
         page.context.add_cookies([{"name": "sessionid", "value": session, "domain": where,
                                    "path": "/"}])  # fmt: skip
         page.goto(f"{gateway.url}/dashboard/")
-        placed = page.locator("#fleet-map tbody tr", has_text="gpu1")
+        placed = page.locator("#fleet-map tbody tr", has_text="fleet2")
         expect(placed).to_contain_text(SCRIPT)
         expect(placed).to_contain_text("demand")
         nowhere = page.locator("#fleet-map tbody tr", has_text="loaded nowhere")
