@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Awaitable, Callable, Collection
 
@@ -52,7 +53,7 @@ from routing.core.model_placement import (
 )
 from routing.live_fleet import LiveFleet
 from routing.models_actor.decisions import Decisions
-from routing.models_actor.fleet_view import Pair, models_max, pairs, placeable_hosts
+from routing.models_actor.fleet_view import Pair, Seen, models_max, pairs, placeable_hosts
 
 log = logging.getLogger("crossbar.models")
 
@@ -144,6 +145,17 @@ class ModelActor:
     def loading_on(self, model: str) -> str:
         """The host a load of `model` is under way on, "" when none is."""
         return next((h for (h, m) in self._started if m == model), "")
+
+    def seen(self) -> dict[PairKey, Seen]:
+        """The pairs the actor acts on now, each as it last saw it, in wall-clock seconds:
+        what the operator's fleet map shows. Read-only; call on the loop."""
+        now = self.loop.time()
+        wall = time.time() - now
+        found = {}
+        for key, pair in self._pairs().items():
+            status, since = self._seen.get(key, (pair.status, now))
+            found[key] = Seen(status, wall + since, wall + self._last_used(key, since))
+        return found
 
     def poke(self) -> None:
         """Decide again soon (once, however many events come before)."""

@@ -45,10 +45,14 @@ def reason_kind(reason: str) -> str:
 
 
 class Decisions:
-    """The last `KEPT` decisions, the loads by (host, model, reason kind), the loads' seconds."""
+    """The last `KEPT` decisions, the loads by (host, model, reason kind), the loads' seconds,
+    and the last decision of each kind per (host, model) (`last`, by (kind, host, model);
+    host "" for unplaced): the fleet map reads why a model is where it is from it, however
+    long ago the load was. Bounded by the configuration's pairs."""
 
     def __init__(self) -> None:
         self.recent: deque[Decided] = deque(maxlen=KEPT)
+        self.last: dict[tuple[str, str, str], Decided] = {}
         self.loads: Counter[tuple[str, str, str]] = Counter()
         self.load_buckets = [0] * len(LOAD_BUCKETS)  # cumulative counts, as Prometheus has them
         self.load_count = 0
@@ -62,15 +66,19 @@ class Decisions:
             decided = Decided(time.time(), "unplaced", "", action.model, action.reason)
         if isinstance(action, Load):
             self.loads[action.host, action.model, reason_kind(action.reason)] += 1
-        self.recent.append(decided)
+        self._keep(decided)
         log.info(decided.line())
         return decided
 
     def said(self, kind: str, host: str, model: str, reason: str) -> None:
         """An outcome worth the log beside the decisions: a load ended or failed."""
         decided = Decided(time.time(), kind, host, model, reason)
-        self.recent.append(decided)
+        self._keep(decided)
         log.log(logging.WARNING if kind == "failed" else logging.INFO, decided.line())
+
+    def _keep(self, decided: Decided) -> None:
+        self.recent.append(decided)
+        self.last[decided.kind, decided.host, decided.model] = decided
 
     def load_took(self, seconds: float) -> None:
         self.load_count += 1

@@ -13,6 +13,7 @@ Pure reads of the configuration and the health table; no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hosts.describe import Described, ModelState
 from hosts.health import HealthTable
@@ -38,6 +39,15 @@ class Pair:
     upstream: str  # the host's name for it (sent in /models/load)
     status: Status
     slots: int  # the pair's `parallel`
+
+
+class Seen(NamedTuple):
+    """A pair as the actor last saw it, for the operator: its state (`loading` while a load
+    begun here is under way), since when, and when it was last used (wall-clock seconds)."""
+
+    status: Status
+    since: float
+    last_used: float
 
 
 def placeable_hosts(config: FleetConfig, health: HealthTable) -> dict[str, Described]:

@@ -43,6 +43,7 @@ from routing.ops.dashboard_share import (
     running_entries,
     share_fleet,
 )
+from routing.ops.fleet_map import decision_log, fleet_map
 from routing.ops.history import database_history, ensure_sampler, history
 from routing.ops.history_rings import CARD_SECONDS
 from routing.ops.history_steps import RING_WINDOWS, WINDOWS
@@ -55,6 +56,14 @@ log = logging.getLogger("crossbar.dashboard")
 GROUP = "crossbar-dashboard"
 TICK = 0.5
 DEFAULT_WINDOW = "5m"
+LOG_SHOWN = 20  # the model actor's decisions on the page, newest first
+NO_ACTOR_SHARED = (
+    "No model placement: with shared state (CROSSBAR_REDIS_URL) no process loads models yet."
+)
+NO_ROUTER_HOST = (
+    "No model placement: no usable router-mode host here loads models only when crossbar"
+    " asks (models_autoload off)."
+)
 
 
 @staff_member_required
@@ -78,7 +87,24 @@ def state(runtime: Runtime) -> dict[str, Any]:
         "revision": runtime.fleet.revision,
         "gateway_since": datetime.fromtimestamp(history.began, UTC).isoformat(timespec="seconds"),
         "hosts": [host.as_json() for host in host_lives(runtime)],
+        "models": fleet_models(runtime),
         "process": PROCESS,  # the one serving this page
+    }
+
+
+def fleet_models(runtime: Runtime) -> dict[str, Any]:
+    """The fleet map (routing/ops/fleet_map.py) and the model actor's last decisions, newest
+    first; `note`, one line, when no actor places models here. Call on the runtime's loop."""
+    actor = runtime.models
+    if actor is None:
+        return {"note": NO_ACTOR_SHARED, "map": [], "log": []}
+    seen = actor.seen()
+    state = runtime.state
+    busy = {key for key in seen if state.in_flight(*key) or state.queued(*key)}
+    return {
+        "note": "" if seen else NO_ROUTER_HOST,
+        "map": [row.as_json() for row in fleet_map(seen, actor.decisions.last, busy)],
+        "log": decision_log(actor.decisions.recent, LOG_SHOWN),
     }
 
 

@@ -64,7 +64,7 @@ from routing.proxy import upstream
 from routing.proxy.ask import Ask
 from routing.proxy.figures import held, pricing
 from routing.proxy.learning import learnt
-from routing.proxy.loading import waited_for_load
+from routing.proxy.loading import can_load, waited_for_load
 from routing.proxy.prefix_check import predicted
 from routing.proxy.record import Arrival, Outcome, Trail, finish
 from routing.proxy.refusal import counted_where_it_happened, explained
@@ -101,7 +101,7 @@ class Lifecycle:
     model of the request path stands its own hosts and prices in."""
 
     __slots__ = (
-        "trail", "runtime", "route", "ask", "waiting", "_forward", "_prices", "_routed",
+        "trail", "runtime", "route", "ask", "waiting", "loading", "_forward", "_prices", "_routed",
         "_placer", "_next", "_pass", "_running", "_answered", "_slot", "_upstream", "_ended",
         "_share", "_charged",
     )  # fmt: skip
@@ -121,6 +121,7 @@ class Lifecycle:
     ) -> None:
         self.trail = trail if trail is not None else Trail(Arrival())
         self.waiting: Waiting | None = None
+        self.loading = False  # placed nowhere yet: `through` waits for the model's load first
         self._forward = forward
         self._prices = prices
         self._routed = False
@@ -168,7 +169,14 @@ class Lifecycle:
             raise unknown_model(self.route.name, ask.model, models)
         self.runtime.arrived(ask.model)  # demand, for fleet model placement
         if ask.takes_slot:
-            first = self._next = await self._probing(self._first_try)
+            try:
+                first = self._next = await self._probing(self._first_try, loads=False)
+            except NoHealthyHost:
+                # `through` waits for the load, so that a status stream hears it (`loading`).
+                self.loading = can_load(self)
+                if not self.loading:
+                    raise
+                return
             if isinstance(first, Waiting):
                 self._waits(first)
 
@@ -182,9 +190,10 @@ class Lifecycle:
         )  # fmt: skip
         return await placer.now()
 
-    async def _probing(self, attempt: Callable[[], Awaitable[T]]) -> T:
+    async def _probing(self, attempt: Callable[[], Awaitable[T]], *, loads: bool = True) -> T:
         """`attempt()`; finding no usable host, again after asking the route's down hosts how
-        they are (once each, all at once), then after a load, where one would serve it."""
+        they are (once each, all at once), then (`loads`) after a load, where one would serve
+        it."""
         try:
             return await attempt()
         except NoHealthyHost:
@@ -192,7 +201,7 @@ class Lifecycle:
         try:
             return await attempt()
         except NoHealthyHost:
-            if not await waited_for_load(self):
+            if not loads or not await waited_for_load(self):
                 raise
         return await attempt()
 
@@ -202,6 +211,11 @@ class Lifecycle:
         """The host's response head, which the lifecycle holds from then on (`answered`).
         Nothing here counts attempts: the route's `queue_timeout` bounds how long a request
         may wait. Raises what placement and forwarding raise."""
+        if self.loading:
+            try:
+                self._next = await self._probing(self._first_try)
+            finally:
+                self.loading = False
         placer, current = self._placer, self._next
         if placer is None:
             return self.answered(await self._probing(self._unplaced))

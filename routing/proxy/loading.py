@@ -20,11 +20,18 @@ if TYPE_CHECKING:
     from routing.proxy.lifecycle import Lifecycle
 
 
+def can_load(life: Lifecycle) -> bool:
+    """Whether a load would serve the request's model: an actor runs, and may load it on a
+    host of the route."""
+    actor, model = life.runtime.models, life.ask.model
+    return actor is not None and model is not None and actor.can_load(model, life.route.hosts)
+
+
 async def waited_for_load(life: Lifecycle) -> bool:
     """Wait for a load of the request's model; False (at once) when no load would serve it
-    (no actor, or no host of the route it may load on). Raises ModelLoadFailed, QueueTimeout."""
+    (`can_load`). Raises ModelLoadFailed, QueueTimeout."""
     actor, model, route = life.runtime.models, life.ask.model, life.route
-    if actor is None or model is None or not actor.can_load(model, route.hosts):
+    if actor is None or model is None or not can_load(life):
         return False
     started = clock()
     life.trail = life.trail._replace(placement="loaded")

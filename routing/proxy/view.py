@@ -119,7 +119,7 @@ async def proxy(request: HttpRequest) -> HttpResponse | StreamedResponse:
         if pinned is not None:
             ask = replace(ask, host=pinned[0], path=pinned[1])
         await life.place(ask)
-        if life.waiting is not None and wants_wait_status(ask, route):
+        if (life.waiting is not None or life.loading) and wants_wait_status(ask, route):
             status = waiting_response(life)
             allow_origin(status, origins, origin)
             return status

@@ -4,7 +4,8 @@ second copy of it.
 With wait status on, a streaming request that must queue gets its `200` head at once. Its body
 then says, as SSE comments (which every SSE client ignores), where it waits
 (`: crossbar-status: waiting 2`) whenever its place changes and at least every
-`CROSSBAR_KEEPALIVE` seconds, `loading` when its model is being loaded on a router-mode host,
+`CROSSBAR_KEEPALIVE` seconds, `loading` when its model is being loaded on a router-mode host
+(crossbar's load it waits for, or the host's own),
 `fallback <route>` and `running` once it holds a slot, and then carries the host's stream. A
 failure after the head went out becomes one `data:` error event; the row records the real
 outcome (the lifecycle's `fail`, as for any request).
@@ -97,11 +98,11 @@ class StatusStream:
         while not task.done():
             waiting = life.waiting
             if waiting is None:
-                if not self._announced and life.trail.host:
+                if not self._announced and life.trail.host and not life.loading:
                     self._announced = True
                     for frame in self._placed_frames():
                         yield frame
-                if not said_loading and self._loading(life.trail.host):
+                if not said_loading and (life.loading or self._loading(life.trail.host)):
                     said_loading = True
                     yield sse.comment("loading")
                 # Asking the host (bounded by the headers timeout); a router may be loading.

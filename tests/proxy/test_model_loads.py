@@ -183,3 +183,26 @@ def test_a_model_nobody_uses_is_unloaded_after_its_idle_time(tmp_path):
     assert len(router.requests_to("/models/unload")) == 1
     assert "model unload: host=gpu1 model=a reason=idle" in log
     assert "model load: host=gpu1 model=a reason=demand" in log
+
+
+def test_a_stream_waiting_for_crossbars_load_of_its_model_hears_loading_then_running(
+    gateway, ledger
+):
+    """A host and model of their own: the gateway's actor remembers the failed loads of
+    this module's other tests."""
+    with FakeLlamaServer(router_models=("m3",), models_autoload=False, load_delay=1.0) as router:
+        add_route("chat", [add_host("box3", router.url, models={"m3": (1, 4)})],
+                  wait_status=True)  # fmt: skip
+        gateway.sync()
+        wait_for_health_poll(router)
+        body = {"model": "m3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with ledger.client.stream("POST", "/chat/v1/chat/completions", json=body) as response:
+            lines = [line for line in response.iter_lines() if line]
+
+    assert response.status_code == 200
+    assert lines[:2] == [": crossbar-status: loading", ": crossbar-status: running"]
+    assert lines[-1] == "data: [DONE]"
+    assert len(router.requests_to(LOAD)) == 1
+    assert ledger.statuses() == [200]
+    row = ledger.rows().get()
+    assert (row.host, row.placement, row.streamed) == ("box3", "loaded", True)
