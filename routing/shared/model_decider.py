@@ -84,11 +84,11 @@ class Heard(Protocol):
 
 class ModelDecider:
     """This process's part in deciding: the lease, claimed every tick, and the channel.
-    Use it on one event loop; `heard` is told what comes in."""
+    Use it on one event loop."""
 
-    def __init__(self, shared: Shared, ttl: float, heard: Heard) -> None:
+    def __init__(self, shared: Shared, ttl: float) -> None:
         self._shared = shared
-        self._heard = heard
+        self._heard: Heard | None = None
         self.lease = DeciderLease(shared, ttl)
         self._channel = f"{shared.prefix}models"
         self._mine: dict[str, int] = {}  # this process's requests waiting for a load, by model
@@ -106,9 +106,11 @@ class ModelDecider:
         """Whether Redis answered last: else no process decides, and nothing waits for one."""
         return self._shared.available
 
-    async def start(self) -> None:
-        """Claim the lease now, then every tick, and listen on the channel. Never raises."""
+    async def start(self, heard: Heard) -> None:
+        """Claim the lease now, then every tick, and listen on the channel, telling `heard`
+        what comes in. Never raises."""
         if not self._running:
+            self._heard = heard
             await self._claim()
             self._running = [
                 asyncio.create_task(self._claim_forever(), name="crossbar-model-decider"),
@@ -157,7 +159,8 @@ class ModelDecider:
         holds = await self.lease.claim()
         if holds and not held:
             log.info("model placement: this process decides (proc=%s)", self.lease.proc)
-            self._heard.elected()
+            if self._heard is not None:
+                self._heard.elected()
         elif held and not holds:
             log.warning("model placement: this process decides no more (proc=%s)", self.lease.proc)
         if not self._shared.available and not self._said_away:
@@ -201,8 +204,8 @@ class ModelDecider:
                     pass
 
     def _heard_message(self, message: dict[str, Any]) -> None:
-        proc = message.get("proc")
-        if proc == self.lease.proc:
+        proc, heard = message.get("proc"), self._heard
+        if proc == self.lease.proc or heard is None:
             return
         if "wanted" in message:
             now = asyncio.get_running_loop().time()
@@ -211,11 +214,11 @@ class ModelDecider:
                 if at <= now - self.lease.ttl:
                     del self._elsewhere[key]
             if self.deciding():
-                self._heard.wanted()
+                heard.wanted()
         elif "loaded" in message:
-            self._heard.loaded(message["host"], message["loaded"])
+            heard.loaded(message["host"], message["loaded"])
         elif "failed" in message:
-            self._heard.failed(message["host"], message["failed"], message["message"])
+            heard.failed(message["host"], message["failed"], message["message"])
 
 
 # ARGV: prefix, proc, ttl in ms. 1 when `proc` holds the lease now (taken or renewed).

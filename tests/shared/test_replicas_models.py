@@ -63,9 +63,7 @@ def decider_and_follower(first: Gateway, second: Gateway) -> tuple[Gateway, Gate
     return decider, second if decider is first else first
 
 
-def test_requests_to_both_processes_for_a_model_loaded_nowhere_cause_one_load(
-    tmp_path, redis_url
-):
+def test_requests_to_both_processes_for_a_model_loaded_nowhere_cause_one_load(tmp_path, redis_url):
     with (
         two_routers(load_delay=1.0) as routers,
         two_gateways(tmp_path, redis_url) as gateways,
