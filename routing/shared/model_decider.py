@@ -204,7 +204,7 @@ class ModelDecider:
                     pass
 
     def _heard_message(self, message: dict[str, Any]) -> None:
-        proc, heard = message.get("proc"), self._heard
+        proc, heard = str(message.get("proc")), self._heard
         if proc == self.lease.proc or heard is None:
             return
         if "wanted" in message:

@@ -30,7 +30,8 @@ async def two(url: str, ttl: float = 5.0) -> AsyncIterator[tuple[DeciderLease, D
 async def holder(url: str) -> str | None:
     client = aioredis.Redis.from_url(url, decode_responses=True)
     try:
-        return await client.get(KEY)
+        value = await client.get(KEY)
+        return str(value) if value is not None else None
     finally:
         await client.aclose()
 

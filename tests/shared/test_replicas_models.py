@@ -48,7 +48,9 @@ def two_routers(load_delay: float) -> Iterator[tuple[FakeLlamaServer, FakeLlamaS
 
 
 def loads(*routers: FakeLlamaServer) -> list[str]:
-    return [seen.json["model"] for router in routers for seen in router.requests_to(LOAD)]
+    """The models the routers were asked to load, in all."""
+    bodies = [seen.json for router in routers for seen in router.requests_to(LOAD)]
+    return [body["model"] for body in bodies if isinstance(body, dict)]
 
 
 def decider_and_follower(first: Gateway, second: Gateway) -> tuple[Gateway, Gateway]:
