@@ -143,6 +143,10 @@ class ModelDecider:
         self._publish({"loaded": model, "host": host})
 
     def tell_failed(self, host: str, model: str, message: str) -> None:
+        """The load of `model` failed: every process's waiters hear it, so the demand heard
+        for it is spent (a waiter that stays counted would ask for another load)."""
+        for key in [key for key in self._elsewhere if key[1] == model]:
+            del self._elsewhere[key]
         self._publish({"failed": model, "host": host, "message": message})
 
     # -- the lease, every tick --------------------------------------------------------------

@@ -36,10 +36,16 @@ def ask(gateway: Gateway, model: str, says: str = "hi") -> httpx.Response:
 
 
 @contextlib.contextmanager
-def two_routers(load_delay: float) -> Iterator[tuple[FakeLlamaServer, FakeLlamaServer]]:
-    """Two routers listing models a and b, loading none on demand, behind route `chat`."""
-    first = FakeLlamaServer(router_models=("a", "b"), models_autoload=False, load_delay=load_delay)
-    second = FakeLlamaServer(router_models=("a", "b"), models_autoload=False, load_delay=load_delay)
+def two_routers(
+    load_delay: float, failing: frozenset[str] = frozenset()
+) -> Iterator[tuple[FakeLlamaServer, FakeLlamaServer]]:
+    """Two routers listing models a and b, loading none on demand (and failing the loads of
+    `failing`), behind route `chat`."""
+    first, second = (
+        FakeLlamaServer(router_models=("a", "b"), models_autoload=False, load_delay=load_delay,
+                        failing_models=failing)
+        for _ in range(2)
+    )  # fmt: skip
     with first, second:
         models = {"a": (4, 4), "b": (4, 4)}
         add_route("chat", [add_host("gpu1", first.url, models=models),
@@ -133,3 +139,22 @@ def test_the_decider_killed_the_other_process_takes_the_lease_and_loads_for_a_ne
     assert after.headers["x-crossbar-placement"] == "loaded"
     assert sorted(loads(*routers)) == ["a", "b"]
     assert "model load: host=" in survivor.log()
+
+
+def test_a_load_that_fails_on_the_decider_answers_the_followers_request_with_the_hosts_words(
+    tmp_path, redis_url
+):
+    with (
+        two_routers(load_delay=0.2, failing=frozenset({"a"})) as routers,
+        two_gateways(tmp_path, redis_url) as gateways,
+    ):
+        for router in routers:
+            wait_for_health_poll(router)
+        _, follower = decider_and_follower(*gateways)
+        refused = ask(follower, "a")
+
+    assert refused.status_code == 503
+    error = refused.json()["error"]
+    assert error["code"] == "model_not_loaded"
+    assert "its /models: failed" in error["message"]
+    assert loads(*routers) == ["a"]
