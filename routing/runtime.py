@@ -42,6 +42,7 @@ from routing.core.state import FleetState, LocalState
 from routing.live_fleet import LiveFleet
 from routing.models_actor.actor import ModelActor
 from routing.shared.fleet_state import SharedState
+from routing.shared.model_decider import ModelDecider
 from routing.shared.state import StateUnavailable
 from routing.upstream_client import upstream_client
 
@@ -50,6 +51,8 @@ log = logging.getLogger("crossbar.runtime")
 # Set once this process begins a graceful stop (crossbar_site/serve.py, the ASGI lifespan):
 # `/health` then answers 503 "draining" so a load balancer stops sending while requests finish.
 STOPPING = threading.Event()
+
+DECIDER_INTERVALS = 3  # health intervals (or ticks) the model decider's lease outlives its holder
 
 
 class Runtime:
@@ -95,15 +98,18 @@ class Runtime:
         self._reload_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._probing: dict[str, asyncio.Future[None]] = {}  # on-demand probes, by host
-        # Fleet model placement: in-process state only, until a lease in Redis elects one
-        # process to decide (docs/operating.md).
-        self.models: ModelActor | None = None
-        if not conf["REDIS_URL"]:
-            idle = conf["MODEL_IDLE_UNLOAD"]
-            self.models = ModelActor(
-                self.live, self.client, self.poll_host, interval=conf["HEALTH_INTERVAL"],
-                idle_unload=idle if idle > 0 else None, load_timeout=conf["MODEL_LOAD_TIMEOUT"],
-            )  # fmt: skip
+        # Fleet model placement: with shared state, the holder of a lease in Redis decides
+        # (docs/replicas.md); it outlives a dead holder by a few health intervals.
+        self.decider: ModelDecider | None = None
+        if self.shared is not None:
+            ttl = DECIDER_INTERVALS * max(conf["HEALTH_INTERVAL"], self.shared.shared.tick)
+            self.decider = ModelDecider(self.shared.shared, ttl)
+        idle = conf["MODEL_IDLE_UNLOAD"]
+        self.models: ModelActor | None = ModelActor(
+            self.live, self.client, self.poll_host, interval=conf["HEALTH_INTERVAL"],
+            idle_unload=idle if idle > 0 else None, load_timeout=conf["MODEL_LOAD_TIMEOUT"],
+            decider=self.decider,
+        )  # fmt: skip
         self._configured(fleet)
 
     @property
@@ -117,10 +123,8 @@ class Runtime:
         conf = settings.CROSSBAR
         if self.shared is not None:
             await self.shared.start()
-            log.info(
-                "fleet model placement off: with CROSSBAR_REDIS_URL no process loads or unloads"
-                " models on router-mode hosts yet (an operator does, from the admin)"
-            )
+        if self.decider is not None and self.models is not None:
+            await self.decider.start(self.models)
         await self._seed_budgets(self.clients.names())
         self._tasks = [
             asyncio.create_task(self.poller.run(self._probes), name="crossbar-health"),
@@ -128,6 +132,8 @@ class Runtime:
         ]
 
     async def aclose(self) -> None:
+        if self.decider is not None:
+            await self.decider.aclose()
         if self.models is not None:
             await self.models.aclose()
         for task in self._tasks:

@@ -22,9 +22,13 @@ loaded it after `load_timeout`: the pair is then failed for `BACKOFF` seconds (d
 another host) and the requests waiting for that model hear the host's own words
 (`ModelLoadFailed`). Requests that come while a load is under way join it.
 
-One actor per runtime (per event loop), only with the in-process state: with
-CROSSBAR_REDIS_URL, processes would each decide, so none does until a lease in Redis elects
-one. Not thread-safe: use it on its loop.
+One actor per runtime (per event loop). With CROSSBAR_REDIS_URL every process has one, and
+only the holder of the decider's lease in Redis decides and acts
+(`routing/shared/model_decider.py`): the others read the hosts as always, send it their
+requests' demand for a model loaded nowhere (`want`), and release those requests when their
+own reading shows the model loaded (read again at once when the decider says a load ended); a
+load that fails on the decider reaches their waiters with the host's words. Redis away: no
+process decides, and no request waits for a load. Not thread-safe: use it on its loop.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from routing.core.model_placement import (
 from routing.live_fleet import LiveFleet
 from routing.models_actor.decisions import Decisions
 from routing.models_actor.fleet_view import Pair, Seen, models_max, pairs, placeable_hosts
+from routing.shared.model_decider import ModelDecider
 
 log = logging.getLogger("crossbar.models")
 
@@ -67,7 +72,9 @@ class ModelActor:
 
     `poll_now(host)` reads a host again at once (the runtime's on-demand probe);
     `interval` is the health checks' (the retry after an `Unplaced`); `idle_unload` seconds
-    (None: never) a loaded model may stay unused; `load_timeout` seconds a load may take."""
+    (None: never) a loaded model may stay unused; `load_timeout` seconds a load may take;
+    `decider`, with shared state: whether this process decides, and its channel to the others
+    (None: the one process, which always decides)."""
 
     def __init__(
         self,
@@ -78,6 +85,7 @@ class ModelActor:
         interval: float,
         idle_unload: float | None,
         load_timeout: float,
+        decider: ModelDecider | None = None,
     ) -> None:
         self.live = live
         self.client = client
@@ -85,6 +93,7 @@ class ModelActor:
         self.interval = interval
         self.idle_unload = idle_unload
         self.load_timeout = load_timeout
+        self.decider = decider
         self.loop = asyncio.get_running_loop()
         self.decisions = Decisions()
         self._arrivals: defaultdict[str, deque[float]] = defaultdict(deque)
@@ -126,6 +135,8 @@ class ModelActor:
 
     def can_load(self, model: str, hosts: Collection[str]) -> bool:
         """Whether a load could serve `model` on one of `hosts` (a route's)."""
+        if self.decider is not None and not self.decider.reachable():
+            return False  # nobody would decide the load
         return any(m == model and h in hosts for (h, m) in self._pairs())
 
     async def wait_loaded(self, model: str) -> str:
@@ -136,11 +147,17 @@ class ModelActor:
         if ready is None or ready.done():
             ready = self._ready[model] = self.loop.create_future()
         self._held[model] += 1
+        self._tell_wanted(model)
         self.poke()
         try:
             return await asyncio.shield(ready)
         finally:
             self._held[model] -= 1
+            self._tell_wanted(model)
+
+    def _tell_wanted(self, model: str) -> None:
+        if self.decider is not None:
+            self.decider.want(model, self._held[model])
 
     def loading_on(self, model: str) -> str:
         """The host a load of `model` is under way on, "" when none is."""
@@ -157,6 +174,32 @@ class ModelActor:
             found[key] = Seen(status, wall + since, wall + self._last_used(key, since))
         return found
 
+    @property
+    def deciding(self) -> bool:
+        """Whether this process decides (always, but for a follower of the decider's lease)."""
+        return self.decider is None or self.decider.deciding()
+
+    # -- heard from the other processes (routing/shared/model_decider.py) --------------------
+
+    def elected(self) -> None:
+        """This process took the decider's lease: decide from what it knows now."""
+        self.poke()
+
+    def wanted(self) -> None:
+        """Another process's requests waiting for a load changed in number."""
+        self.poke()
+
+    def loaded(self, host: str, model: str) -> None:
+        """The decider saw `model` loaded on `host`: read that host at once when requests here
+        wait for it (one read per word, not a poll)."""
+        ready = self._ready.get(model)
+        if ready is not None and not ready.done():
+            self._spawn(self.poll_now(host))
+
+    def failed(self, host: str, model: str, message: str) -> None:
+        """The decider's load of `model` on `host` failed: the requests waiting here hear why."""
+        self._fail_waiters(host, model, message)
+
     def poke(self) -> None:
         """Decide again soon (once, however many events come before)."""
         if self._pending is None:
@@ -169,6 +212,8 @@ class ModelActor:
         now = self.loop.time()
         current = self._pairs()
         self._observe(current, now)
+        if not self.deciding:
+            return
         unplaced = False
         for action in decide(self.snapshot(current, now), now):
             self.decisions.decided(action)
@@ -257,6 +302,8 @@ class ModelActor:
         self._load_s[key] = seconds
         self.decisions.load_took(seconds)
         self.decisions.said("loaded", key[0], key[1], f"load took {seconds:.1f} s")
+        if self.decider is not None:
+            self.decider.tell_loaded(*key)
 
     def _fail(self, key: PairKey, message: str) -> None:
         """The load of pair `key` failed: the pair backs off, its waiters hear why."""
@@ -266,9 +313,14 @@ class ModelActor:
         self._failed[key] = self.loop.time() + BACKOFF
         self._seen[key] = (Status.FAILED, self.loop.time())
         self.decisions.said("failed", key[0], key[1], message)
-        ready = self._ready.pop(key[1], None)
+        if self.decider is not None:
+            self.decider.tell_failed(key[0], key[1], message)
+        self._fail_waiters(key[0], key[1], message)
+
+    def _fail_waiters(self, host: str, model: str, message: str) -> None:
+        ready = self._ready.pop(model, None)
         if ready is not None and not ready.done():
-            ready.set_exception(ModelLoadFailed(key[0], key[1], message))
+            ready.set_exception(ModelLoadFailed(host, model, message))
             ready.exception()  # retrieved: a future nobody awaits any more must not warn
 
     def _set_timer(self, now: float, unplaced: bool) -> None:
@@ -322,7 +374,9 @@ class ModelActor:
             while arrivals and arrivals[0] <= now - RATE_WINDOW:
                 arrivals.popleft()
             hosts = self.live.config.hosts
-            waiting = self._waiting_for_load(model) + sum(state.queued(h, model) for h in hosts)
+            loaded = any(p.status is Status.LOADED for (_, m), p in current.items() if m == model)
+            waiting = self._waiting_for_load(model, loaded)
+            waiting += sum(state.queued(h, model) for h in hosts)
             running = sum(state.in_flight(h, model) for h in hosts)
             demand = Demand(len(arrivals) / RATE_WINDOW, waiting, running)
             placed = self.live.config.placed.get(model)
@@ -365,12 +419,16 @@ class ModelActor:
             return self.idle_unload
         return placed.idle_unload or None
 
-    def _waiting_for_load(self, model: str) -> int:
-        """The requests waiting here for `model` to load; none once it has: those go on to its
-        host now (their tasks have yet to run), and counted as waiting they would ask for a
-        copy more."""
+    def _waiting_for_load(self, model: str, loaded: bool) -> int:
+        """The requests waiting for `model` to load, here and in the other processes; none
+        once it has: those go on to its host now (their tasks have yet to run, or their
+        process has yet to read the host), and counted as waiting they would ask for a copy
+        more."""
         ready = self._ready.get(model)
-        return 0 if ready is not None and ready.done() else self._held[model]
+        here = 0 if ready is not None and ready.done() else self._held[model]
+        if self.decider is None or loaded:
+            return here
+        return here + self.decider.waiting_elsewhere(model)
 
     def _load_s_of(self, key: PairKey) -> float | None:
         """The pair's measured load; else the model's on other hosts (the same file, most

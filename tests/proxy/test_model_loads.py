@@ -2,11 +2,10 @@
 host that loads none on demand waits while crossbar loads it on one (`POST /models/load`),
 requests that follow join that load, a load that fails is answered with the host's words and
 the next request tries another host, and a model nobody uses is unloaded after its idle time.
-In-process state only: with CROSSBAR_REDIS_URL no process loads models yet."""
+With CROSSBAR_TEST_SHARED=1 the gateway's one process holds the decider's lease in Redis."""
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 
@@ -20,13 +19,7 @@ from tests.helpers.invariants import Ledger
 from tests.helpers.observe import wait_for_health_poll
 from tests.helpers.waits import wait_until
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        os.environ.get("CROSSBAR_TEST_SHARED") == "1",
-        reason="with CROSSBAR_REDIS_URL no process loads models yet (docs/operating.md)",
-    ),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 LOAD = "/models/load"
 COMPLETIONS = "/v1/chat/completions"

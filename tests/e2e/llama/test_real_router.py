@@ -2,7 +2,7 @@
 `--no-models-autoload`: such a host answers 400 "model is not loaded" for a model it lists but
 has not loaded, so a request for a model loaded on one host only waits for that host when it
 is full, and never reaches the other; a model loaded on neither is loaded by crossbar on one
-(in one process; refused as not loaded with shared state, where no process loads models yet).
+(with shared state, by the process holding the decider's lease).
 Skips when no llama-server binary is found."""
 
 from __future__ import annotations
@@ -141,26 +141,6 @@ def ask_for_c(gateway, ledger: Ledger, routers: list[LlamaServer]) -> httpx.Resp
     return ledger.client.post("/chat/v1/chat/completions", json=body, timeout=120)
 
 
-@pytest.mark.skipif(
-    os.environ.get("CROSSBAR_TEST_SHARED") != "1",
-    reason="in one process crossbar loads the model (the test after this one)",
-)
-def test_a_model_loaded_on_no_router_is_refused_as_not_loaded_never_with_a_hosts_400(
-    gateway, ledger, routers
-):
-    refused = ask_for_c(gateway, ledger, routers)
-
-    assert refused.status_code == 503
-    assert refused.json()["error"]["code"] == "model_not_loaded"
-    assert [host["state"] for host in refused.json()["error"]["hosts"]] == ["unloaded"] * 2
-    assert ledger.statuses() == [503]
-    assert list(ledger.rows().values_list("code", "host")) == [("model_not_loaded", "")]
-
-
-@pytest.mark.skipif(
-    os.environ.get("CROSSBAR_TEST_SHARED") == "1",
-    reason="with CROSSBAR_REDIS_URL no process loads models yet (the test before this one)",
-)
 def test_a_model_loaded_on_no_router_is_loaded_by_crossbar_on_one_and_the_request_served_there(
     gateway, ledger, routers
 ):
