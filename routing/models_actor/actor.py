@@ -48,7 +48,6 @@ from routing.core.model_placement import (
     Load,
     Model,
     ModelOnHost,
-    ModelRules,
     Snapshot,
     Status,
     Unload,
@@ -57,7 +56,15 @@ from routing.core.model_placement import (
 )
 from routing.live_fleet import LiveFleet
 from routing.models_actor.decisions import Decisions
-from routing.models_actor.fleet_view import Pair, Seen, models_max, pairs, placeable_hosts
+from routing.models_actor.fleet_view import (
+    Pair,
+    Seen,
+    idle_unload_of,
+    models_max,
+    pairs,
+    placeable_hosts,
+    rules_of,
+)
 from routing.shared.model_decider import ModelDecider
 
 log = logging.getLogger("crossbar.models")
@@ -329,7 +336,7 @@ class ModelActor:
         not have."""
         deadlines = [start + self.load_timeout for start in self._started.values()]
         for key, (status, since) in self._seen.items():
-            idle_unload = self._idle_unload(key[1])
+            idle_unload = idle_unload_of(self.live.config, key[1], self.idle_unload)
             if status is Status.LOADED and idle_unload is not None:
                 at = self._last_used(key, since) + idle_unload
                 # Past it and still loaded: busy or within its residency; not every instant.
@@ -381,7 +388,8 @@ class ModelActor:
             demand = Demand(len(arrivals) / RATE_WINDOW, waiting, running)
             placed = self.live.config.placed.get(model)
             size_gb = placed.size_gb if placed is not None and placed.size_gb else 0.0
-            models[model] = Model(demand, self._rules(model), size_gb)
+            rules = rules_of(self.live.config, model, self.idle_unload)
+            models[model] = Model(demand, rules, size_gb)
         on_hosts: dict[PairKey, ModelOnHost] = {}
         for key, pair in current.items():
             status, since = self._seen.get(key, (pair.status, now))
@@ -394,30 +402,6 @@ class ModelActor:
                 waiting=state.queued(*key), slots=pair.slots, load_s=self._load_s_of(key),
             )  # fmt: skip
         return Snapshot(self._hosts(now), models, on_hosts)
-
-    def _rules(self, model: str) -> ModelRules:
-        """The operator's rules for `model` (a placed model's, else the defaults), with the
-        hosts it was loaded on by hand."""
-        config = self.live.config
-        pinned = frozenset(name for name, host in config.hosts.items() if model in host.pinned)
-        placed = config.placed.get(model)
-        if placed is None:
-            return ModelRules(idle_unload=self.idle_unload, pinned=pinned)
-        return ModelRules(
-            min_loaded=placed.min_loaded,
-            max_loaded=placed.max_loaded,
-            hosts=placed.hosts,
-            idle_unload=self._idle_unload(model),
-            pinned=pinned,
-        )
-
-    def _idle_unload(self, model: str) -> float | None:
-        """The seconds `model` may stay loaded unused: its placed model's, else the gateway's;
-        None (0 where the operator says it): never."""
-        placed = self.live.config.placed.get(model)
-        if placed is None or placed.idle_unload is None:
-            return self.idle_unload
-        return placed.idle_unload or None
 
     def _waiting_for_load(self, model: str, loaded: bool) -> int:
         """The requests waiting for `model` to load, here and in the other processes; none

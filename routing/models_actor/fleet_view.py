@@ -18,7 +18,7 @@ from typing import NamedTuple
 from hosts.describe import Described, ModelState
 from hosts.health import HealthTable
 from routing.config.shape import FleetConfig, HostConfig
-from routing.core.model_placement import Status
+from routing.core.model_placement import ModelRules, Status
 from routing.live_fleet import host_names, loads_on_demand
 
 STATUS = {
@@ -91,3 +91,28 @@ def models_max(host: HostConfig, described: Described) -> int:
     """How many models the router holds at once: its `--models-max` as it says it, else as
     many as it is configured with (no limit crossbar knows of)."""
     return described.max_models or max(1, len(host.models))
+
+
+def rules_of(config: FleetConfig, model: str, idle_unload: float | None) -> ModelRules:
+    """The operator's rules for `model` (its placed model's, else the defaults, with the
+    gateway's `idle_unload`), with the hosts it was loaded on by hand."""
+    pinned = frozenset(name for name, host in config.hosts.items() if model in host.pinned)
+    placed = config.placed.get(model)
+    if placed is None:
+        return ModelRules(idle_unload=idle_unload, pinned=pinned)
+    return ModelRules(
+        min_loaded=placed.min_loaded,
+        max_loaded=placed.max_loaded,
+        hosts=placed.hosts,
+        idle_unload=idle_unload_of(config, model, idle_unload),
+        pinned=pinned,
+    )
+
+
+def idle_unload_of(config: FleetConfig, model: str, default: float | None) -> float | None:
+    """The seconds `model` may stay loaded unused: its placed model's, else `default` (the
+    gateway's); None (0 where the operator says it): never."""
+    placed = config.placed.get(model)
+    if placed is None or placed.idle_unload is None:
+        return default
+    return placed.idle_unload or None
