@@ -6,6 +6,8 @@ judged under (`twin.run.run_models`).
   so a request for a model goes only to the hosts holding it. The models are dealt out in
   order, host by host, so each is on `hosts * models_max // models` hosts or one more (the
   first models, which the workloads make the most asked for or the slowest, get the extra).
+- `cold`: `static`'s assignment started with nothing loaded, each host loading its own models
+  when first asked: the operator's best layout paying the same cold start as `fleet`.
 - `autoload`: what a fleet of router-mode hosts does on its own today. Every host is
   configured with every model, nothing is loaded at the start, and each host loads what its
   requests name (llama-server's default), unloading its least recently used idle model.
@@ -22,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["LAYOUTS", "Layout", "autoload", "fleet", "static", "warm"]
+__all__ = ["LAYOUTS", "Layout", "autoload", "cold", "fleet", "static", "warm"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,13 @@ def static(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layo
     return Layout("static", held, held, autoload=False)
 
 
+def cold(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout:
+    """`static`'s assignment with nothing loaded: each host loads its own models when first
+    asked (autoload on, told only those), and never swaps."""
+    held = static(hosts, models, models_max).serves
+    return Layout("cold", held, {}, autoload=True)
+
+
 def autoload(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout:
     """Every model on every host, none loaded: each host loads what is asked of it."""
     return Layout("autoload", {host: tuple(models) for host in hosts}, {}, autoload=True)
@@ -71,6 +80,7 @@ def warm(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout
 
 LAYOUTS: dict[str, Callable[[Sequence[str], Sequence[str], int], Layout]] = {
     "static": static,
+    "cold": cold,
     "autoload": autoload,
     "fleet": fleet,
     "warm": warm,

@@ -17,19 +17,24 @@ The rules, in the order `decide` applies them (room given to an earlier rule is 
 3. **min_loaded.** A model on fewer hosts (loaded or loading) than `min_loaded` gets one more.
 4. **Demand**, models with the longest line first. A model with requests waiting and loaded
    nowhere is loaded on the best host. A model whose line outgrows its loaded hosts (more
-   waiting than their free slots) is loaded on one more when its priced wait (waiting x
-   `service_s` / the slots of its loaded copies) is above the load's seconds there. A model
+   waiting than their free slots) is loaded on one more: at once where a host has free room
+   (the copy costs its load only), else, where it would unload another model, when its
+   priced wait (waiting x `service_s` / the slots of its loaded copies) is above the load's
+   seconds there. A model
    already loading anywhere gets no load for demand: that load is the capacity coming.
 
 Everywhere: at most one load per model per call; never more loaded or loading on a host than
 `models_max` (and `memory_gb`, when given, counting `size_gb`); never more than `swap_budget`
 loads a host in any `SWAP_WINDOW`; `max_loaded` never exceeded. The best host for a load is an
 allowed host the pair is listed on, not failed (until `failed_until`), with budget left, and
-room or victims to unload: free room first, then the cheapest load (`load_s` measured, else
-`DEFAULT_LOAD_S`), then the fewest victims, then name. A victim is the least valuable
-(lowest recent rate, then least recently used) loaded model on that host that is unloadable:
-nothing running or waiting there, nothing waiting for it anywhere, not pinned there, loaded for
-at least the host's `min_residency`, and on more hosts than its `min_loaded`.
+room or victims to unload: free room first, then the least busy (requests running or waiting
+there, whatever their model: a model loaded beside them shares the host's compute), then the
+one holding the fewest models (so a cold fleet spreads its models over its hosts), then the
+cheapest load (`load_s` measured, else `DEFAULT_LOAD_S`), then the fewest victims, then name.
+A victim is the least valuable (lowest recent rate, then least recently used) loaded model on
+that host that is unloadable: nothing running or waiting there, nothing waiting for it
+anywhere, not pinned there, loaded for at least the host's `min_residency`, and on more hosts
+than its `min_loaded`.
 
 Pure: standard library only, no I/O, no clock of its own (`now` is the caller's, in seconds).
 """
@@ -308,9 +313,12 @@ def _load_for_demand(plan: _Plan, model: str) -> None:
     best = _best_host(plan, model)
     if isinstance(best, str):
         return  # served where it is loaded, only slower: nothing to explain
-    host, _ = best
+    host, victims = best
     load_s = _load_s(plan, host, model)
-    if priced > load_s:
+    if victims == 0:
+        # Room nobody uses: the copy costs its load only, and serves the line from then on.
+        _load(plan, host, model, f"demand: {waiting} waiting, free room on {host}")
+    elif priced > load_s:
         reason = f"demand: {waiting} waiting, priced wait {priced:.0f} s > load {load_s:.0f} s"
         _load(plan, host, model, f"{reason} on {host}")
 
@@ -339,7 +347,7 @@ def _best_host(plan: _Plan, model: str) -> tuple[str, int] | str:
     none, why not (host by host)."""
     if _at_max(plan, model):
         return f"max_loaded {plan.snapshot.models[model].rules.max_loaded} reached"
-    candidates: list[tuple[bool, float, int, str]] = []
+    candidates: list[tuple[bool, int, int, float, int, str]] = []
     refusals: list[str] = []
     for host in sorted(plan.snapshot.hosts):
         why = _why_not(plan, host, model)
@@ -348,11 +356,20 @@ def _best_host(plan: _Plan, model: str) -> tuple[str, int] | str:
             continue
         victims = _victims(plan, host, model)
         assert victims is not None
-        candidates.append((bool(victims), _load_s(plan, host, model), len(victims), host))
+        held = len(plan.held(host))
+        load_s = _load_s(plan, host, model)
+        candidates.append((bool(victims), _busy(plan, host), held, load_s, len(victims), host))
     if not candidates:
         return "no host: " + ("; ".join(refusals) or "none in the fleet")
-    _, _, count, host = min(candidates)
+    *_, count, host = min(candidates)
     return host, count
+
+
+def _busy(plan: _Plan, host: str) -> int:
+    """The requests running or waiting on `host`, whatever their model: a model loaded beside
+    them shares the host's compute with them."""
+    pairs = plan.snapshot.pairs
+    return sum(state.running + state.waiting for (h, _), state in pairs.items() if h == host)
 
 
 def _at_max(plan: _Plan, model: str) -> bool:

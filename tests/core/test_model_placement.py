@@ -145,26 +145,57 @@ def test_a_host_the_model_is_not_allowed_on_is_never_chosen() -> None:
 # -- a line that outgrows its hosts --------------------------------------------------------
 
 
-def test_a_line_priced_above_the_load_is_loaded_on_another_host() -> None:
+# gpu2 holds "docs", idle 100 s and long loaded: a copy of chat there would unload it.
+FULL_GPU2 = {("gpu2", "docs"): ModelOnHost(Status.LOADED, since=0.0, last_used=900.0)}
+
+
+def test_a_line_priced_above_the_load_unloads_an_idle_model_for_a_copy() -> None:
     snapshot = fleet(
-        {"gpu1": Host(2), "gpu2": Host(2)},
-        {"chat": Model(Demand(waiting=12), service_s=10.0)},
+        {"gpu1": Host(2), "gpu2": Host(1)},
+        {"chat": Model(Demand(waiting=12, running=3), service_s=10.0), "docs": asked(0)},
         {
-            ("gpu1", "chat"): ModelOnHost(Status.LOADED, waiting=12, slots=3),
+            ("gpu1", "chat"): ModelOnHost(Status.LOADED, running=3, waiting=12, slots=3),
             ("gpu2", "chat"): ModelOnHost(load_s=3.0),
+            **FULL_GPU2,
         },
     )
     reason = "demand: 12 waiting, priced wait 40 s > load 3 s on gpu2"
-    assert decide(snapshot, now=1000.0) == [Load("gpu2", "chat", reason)]
+    assert decide(snapshot, now=1000.0) == [
+        Unload("gpu2", "docs", "making room for chat"),
+        Load("gpu2", "chat", reason),
+    ]
 
 
-def test_a_line_priced_below_the_load_waits_where_it_is() -> None:
+def test_a_line_priced_below_the_load_unloads_nothing_and_waits_where_it_is() -> None:
     snapshot = fleet(
-        {"gpu1": Host(2), "gpu2": Host(2)},
-        {"chat": Model(Demand(waiting=2), service_s=1.0)},
-        {("gpu1", "chat"): ModelOnHost(Status.LOADED, waiting=2, slots=1)},
+        {"gpu1": Host(2), "gpu2": Host(1)},
+        {"chat": Model(Demand(waiting=2, running=1), service_s=1.0), "docs": asked(0)},
+        {("gpu1", "chat"): ModelOnHost(Status.LOADED, running=1, waiting=2, slots=1), **FULL_GPU2},
     )
     assert decide(snapshot, now=1000.0) == []
+
+
+def test_a_line_its_copies_cannot_take_gets_a_copy_at_once_where_a_host_has_free_room() -> None:
+    """Priced below the load, and loaded all the same: room nobody uses costs nothing."""
+    snapshot = fleet(
+        {"gpu1": Host(2), "gpu2": Host(2)},
+        {"chat": Model(Demand(waiting=2, running=1), service_s=1.0)},
+        {("gpu1", "chat"): ModelOnHost(Status.LOADED, running=1, waiting=2, slots=1)},
+    )
+    assert decide(snapshot, now=1000.0) == [
+        Load("gpu2", "chat", "demand: 2 waiting, free room on gpu2")
+    ]
+
+
+def test_a_model_is_loaded_on_the_least_busy_host_then_the_one_holding_fewest_models() -> None:
+    busy = ModelOnHost(Status.LOADED, since=0.0, last_used=1000.0, running=2)
+    snapshot = fleet(
+        {"gpu1": Host(3), "gpu2": Host(3), "gpu3": Host(3)},
+        {"chat": asked(1), "docs": asked(0), "code": asked(0)},
+        {("gpu1", "docs"): busy, ("gpu2", "docs"): LOADED, ("gpu2", "code"): LOADED,
+         ("gpu3", "code"): LOADED},
+    )  # fmt: skip
+    assert loads(decide(snapshot, now=1000.0)) == [("gpu3", "chat")]
 
 
 def test_a_model_already_loading_gets_no_second_load_for_the_same_demand() -> None:
