@@ -113,6 +113,19 @@ def running_gateway(log_dir: Path, **settings: str) -> Iterator[Gateway]:
                 process.kill()
 
 
+@contextlib.contextmanager
+def two_gateways(
+    log_dir: Path, redis_url: str, **settings: str
+) -> Iterator[tuple[Gateway, Gateway]]:
+    """Two gateway processes sharing the Redis at `redis_url` (and the test database), a dead
+    process's slots outliving it 1 s (`CROSSBAR_REDIS_HOLD_TTL`; 5 s by default)."""
+    env = {"CROSSBAR_REDIS_URL": redis_url, "CROSSBAR_REDIS_HOLD_TTL": "1", **settings}
+    with running_gateway(log_dir, **env) as first, running_gateway(log_dir, **env) as second:
+        first.sync()
+        second.sync()
+        yield first, second
+
+
 def signed_in(
     gateway: Gateway, username: str = "admin", password: str = "password"
 ) -> httpx.Client:

@@ -6,7 +6,6 @@ CROSSBAR_REDIS_URL), refused with `model_not_loaded`, never the host's 400."""
 
 from __future__ import annotations
 
-import os
 import threading
 
 import httpx
@@ -19,13 +18,6 @@ from tests.helpers.observe import gauge, wait_for_health_poll
 from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-# In one process crossbar loads a model loaded nowhere (tests/proxy/test_model_loads.py); with
-# CROSSBAR_REDIS_URL no process does yet, and such a request is refused.
-nobody_loads = pytest.mark.skipif(
-    os.environ.get("CROSSBAR_TEST_SHARED") != "1",
-    reason="in one process crossbar loads the model (tests/proxy/test_model_loads.py)",
-)
 
 COMPLETIONS = "/v1/chat/completions"
 
@@ -141,50 +133,6 @@ def test_a_request_waiting_in_line_takes_a_slot_of_a_host_as_soon_as_its_model_i
     assert ledger.statuses() == [200, 200]
 
 
-@nobody_loads
-def test_a_model_loaded_on_no_host_that_loads_none_on_demand_is_refused_as_not_loaded(
-    gateway, ledger
-):
-    with FakeLlamaServer(router_models=("a", "b"), models_autoload=False) as router:
-        add_route("chat", [add_host("gpu1", router.url, models={"a": (1, 4), "b": (1, 4)})])
-        gateway.sync()
-        wait_for_health_poll(router)
-        refused = ask(ledger, "a")
-
-    assert refused.status_code == 503
-    assert "x-crossbar-host" not in refused.headers
-    error = refused.json()["error"]
-    assert error["code"] == "model_not_loaded"
-    assert "“a”" in error["message"]
-    assert "load it from the admin" in error["message"]
-    assert router.requests_to(COMPLETIONS) == []
-    assert ledger.statuses() == [503]
-    row = ledger.rows().get()
-    assert (row.code, row.host, row.model) == ("model_not_loaded", "", "a")
-    assert "load it from the admin" in row.error
-
-
-@nobody_loads
-def test_a_model_still_loading_on_its_only_host_is_refused_with_a_retry_after(gateway, ledger):
-    # llama-server passes the request to the instance it is loading, which answers 503
-    # "Loading model" until the load ends (so does the fake).
-    with FakeLlamaServer(router_models=("a",), models_autoload=False, load_delay=60) as router:
-        add_route("chat", [add_host("gpu1", router.url, models={"a": (1, 4)})])
-        gateway.sync()
-        assert httpx.post(f"{router.url}/models/load", json={"model": "a"}).status_code == 200
-        wait_for_health_poll(router)
-        refused = ask(ledger, "a")
-
-    assert refused.status_code == 503
-    assert refused.headers["retry-after"] == "2"
-    error = refused.json()["error"]
-    assert error["code"] == "model_not_loaded"
-    assert "gpu1 is loading it" in error["message"]
-    assert [host["state"] for host in error["hosts"]] == ["model_loading"]
-    assert router.requests_to(COMPLETIONS) == []
-    assert ledger.statuses() == [503]
-
-
 @pytest.mark.parametrize(
     ("setting", "served"), [("", 200), ("yes", 200), ("no", 503)], ids=["unknown", "yes", "no"]
 )
@@ -206,16 +154,18 @@ def test_a_host_that_does_not_say_whether_it_loads_on_demand_is_taken_at_the_ope
     assert ledger.statuses() == [served]
 
 
-@nobody_loads
 def test_what_a_router_says_of_its_autoload_wins_over_the_operators_setting(gateway, ledger):
+    """The operator says gpu1 loads on demand; its /props says it does not. Taken at the
+    operator's word the request would go to the router, which has nothing loaded; taken at the
+    router's, crossbar loads the model there first."""
     with FakeLlamaServer(router_models=("a",), models_autoload=False) as router:
         add_route("chat", [add_host("gpu1", router.url, models={"a": (1, 4)},
                                     loads_on_demand="yes")])  # fmt: skip
         gateway.sync()
         wait_for_health_poll(router)
-        refused = ask(ledger, "a")
+        served = ask(ledger, "a")
 
-    assert refused.status_code == 503
-    assert refused.json()["error"]["code"] == "model_not_loaded"
-    assert router.requests_to(COMPLETIONS) == []
-    assert ledger.statuses() == [503]
+    assert served.status_code == 200
+    assert [seen.json for seen in router.requests_to("/models/load")] == [{"model": "a"}]
+    assert ledger.statuses() == [200]
+    assert ledger.rows().get().placement == "loaded"

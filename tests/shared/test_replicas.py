@@ -24,7 +24,7 @@ from accounting.models import Request
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.helpers.asking import issue, post
 from tests.helpers.fleet import MODEL, add_host, add_route, chat
-from tests.helpers.gateway import Gateway, running_gateway
+from tests.helpers.gateway import two_gateways
 from tests.helpers.invariants import Ledger, wait_until_free
 from tests.helpers.soak import Faults, load
 from tests.helpers.waits import eventually, wait_until
@@ -32,16 +32,6 @@ from tests.helpers.waits import eventually, wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHAT = "/chat/v1/chat/completions"
-HOLD_TTL = "1"  # how long a dead process's slots outlive it here (the default is 5 s)
-
-
-@contextlib.contextmanager
-def two_gateways(tmp_path, redis_url: str, **settings: str) -> Iterator[tuple[Gateway, Gateway]]:
-    env = {"CROSSBAR_REDIS_URL": redis_url, "CROSSBAR_REDIS_HOLD_TTL": HOLD_TTL, **settings}
-    with running_gateway(tmp_path, **env) as first, running_gateway(tmp_path, **env) as second:
-        first.sync()
-        second.sync()
-        yield first, second
 
 
 @pytest.fixture

@@ -18,10 +18,9 @@ import pytest
 
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.helpers.fleet import add_host, add_route
-from tests.helpers.gateway import Gateway
+from tests.helpers.gateway import Gateway, two_gateways
 from tests.helpers.observe import wait_for_health_poll
 from tests.helpers.waits import wait_until
-from tests.shared.test_replicas import two_gateways
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
