@@ -21,7 +21,7 @@ from tests.fakes.llama_server import FakeLlamaServer
 from tests.helpers import wire
 from tests.helpers.asking import conversation, send, turn
 from tests.helpers.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.helpers.gateway import running_gateway, signed_in
+from tests.helpers.gateway import running_gateway, running_gateway_on_the_tests_backing, signed_in
 from tests.helpers.observe import (
     gauge,
     slot_naming,
@@ -430,7 +430,7 @@ def test_a_conversation_first_served_before_its_host_was_read_is_left_to_the_hos
     django_db_setup, tmp_path, fake
 ):
     fake.props_open.clear()  # the host's first read waits on its /props
-    with running_gateway(tmp_path, CROSSBAR_HEALTH_TIMEOUT="60") as gateway:
+    with running_gateway_on_the_tests_backing(tmp_path, CROSSBAR_HEALTH_TIMEOUT="60") as gateway:
         add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
         gateway.sync()
         wait_until(lambda: fake.requests_to("/props"), 10, what="the host's first read")

@@ -22,7 +22,7 @@ from tests.e2e.llama.locate import NOT_BUILT, binary_expected
 from tests.e2e.llama.props_gate import props_gate
 from tests.e2e.llama.server import ALIAS
 from tests.helpers.fleet import add_host, add_route
-from tests.helpers.gateway import running_gateway
+from tests.helpers.gateway import running_gateway, running_gateway_on_the_tests_backing
 from tests.helpers.invariants import Ledger
 from tests.helpers.observe import gauge, slot_naming, wait_for_gauge, wait_for_host_state
 from tests.helpers.waits import wait_until
@@ -150,7 +150,7 @@ def test_a_second_turn_after_its_host_was_first_read_finds_its_first_in_the_slot
 ):
     with (
         props_gate(fresh_llama.port) as front,
-        running_gateway(tmp_path, CROSSBAR_HEALTH_TIMEOUT="60") as gateway,
+        running_gateway_on_the_tests_backing(tmp_path, CROSSBAR_HEALTH_TIMEOUT="60") as gateway,
         Ledger(gateway) as ledger,
     ):
         front.props_open.clear()  # the gateway's first read of the host waits on its /props
