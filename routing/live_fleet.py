@@ -175,8 +175,17 @@ class LiveFleet:
         fewest saved a tenth of the prompt tokens that llama-server's own choice evaluated
         (bench/README.md, "4 Dec 2026"). A host found emptying its idle slots (a unified KV
         cache: `named_answered`) is told no slot until it is read anew. Its `--cache-ram`
-        serves the conversations there better than any slot number."""
+        serves the conversations there better than any slot number.
+
+        A conversation served on a host before the host was first read stays unnamed there
+        (`LeaseTable.leave_to_host`): llama-server chose its slot, and finds it again by the
+        prompt it holds, where its number might be an empty slot or another conversation's."""
         host, model = slot.host, key.model
+        if self.name_slots and self.health.get(host).described is None:
+            # Not read yet: llama-server puts the request where it likes, and the number its
+            # conversation would keep may be another slot.
+            await self.state.leave_to_host(key, host)
+            return None
         namable = self._namable(host, model)
         if namable is None or self.slot_names.emptying(host, model, namable[1]):
             return None

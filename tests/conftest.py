@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,9 +12,12 @@ from hypothesis import settings
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.helpers.browser import chromium
 from tests.helpers.fleet import add_host, add_route
-from tests.helpers.gateway import Gateway, running_gateway, server_under_test
+from tests.helpers.gateway import (
+    Gateway,
+    running_gateway_on_the_tests_backing,
+    server_under_test,
+)
 from tests.helpers.invariants import Ledger
-from tests.helpers.redis_server import RedisServer
 
 # No per-example deadline: the properties are about outcomes, and on a busy machine (CI runs two
 # configurations at once) an example of the relay's took 268 ms against Hypothesis' 200.
@@ -32,21 +32,10 @@ def gateway(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Ga
     With CROSSBAR_TEST_SHARED=1 in the environment it keeps its state in a redis-server of its
     own (`CROSSBAR_REDIS_URL`), so the same tests check the shared state's behaviour.
     """
-    with django_db_blocker.unblock(), contextlib.ExitStack() as stack:
+    with django_db_blocker.unblock():
         log_dir = tmp_path_factory.mktemp("gateway")
-        settings: dict[str, str] = {}
-        if os.environ.get("CROSSBAR_TEST_SHARED") == "1":
-            binary = shutil.which("redis-server")
-            if binary is None:
-                pytest.fail(
-                    "CROSSBAR_TEST_SHARED=1 needs redis-server (apt-get install redis-server)"
-                )
-            redis = RedisServer(binary, tmp_path_factory.mktemp("redis"))
-            redis.start()
-            stack.callback(redis.stop)
-            settings["CROSSBAR_REDIS_URL"] = redis.url
-        gw = stack.enter_context(running_gateway(log_dir, **settings))
-        yield gw
+        with running_gateway_on_the_tests_backing(log_dir) as gw:
+            yield gw
 
 
 @pytest.fixture

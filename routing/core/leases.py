@@ -37,7 +37,9 @@ class LeaseKey:
 # conversation (with 100k leases: 210k tracked objects and 100 ms a full pass as LeaseKey and
 # _Lease objects, 10k and 51 ms as tuples; a loaded gateway makes a full pass every few seconds).
 _Key = tuple[str, str, str]  # route, fingerprint, model
-_Lease = tuple[str, float, int]  # host, expires, the slot number kept there (-1: none)
+_Lease = tuple[str, float, int]  # host, expires, the slot number kept there (-1: none yet)
+# The number of a lease served on its host before the host's slots were known (`leave_to_host`).
+_HOSTS_CHOICE = -2
 
 
 def _key(key: LeaseKey) -> _Key:
@@ -111,12 +113,15 @@ class LeaseTable:
 
         With a slot for each conversation, each number goes to one conversation, so one sent
         to its number (llama-server's `id_slot`) finds its own history there, not another's;
-        with more, they share the numbers as evenly as they can."""
+        with more, they share the numbers as evenly as they can. None too for a conversation
+        left in the slot the host chose (`leave_to_host`)."""
         now = self._clock()
         self._trim(now)  # numbers kept by expired leases go back first (as lazily as `held`)
         stored = _key(key)
         current = self._leases.get(stored)
         if current is None or current[0] != host or current[1] <= now:
+            return None
+        if current[2] == _HOSTS_CHOICE:
             return None
         if 0 <= current[2] < slots:
             return current[2]
@@ -126,6 +131,20 @@ class LeaseTable:
         self._leases[stored] = (host, current[1], number)
         kept.setdefault(number, set()).add(stored)
         return number
+
+    def leave_to_host(self, key: LeaseKey, host: str) -> None:
+        """The conversation `key` was served on `host`, its lease's host, naming no slot
+        because the host's slots were not known yet: llama-server put it in a slot of its
+        choosing, which no number says. Naming its number on a later turn would send it to
+        another slot, away from its history (to an empty one, or to another conversation's);
+        naming none lets llama-server find the slot that holds the most of its prompt. So it
+        keeps no number (`slot_number`) while its lease lives on that host."""
+        stored = _key(key)
+        current = self._leases.get(stored)
+        if current is None or current[0] != host or current[2] == _HOSTS_CHOICE:
+            return
+        self._unnumber(stored, current)
+        self._leases[stored] = (host, current[1], _HOSTS_CHOICE)  # its place in the LRU kept
 
     def drop_host(self, host: str) -> int:
         """Remove every lease held by ``host`` (a deleted host); return how many went."""

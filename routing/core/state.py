@@ -159,6 +159,11 @@ class FleetState(Protocol):
         live lease there, or the number cannot be read now (the request goes on unnumbered)."""
         ...
 
+    async def leave_to_host(self, key: LeaseKey, host: str) -> None:
+        """The conversation was served on `host`, its lease's host, before the host's slots
+        were known: it keeps no slot number there from now on (`LeaseTable.leave_to_host`)."""
+        ...
+
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None: ...
     def remove(self, host: str, model: str) -> None:
         """Forget the pair's configuration: its slots held count until released, and the
@@ -220,6 +225,9 @@ class LocalState:
 
     async def slot_number(self, key: LeaseKey, host: str, slots: int) -> int | None:
         return self.leases.slot_number(key, host, slots)
+
+    async def leave_to_host(self, key: LeaseKey, host: str) -> None:
+        self.leases.leave_to_host(key, host)
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:
         self.limiter.configure(host, model, parallel, queue_max)

@@ -188,6 +188,12 @@ class SharedState:
             log.warning("slot not named (%s): the host chooses it", exc)
             return None
 
+    async def leave_to_host(self, key: LeaseKey, host: str) -> None:
+        try:
+            await self.leases.leave_to_host(key, host)
+        except StateUnavailable as exc:
+            log.warning("slot left unmarked (%s): the next turn may name another", exc)
+
     # -- configuration ------------------------------------------------------------------
 
     def configure(self, host: str, model: str, parallel: int, queue_max: int) -> None:

@@ -165,7 +165,8 @@ return out
 
 # ARGV: P, id, host, model, slots, proc. Reply: the slot number the lease `id` keeps on `host`
 # for `model` (0 to slots - 1): the one it kept, else the one the fewest other live leases
-# there keep (the lowest of those); nil when the lease is not live on `host`, or while another
+# there keep (the lowest of those); nil when the lease is not live on `host`, or left to the
+# host's choice there (`_LEAVE`: its mark slides with the lease), or while another
 # live process holds a slot of the pair (`P held:<host>/<model>`, routing/shared/slots_lua.py):
 # the process naming a slot knows only its own requests, and one of another process's that
 # the host placed itself may run in that slot, where a request naming it would wait. A
@@ -177,12 +178,10 @@ _NUMBER = (
     + VERSION
     + LEASE_FUNCTIONS
     + r"""
+local HOSTS_CHOICE = 'host'
 local id, host, model, slots, proc = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 local lease = P .. 'lease:' .. id
 if redis.call('GET', lease) ~= host then return false end
-for _, holder in ipairs(redis.call('HVALS', P .. 'held:' .. host .. '/' .. model)) do
-  if holder ~= proc and alive(holder) then return false end
-end
 local left = redis.call('PTTL', lease)
 if left <= 0 then return false end
 local numbers = P .. 'slot-numbers:' .. host .. '\0' .. model
@@ -193,7 +192,15 @@ local function take(n)
   return n
 end
 local mine = redis.call('GET', P .. 'lease-number:' .. id)
-if mine and tonumber(mine) < slots and redis.call('HGET', numbers, id) == mine then
+if mine == HOSTS_CHOICE and redis.call('HGET', numbers, id) == mine then
+  take(mine)  -- left to the host for as long as the lease lives
+  return false
+end
+for _, holder in ipairs(redis.call('HVALS', P .. 'held:' .. host .. '/' .. model)) do
+  if holder ~= proc and alive(holder) then return false end
+end
+if mine and mine ~= HOSTS_CHOICE and tonumber(mine) < slots
+    and redis.call('HGET', numbers, id) == mine then
   return take(tonumber(mine))
 end
 local kept = {}
@@ -214,6 +221,25 @@ for n = 1, slots - 1 do
   if kept[n] < kept[best] then best = n end
 end
 return take(best)
+"""
+)
+
+# ARGV: P, id, host, model. Marks the lease `id`, live on `host`, as served there before the
+# host's slots were known (`LeaseTable.leave_to_host`): its number is 'host' (the host's
+# choice), which `_NUMBER` keeps and answers with nil, and which its walk counts for no slot.
+_LEAVE = (
+    _PRELUDE
+    + r"""
+local id, host, model = ARGV[2], ARGV[3], ARGV[4]
+local lease = P .. 'lease:' .. id
+if redis.call('GET', lease) ~= host then return false end
+local left = redis.call('PTTL', lease)
+if left <= 0 then return false end
+local numbers = P .. 'slot-numbers:' .. host .. '\0' .. model
+redis.call('HSET', numbers, id, 'host')  -- `_NUMBER`'s HOSTS_CHOICE
+redis.call('SET', P .. 'lease-number:' .. id, 'host', 'PX', left)
+outlive(numbers, now + left)
+return true
 """
 )
 
@@ -248,6 +274,7 @@ class RedisLeases:
         self._last_held: tuple[str, dict[str, int]] = ("", {})
         self._count = shared.script(_COUNT)
         self._number = shared.script(_NUMBER)
+        self._leave = shared.script(_LEAVE)
         self._proc = shared.proc
 
     async def slide(self, key: LeaseKey, ttl: float) -> str | None:
@@ -294,6 +321,11 @@ class RedisLeases:
         trip."""
         number = await self._number(lease_id(key), host, key.model, slots, self._proc)
         return None if number is None else int(number)
+
+    async def leave_to_host(self, key: LeaseKey, host: str) -> None:
+        """Keep no slot number for the conversation on `host`, its lease's host, from now on
+        (`LeaseTable.leave_to_host`). One round trip."""
+        await self._leave(lease_id(key), host, key.model)
 
     async def count(self) -> int:
         """Live leases in all."""

@@ -249,6 +249,21 @@ def test_conversations_on_one_host_share_its_slot_numbers_as_evenly_as_they_can(
     assert table.slot_number(conversation(5), "h1", slots=2) == 1
 
 
+def test_a_conversation_left_to_its_hosts_choice_keeps_no_number_there_until_it_moves() -> None:
+    table = LeaseTable()
+    table.keep(conversation(0), "h1", ttl=60)
+    table.keep(conversation(1), "h1", ttl=60)
+    assert table.slot_number(conversation(0), "h1", slots=2) == 0
+
+    table.leave_to_host(conversation(0), "h1")  # served there before its slots were known
+    table.keep(conversation(0), "h1", ttl=60)  # its next turn
+
+    assert table.slot_number(conversation(0), "h1", slots=2) is None
+    assert table.slot_number(conversation(1), "h1", slots=2) == 0  # number 0 was given back
+    table.keep(conversation(0), "h2", ttl=60)  # moved: a host of its own choosing no more
+    assert table.slot_number(conversation(0), "h2", slots=2) == 0
+
+
 def test_a_slot_number_is_kept_per_host_and_model() -> None:
     table = LeaseTable()
     other_model = LeaseKey("chat", "conversation-1", "llama")

@@ -218,11 +218,13 @@ class FakeLlamaServer:
     `token_delay`, `first_token_delay`, `prompt_token_ms` (what the timings say each
     evaluated prompt token took: 0.1 ms, 10,000 a second; reported, not waited), `cache_n_said`
     (what the answers say came from the cache, in place of the cache's own count), `api_key`,
-    `load_delay`, `models_max`, `models_autoload`, `failing_models`; `forget_cache()` empties
-    its KV cache. Fail modes apply to requests that take a slot (generations, embeddings,
-    reranking) only, so a gateway's health poller does not use them up; "refuse" is the
-    exception: it closes the listening socket (and idle keep-alive connections) so every connect
-    is refused, and setting `fail_mode` back to None listens again on the same port.
+    `load_delay`, `models_max`, `models_autoload`, `failing_models`; `props_open` (an Event,
+    set at first: while it is clear, `/props` answers only once it is set again, as a host's
+    first read may be slow); `forget_cache()` empties its KV cache. Fail modes apply to
+    requests that take a slot (generations, embeddings, reranking) only, so a gateway's
+    health poller does not use them up; "refuse" is the exception: it closes the listening
+    socket (and idle keep-alive connections) so every connect is refused, and setting
+    `fail_mode` back to None listens again on the same port.
     `fail_count` does not apply to "refuse".
 
     Observations: `seen` (every request in arrival order, with its method, path, headers and
@@ -288,6 +290,8 @@ class FakeLlamaServer:
         self.load_on_startup = load_on_startup
         self.failing_models = set(failing_models)
         self.fail_count: int | None = None
+        self.props_open = threading.Event()
+        self.props_open.set()
         self.odd_status = "999 Weird"
         self.seen: list[SeenRequest] = []
         self.in_flight = 0
@@ -388,6 +392,7 @@ class FakeLlamaServer:
         thread, loop = self._thread, self._loop
         if thread is None or loop is None:
             return
+        self.props_open.set()  # a /props held open would keep its thread waiting
         asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
@@ -629,6 +634,8 @@ class FakeLlamaServer:
         return await call.json(200, docs.model_list(self.models, int(time.time()), self.aliases))
 
     async def _props_answer(self, call: _Call) -> bool:
+        if not self.props_open.is_set():
+            await asyncio.to_thread(self.props_open.wait)
         if self._router is not None:
             if "model" not in call.request.query:
                 return await call.json(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 from django.db import connection
 
 from tests.helpers.machine import ROOT, free_port
+from tests.helpers.redis_server import RedisServer
 from tests.helpers.waits import wait_until, wait_until_healthy
 
 
@@ -124,6 +127,26 @@ def two_gateways(
         first.sync()
         second.sync()
         yield first, second
+
+
+@contextlib.contextmanager
+def running_gateway_on_the_tests_backing(log_dir: Path, **settings: str) -> Iterator[Gateway]:
+    """`running_gateway`, with CROSSBAR_TEST_SHARED=1 keeping its state in a redis-server of
+    its own (`CROSSBAR_REDIS_URL`), as the session's `gateway` does: a test that needs other
+    settings still checks the shared state's behaviour too."""
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("CROSSBAR_TEST_SHARED") == "1":
+            binary = shutil.which("redis-server")
+            if binary is None:
+                pytest.fail(
+                    "CROSSBAR_TEST_SHARED=1 needs redis-server (apt-get install redis-server)"
+                )
+            (log_dir / "redis").mkdir(exist_ok=True)
+            redis = RedisServer(binary, log_dir / "redis")
+            redis.start()
+            stack.callback(redis.stop)
+            settings = {"CROSSBAR_REDIS_URL": redis.url, **settings}
+        yield stack.enter_context(running_gateway(log_dir, **settings))
 
 
 def signed_in(

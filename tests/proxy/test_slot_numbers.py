@@ -21,7 +21,7 @@ from tests.fakes.llama_server import FakeLlamaServer
 from tests.helpers import wire
 from tests.helpers.asking import conversation, send, turn
 from tests.helpers.fleet import MODEL, POLLS, add_host, add_route, chat
-from tests.helpers.gateway import running_gateway, signed_in
+from tests.helpers.gateway import running_gateway, running_gateway_on_the_tests_backing, signed_in
 from tests.helpers.observe import (
     gauge,
     slot_naming,
@@ -424,6 +424,26 @@ def test_at_the_default_similarity_an_empty_slot_is_named_when_another_holds_the
     # Left to llama-server at 0.1, the second would take slot 0, which holds the opening the
     # two share: over 10% of its prompt.
     assert [body.get("id_slot", "none") for body in sent(fake_of_two)] == [0, 1]
+
+
+def test_a_conversation_first_served_before_its_host_was_read_is_left_to_the_hosts_choice(
+    django_db_setup, tmp_path, fake
+):
+    fake.props_open.clear()  # the host's first read waits on its /props
+    with running_gateway_on_the_tests_backing(tmp_path, CROSSBAR_HEALTH_TIMEOUT="60") as gateway:
+        add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (2, 2)})])
+        gateway.sync()
+        wait_until(lambda: fake.requests_to("/props"), 10, what="the host's first read")
+        turn(gateway, "first conversation")  # its slots unknown: the host chooses one
+        fake.props_open.set()
+        wait_for_health_poll(fake)  # its /props said its slots
+        turn(gateway, "first conversation", "and then?")
+        turn(gateway, "second conversation")
+
+    # Named slot 0, the first's second turn would leave the slot the host gave its first
+    # (llama-server gives an unnamed request on a fresh host its last slot); unnamed, it goes
+    # where its history is. A conversation begun once the host was read is named as before.
+    assert [body.get("id_slot") for body in sent(fake)] == [None, None, 0]
 
 
 def test_an_operator_can_leave_every_slot_to_the_hosts(django_db_setup, tmp_path, fake):

@@ -94,6 +94,17 @@ def fresh_llama_similar(
         yield srv
 
 
+@pytest.fixture
+def fresh_llama(
+    llama_binary: Path, tiny_model: Path, tmp_path: pytest.TempPathFactory
+) -> Iterator[LlamaServer]:
+    """A llama-server like `llama`, started for one test: its slots are empty."""
+    log_dir = tmp_path / "llama-fresh"  # type: ignore[operator]
+    log_dir.mkdir()
+    with running_llama_server(llama_binary, tiny_model, log_dir) as srv:
+        yield srv
+
+
 @pytest.fixture(autouse=True)
 def _llama_log_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     yield

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import openai
 import pytest
@@ -18,9 +19,10 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from accounting.models import Request
 from tests.e2e.llama.locate import NOT_BUILT, binary_expected
+from tests.e2e.llama.props_gate import props_gate
 from tests.e2e.llama.server import ALIAS
 from tests.helpers.fleet import add_host, add_route
-from tests.helpers.gateway import running_gateway
+from tests.helpers.gateway import running_gateway, running_gateway_on_the_tests_backing
 from tests.helpers.invariants import Ledger
 from tests.helpers.observe import gauge, slot_naming, wait_for_gauge, wait_for_host_state
 from tests.helpers.waits import wait_until
@@ -141,6 +143,53 @@ def test_a_conversations_second_turn_reads_its_prefix_from_llama_servers_kv_cach
     assert two.prompt_tokens == second.usage.prompt_tokens
     assert second.usage.prompt_tokens_details is not None
     assert two.cached_tokens == second.usage.prompt_tokens_details.cached_tokens
+
+
+def test_a_second_turn_after_its_host_was_first_read_finds_its_first_in_the_slot_the_host_chose(
+    django_db_setup, tmp_path, fresh_llama
+):
+    with (
+        props_gate(fresh_llama.port) as front,
+        running_gateway_on_the_tests_backing(tmp_path, CROSSBAR_HEALTH_TIMEOUT="60") as gateway,
+        Ledger(gateway) as ledger,
+    ):
+        front.props_open.clear()  # the gateway's first read of the host waits on its /props
+        add_route("paused", [add_host("llama-paused", front.url, models={ALIAS: (2, 4)})])
+        gateway.sync()
+        wait_until(lambda: front.props_asked > 0, timeout=10, what="the host's first read")
+        started = timezone.now()
+        http: Any = ledger.client  # the openai package's own httpx, to mypy
+        client = openai.OpenAI(
+            base_url=f"{gateway.url}/paused/v1", api_key="unused", http_client=http
+        )
+        first_turn: list[ChatCompletionMessageParam] = [
+            {"role": "system", "content": "Answer in French, whatever the question. " * 8},
+            {"role": "user", "content": "Bonjour ?"},
+        ]
+        first = client.chat.completions.create(
+            model=ALIAS, messages=first_turn, max_tokens=4, temperature=0
+        )
+        # The user pauses; meanwhile the gateway reads the host: its /props gives its slots.
+        front.props_open.set()
+        wait_for_host_state(gateway.url, "llama-paused", "up")
+        client.chat.completions.create(
+            model=ALIAS,
+            messages=[
+                *first_turn,
+                {"role": "assistant", "content": first.choices[0].message.content or ""},
+                {"role": "user", "content": "Au revoir."},
+            ],
+            max_tokens=4,
+            temperature=0,
+        )
+        one, two = rows_since(started, 2)
+        ledger.settle()
+
+    # Its slots unknown, the first turn named none: llama-server gave it its last slot (of
+    # two empty ones, the last it looks at). Had the second named slot 0, the conversation's
+    # number, it would have read its whole prompt again there.
+    assert one.prompt_tokens is not None and two.cached_tokens is not None
+    assert two.cached_tokens >= one.prompt_tokens, fresh_llama.log()[-1500:]
 
 
 History = list[ChatCompletionMessageParam]
