@@ -9,7 +9,7 @@ route (docs/architecture.md, "One request"):
 3. `place`: the ask is known: its line among the running requests, then placement's first try
    (`routing.core.placement`): a slot now, a place in a queue, or a refusal, in one step.
    No usable host: its down hosts are asked how they are now, once, and the request tried
-   again, then once more after a load of its model where one would serve it (`_probing`).
+   again, then once more after a load of its model where one would serve it (`probing`).
    A request that takes no slot is not placed: `through` finds it a usable host likewise.
 4. `through`: wait for the slot if needed (shown on `waiting`, for a status stream), then ask
    the host. A host that refuses or resets the connection before its head is marked down (by
@@ -53,8 +53,6 @@ from routing.core.errors import (
     answer_for,
 )
 from routing.core.fairness import ANONYMOUS, Work
-from routing.core.leases import LeaseKey, LeaseOutcome
-from routing.core.named_slots import NamedSlot
 from routing.core.patience import Pricing
 from routing.core.placement import Placement, Placer, Waiting
 from routing.core.refusals import unknown_model
@@ -64,7 +62,8 @@ from routing.proxy import upstream
 from routing.proxy.ask import Ask
 from routing.proxy.figures import held, pricing
 from routing.proxy.learning import learnt
-from routing.proxy.loading import can_load, waited_for_load
+from routing.proxy.loading import can_load, probing
+from routing.proxy.naming import slot_to_name
 from routing.proxy.prefix_check import predicted
 from routing.proxy.record import Arrival, Outcome, Trail, finish
 from routing.proxy.refusal import counted_where_it_happened, explained
@@ -78,9 +77,6 @@ Prices = Callable[[Runtime, RouteConfig, Ask], "Pricing | None"]
 """A request's prices for priced patience (`routing.proxy.figures.pricing`)."""
 
 T = TypeVar("T")
-
-# The leases that keep the conversation on the host serving it (a spill serves it elsewhere).
-_AT_HOME = frozenset({LeaseOutcome.NEW, LeaseOutcome.REUSED, LeaseOutcome.MOVED})
 
 
 @dataclass(slots=True, frozen=True)
@@ -170,7 +166,7 @@ class Lifecycle:
         self.runtime.arrived(ask.model)  # demand, for fleet model placement
         if ask.takes_slot:
             try:
-                first = self._next = await self._probing(self._first_try, loads=False)
+                first = self._next = await probing(self, self._first_try, loads=False)
             except NoHealthyHost:
                 # `through` waits for the load, so that a status stream hears it (`loading`).
                 self.loading = can_load(self)
@@ -190,21 +186,6 @@ class Lifecycle:
         )  # fmt: skip
         return await placer.now()
 
-    async def _probing(self, attempt: Callable[[], Awaitable[T]], *, loads: bool = True) -> T:
-        """`attempt()`; finding no usable host, again after asking the route's down hosts how
-        they are (once each, all at once), then (`loads`) after a load, where one would serve
-        it."""
-        try:
-            return await attempt()
-        except NoHealthyHost:
-            await self.runtime.probe_down(self.route)
-        try:
-            return await attempt()
-        except NoHealthyHost:
-            if not loads or not await waited_for_load(self):
-                raise
-        return await attempt()
-
     # -- 4: the host's head, placed again while hosts are found down ------------------------
 
     async def through(self) -> Answered:
@@ -213,12 +194,12 @@ class Lifecycle:
         may wait. Raises what placement and forwarding raise."""
         if self.loading:
             try:
-                self._next = await self._probing(self._first_try)
+                self._next = await probing(self, self._first_try)
             finally:
                 self.loading = False
         placer, current = self._placer, self._next
         if placer is None:
-            return self.answered(await self._probing(self._unplaced))
+            return self.answered(await probing(self, self._unplaced))
         self._next = None  # the attempts own it now
         assert current is not None
         while True:
@@ -259,29 +240,13 @@ class Lifecycle:
             self._running.table.placed(
                 self._running, placement.host, trail.queued_ms, placement.model
             )
-        named = await self._named_slot(placement)
+        named = await slot_to_name(self.runtime, self.ask, placement)
         # Most requests name none: no other trail to build, unless an earlier attempt (on a
         # host found down since) named one, which this attempt's must replace.
         if named is not None or trail.named_slot is not None:
             self.trail = trail._replace(named_slot=named)
         id_slot = None if named is None or not named.told else named.number
         return await self._forward(self.runtime, self.ask, placement.model, placement.host, id_slot)
-
-    async def _named_slot(self, placement: Placement) -> NamedSlot | None:
-        """The slot to name on the host: the conversation's own there, when it is served on its
-        lease's host and the host keeps one for it (`LiveFleet.id_slot`); the client's own
-        `id_slot`, when it names one, goes as sent."""
-        ask = self.ask
-        if (
-            not ask.fingerprint
-            or placement.lease not in _AT_HOME
-            or placement.fallback
-            or not ask.names_slot
-            or "id_slot" in (ask.payload or ())
-        ):
-            return None
-        key = LeaseKey(placement.route, ask.fingerprint, placement.model)
-        return await self.runtime.live.id_slot(key, placement.slot, ask.prefix)
 
     async def _again(self, placer: Placer[RouteConfig], down: HostDown) -> Placement | Waiting:
         """Placed again after `down`; with no other host (and no fallback to wait for), the

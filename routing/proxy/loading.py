@@ -6,15 +6,19 @@ The first such request starts one load on the best host; the ones that follow fo
 model join it. The wait lasts up to the route's `queue_timeout` (then `queue_timeout`); a load
 that fails ends it with the host's own words (`ModelLoadFailed`). Its row says placement
 `loaded`, the wait counted in its queued time (`Trail.placed`).
+
+`probing` is what a request finding no usable host does before it is refused: its route's
+down hosts asked how they are, then this wait, where a load would serve it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from routing.core.clock import loop_time as clock
-from routing.core.errors import ModelLoadFailed, QueueTimeout
+from routing.core.errors import ModelLoadFailed, NoHealthyHost, QueueTimeout
 
 if TYPE_CHECKING:
     from routing.proxy.lifecycle import Lifecycle
@@ -25,6 +29,24 @@ def can_load(life: Lifecycle) -> bool:
     host of the route."""
     actor, model = life.runtime.models, life.ask.model
     return actor is not None and model is not None and actor.can_load(model, life.route.hosts)
+
+
+T = TypeVar("T")
+
+
+async def probing(life: Lifecycle, attempt: Callable[[], Awaitable[T]], *, loads: bool = True) -> T:
+    """`attempt()`; finding no usable host, again after asking the route's down hosts how they
+    are (once each, all at once), then (`loads`) after a load, where one would serve it."""
+    try:
+        return await attempt()
+    except NoHealthyHost:
+        await life.runtime.probe_down(life.route)
+    try:
+        return await attempt()
+    except NoHealthyHost:
+        if not loads or not await waited_for_load(life):
+            raise
+    return await attempt()
 
 
 async def waited_for_load(life: Lifecycle) -> bool:
