@@ -8,6 +8,8 @@ judged under (`twin.run.run_models`).
   first models, which the workloads make the most asked for or the slowest, get the extra).
 - `cold`: `static`'s assignment started with nothing loaded, each host loading its own models
   when first asked: the operator's best layout paying the same cold start as `fleet`.
+- `blind`: `static` dealt from the least asked-for model up, loaded before the run: a fixed
+  layout made without knowing the mix.
 - `autoload`: what a fleet of router-mode hosts does on its own today. Every host is
   configured with every model, nothing is loaded at the start, and each host loads what its
   requests name (llama-server's default), unloading its least recently used idle model.
@@ -24,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["LAYOUTS", "Layout", "autoload", "cold", "fleet", "static", "warm"]
+__all__ = ["LAYOUTS", "Layout", "autoload", "blind", "cold", "fleet", "static", "warm"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,14 @@ def static(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layo
         for number, host in enumerate(hosts)
     }
     return Layout("static", held, held, autoload=False)
+
+
+def blind(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout:
+    """`static` dealt from the least asked-for model up: an operator's fixed layout made without
+    knowing the mix (the extra copies go to the models asked for least), loaded, never
+    swapped."""
+    held = static(hosts, list(reversed(models)), models_max).serves
+    return Layout("blind", held, held, autoload=False)
 
 
 def cold(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout:
@@ -81,6 +91,7 @@ def warm(hosts: Sequence[str], models: Sequence[str], models_max: int) -> Layout
 LAYOUTS: dict[str, Callable[[Sequence[str], Sequence[str], int], Layout]] = {
     "static": static,
     "cold": cold,
+    "blind": blind,
     "autoload": autoload,
     "fleet": fleet,
     "warm": warm,
