@@ -1,0 +1,73 @@
+"""`make bench-fairness` (bench/bench_fairness.py, bench/fairness_workload.py): the rates a
+calibration gives, the workloads the cases send, the keys the gateway is given. The real
+llama-servers themselves are the benchmark's, never the suite's."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from bench_fairness import CLIENTS, key_of, make_keys
+from fairness_workload import INTERACTIVE, SUMMARY, Calibration, conversations, rate, workload
+
+from accounting.keys import hash_key
+from accounting.models import ClientKey
+from routing.core.fingerprint import fingerprint
+
+# A fleet of 4 slots where a chat's turn holds its slot 0.5 s and a summary 2 s.
+MEASURED = Calibration(4, {INTERACTIVE.name: 0.5, SUMMARY.name: 2.0})
+
+
+def test_a_client_at_4x_the_slots_sends_four_times_what_keeps_every_slot_busy() -> None:
+    assert rate(4.0, SUMMARY, MEASURED) == pytest.approx(4.0 * 4 / 2.0)
+    # A chat holds a slot for each of its turns: 3.5 turns of 0.5 s on average.
+    assert rate(0.3, INTERACTIVE, MEASURED) == pytest.approx(0.3 * 4 / (3.5 * 0.5))
+
+
+def test_a_clients_arrivals_come_at_its_rate() -> None:
+    every = rate(4.0, SUMMARY, MEASURED)  # 8 a second
+    arrivals = workload(1, 600.0, {"batch": (SUMMARY, 4.0)}, MEASURED)
+    assert len(arrivals) / 600.0 == pytest.approx(every, rel=0.05)
+    assert [chat.start for chat in arrivals] == sorted(chat.start for chat in arrivals)
+    assert all(chat.start < 600.0 for chat in arrivals)
+
+
+def test_the_interactive_chats_are_the_same_alone_and_beside_the_flood() -> None:
+    alone = workload(1, 120.0, CLIENTS["alone"], MEASURED)
+    beside = workload(1, 120.0, CLIENTS["fair"], MEASURED)
+    assert alone == [chat for chat in beside if chat.client == "interactive"]
+    assert {chat.client for chat in beside} == {"interactive", "batch"}
+
+
+def test_each_turn_of_a_chat_begins_with_the_whole_prompt_before_it() -> None:
+    chats = itertools.islice(conversations(1, "interactive", INTERACTIVE, 1.0), 20)
+    for chat in chats:
+        prompts = [turn.messages for turn in chat.turns]
+        assert all(later[: len(earlier)] == earlier
+                   for earlier, later in itertools.pairwise(prompts))  # fmt: skip
+        # One conversation: every turn has the fingerprint of the first (one lease, one cache).
+        names = {fingerprint("POST", {"messages": list(p)}, None) for p in prompts}
+        assert len(names) == 1
+        assert prompts[0][0]["role"] == "system"
+
+
+def test_a_summary_is_one_long_request_that_fits_a_tiny_model_slot() -> None:
+    for chat in itertools.islice(conversations(1, "batch", SUMMARY, 1.0), 50):
+        (turn,) = chat.turns
+        words = len(turn.messages[-1]["content"].split())
+        # About a token a word: the prompt and its answer within a slot's 4,096 tokens.
+        assert 1500 <= words <= 2800 + 4
+        assert words + turn.max_tokens < 3400
+
+
+@pytest.mark.django_db
+def test_the_keys_made_for_a_case_are_the_twins_classes_and_weights() -> None:
+    from django.core.management import call_command
+
+    for command, _, script in make_keys("weights"):
+        call_command(command, command=script)
+    keys = {key.name: key for key in ClientKey.objects.all()}
+    assert (keys["light"].priority, keys["light"].weight) == ("standard", 1.0)
+    assert (keys["heavy"].priority, keys["heavy"].weight) == ("standard", 2.0)
+    assert keys["heavy"].key_hash == hash_key(key_of("heavy"))
+    assert make_keys("fifo") == []
