@@ -40,8 +40,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import httpx
@@ -147,18 +147,21 @@ def calibrate(hosts: Sequence[Host], seed: int, each: int) -> Calibration:
 class Sent:
     """What the bench saw of a case: requests sent and answered, the run's seconds (from the
     first arrival's time 0 to the last request's end), each conversation's client by the
-    fingerprint its requests carry (for rows without a key)."""
+    fingerprint its requests carry (for rows without a key), and, by fingerprint in the order
+    sent, each request's milliseconds from its sending to its answer's first body byte (None:
+    not answered)."""
 
     requests: int = 0
     answered: int = 0
     elapsed_s: float = 0.0
-    clients: dict[str, str] | None = None
+    clients: dict[str, str] = field(default_factory=dict)
+    first_byte_ms: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 async def send(url: str, arrivals: Sequence[Conversation], keyed: bool) -> Sent:
     """Every conversation a task: it waits for its start, then sends turn after turn, each
     after the last one's answer and its pause; a refused turn ends it."""
-    sent = Sent(clients={})
+    sent = Sent()
     loop = asyncio.get_running_loop()
     began = loop.time()
     names = {conversation.client for conversation in arrivals}
@@ -170,12 +173,16 @@ async def send(url: str, arrivals: Sequence[Conversation], keyed: bool) -> Sent:
         await asyncio.sleep(max(0.0, began + conversation.start - loop.time()))
         for turn in conversation.turns:
             request = body(turn)
-            assert sent.clients is not None
-            sent.clients[fingerprint("POST", request, None)] = conversation.client
+            name = fingerprint("POST", request, None)
+            sent.clients[name] = conversation.client
             sent.requests += 1
+            asked = loop.time()
             outcome = await stream(clients[conversation.client], url, request)
             sent.elapsed_s = max(sent.elapsed_s, loop.time() - began)
-            if outcome.status != 200:
+            answered = outcome.status == 200 and outcome.first_byte is not None
+            first = (outcome.first_byte - asked) * 1000 if answered and outcome.first_byte else None
+            sent.first_byte_ms.setdefault(name, []).append(first)
+            if not answered:
                 return
             sent.answered += 1
             await asyncio.sleep(turn.pause_after)
@@ -200,14 +207,65 @@ def rows(database: Path) -> list[RequestRecord]:
             for row in found]  # fmt: skip
 
 
+def to_first_byte(
+    records: Sequence[RequestRecord], first_byte_ms: Mapping[str, Sequence[float | None]]
+) -> list[RequestRecord]:
+    """The rows with each served one's `ttfb_ms` the bench's time to its first body byte.
+
+    A row's TTFB is the time until the host's response head, and llama-server sends the head
+    of a stream before it evaluates the prompt (2,600 tokens of the tiny model: the head after
+    30 ms, the first token after 100 ms): the first body byte is what the client waits for, as
+    the twin's TTFB is. A conversation's turns go one after another, so its rows (by
+    fingerprint, in the order written) are its requests in the order sent."""
+    taken: dict[str, int] = {}
+    out = []
+    for row in records:
+        index = taken[row.fingerprint] = taken.get(row.fingerprint, -1) + 1
+        sent = first_byte_ms.get(row.fingerprint, ())
+        first = sent[index] if index < len(sent) else None
+        served = row.status < 400 and first is not None
+        out.append(replace(row, ttfb_ms=round(first)) if served and first is not None else row)
+    return out
+
+
+def split(
+    records: Sequence[RequestRecord],
+    heads: Sequence[RequestRecord],
+    clients: Mapping[str, str],
+) -> dict[str, object]:
+    """Where each client's served requests waited, p50 and p95 in seconds: in a line
+    (`queued`), until the host's head (`head`), until the first body byte (`first_byte`). A
+    row's client is its key's, else its conversation's (`clients`, by fingerprint)."""
+
+    def p(values: list[int]) -> list[float]:
+        ordered = sorted(values) or [0]
+        return [ordered[min(len(ordered) - 1, (len(ordered) * q + 99) // 100 - 1)] / 1000
+                for q in (50, 95)]  # fmt: skip
+
+    by: dict[str, list[tuple[RequestRecord, RequestRecord]]] = {}
+    for row, head in zip(records, heads, strict=True):
+        if row.status < 400:
+            client = row.client or clients.get(row.fingerprint, "")
+            by.setdefault(client, []).append((row, head))
+    return {
+        client: {
+            "queued": p([row.queued_ms for row, _ in pairs]),
+            "head": p([head.ttfb_ms or 0 for _, head in pairs]),
+            "first_byte": p([row.ttfb_ms or 0 for row, _ in pairs]),
+        }
+        for client, pairs in sorted(by.items())
+    }
+
+
 def run_case(
     case: str,
     hosts: Sequence[Host],
     arrivals: Sequence[Conversation],
     work: Path,
     source: Path,
-) -> tuple[Figures, Sent]:
-    """One case from cold hosts and a new gateway: the twin's figures of its rows."""
+) -> tuple[Figures, Sent, dict[str, object]]:
+    """One case from cold hosts and a new gateway: the twin's figures of its rows (TTFB to
+    the first body byte), and where its clients' requests waited (`split`)."""
     for host in hosts:
         host.cold()
     toml = fleet_toml(hosts, "auto")
@@ -216,11 +274,13 @@ def run_case(
         wait_up(gateway.url, len(hosts))
         url = f"{gateway.url}/bench/v1/chat/completions"
         sent = asyncio.run(send(url, arrivals, keyed=KEYS[case] is not None))
+    heads = rows(work / f"{case}.sqlite3")
+    records = to_first_byte(heads, sent.first_byte_ms)
     tally = Tally(clients=sent.clients)
-    for row in rows(work / f"{case}.sqlite3"):
+    for row in records:
         tally.record(row)
     tally.elapsed_s = sent.elapsed_s
-    return tally.figures([host.name for host in hosts]), sent
+    return tally.figures([host.name for host in hosts]), sent, split(records, heads, sent.clients)
 
 
 def uptime() -> str:
@@ -268,11 +328,12 @@ def main(argv: list[str] | None = None) -> None:
         for case in args.cases:
             arrivals = workload(args.seed, args.minutes * 60, CLIENTS[case], calibration)
             began = time.monotonic()
-            figures, sent = run_case(case, hosts, arrivals, work, source)
+            figures, sent, waited = run_case(case, hosts, arrivals, work, source)
             runs[case] = [figures]
             seen[case] = {"conversations": len(arrivals), "requests": sent.requests,
                           "answered": sent.answered, "rows": figures.requests,
-                          "wall_s": round(time.monotonic() - began, 1)}  # fmt: skip
+                          "wall_s": round(time.monotonic() - began, 1),
+                          "waited": waited}  # fmt: skip
             print(f"  {case}: {json.dumps(seen[case])}", flush=True)
     finally:
         for host in hosts:
