@@ -5,13 +5,15 @@ llama-servers themselves are the benchmark's, never the suite's."""
 from __future__ import annotations
 
 import itertools
+from datetime import UTC, datetime
 
 import pytest
-from bench_fairness import CLIENTS, key_of, make_keys
+from bench_fairness import CLIENTS, key_of, make_keys, split, to_first_byte
 from fairness_workload import INTERACTIVE, SUMMARY, Calibration, conversations, rate, workload
 
 from accounting.keys import hash_key
 from accounting.models import ClientKey
+from accounting.rows import RequestRecord
 from routing.core.fingerprint import fingerprint
 
 # A fleet of 4 slots where a chat's turn holds its slot 0.5 s and a summary 2 s.
@@ -71,3 +73,24 @@ def test_the_keys_made_for_a_case_are_the_twins_classes_and_weights() -> None:
     assert (keys["heavy"].priority, keys["heavy"].weight) == ("standard", 2.0)
     assert keys["heavy"].key_hash == hash_key(key_of("heavy"))
     assert make_keys("fifo") == []
+
+
+def row(name: str, status: int = 200, head_ms: int | None = 5, queued_ms: int = 0) -> RequestRecord:
+    return RequestRecord("bench", name, "m", "h1", datetime.now(UTC), queued_ms, head_ms, 900,
+                         status, True, "new", 10, 0, 5)  # fmt: skip
+
+
+def test_a_rows_ttfb_becomes_the_first_body_byte_of_the_request_sent_in_its_place() -> None:
+    # Chat `a`'s two turns and summary `b`'s refused one, as written; the bench's times by
+    # fingerprint in the order sent.
+    heads = [row("a", queued_ms=40), row("b", 503, None), row("a", head_ms=7)]
+    firsts = {"a": [120.4, 80.0], "b": [None]}
+    records = to_first_byte(heads, firsts)
+    assert [r.ttfb_ms for r in records] == [120, None, 80]
+    waited = split(records, heads, {"a": "interactive", "b": "batch"})
+    assert waited == {"interactive": {"queued": [0.0, 0.04], "head": [0.005, 0.007],
+                                      "first_byte": [0.08, 0.12]}}  # fmt: skip
+
+
+def test_a_row_the_bench_has_no_time_for_keeps_its_head_time() -> None:
+    assert to_first_byte([row("a"), row("a")], {"a": [50.0]})[1].ttfb_ms == 5
