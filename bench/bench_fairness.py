@@ -234,8 +234,9 @@ def split(
     clients: Mapping[str, str],
 ) -> dict[str, object]:
     """Where each client's served requests waited, p50 and p95 in seconds: in a line
-    (`queued`), until the host's head (`head`), until the first body byte (`first_byte`). A
-    row's client is its key's, else its conversation's (`clients`, by fingerprint)."""
+    (`queued`), until the host's head (`head`), until the first body byte (`first_byte`), and
+    from the slot's grant to the first body byte (`granted`: the host's part, each request's
+    own). A row's client is its key's, else its conversation's (`clients`, by fingerprint)."""
 
     def p(values: list[int]) -> list[float]:
         ordered = sorted(values) or [0]
@@ -252,6 +253,7 @@ def split(
             "queued": p([row.queued_ms for row, _ in pairs]),
             "head": p([head.ttfb_ms or 0 for _, head in pairs]),
             "first_byte": p([row.ttfb_ms or 0 for row, _ in pairs]),
+            "granted": p([(row.ttfb_ms or 0) - row.queued_ms for row, _ in pairs]),
         }
         for client, pairs in sorted(by.items())
     }

@@ -89,7 +89,8 @@ def test_a_rows_ttfb_becomes_the_first_body_byte_of_the_request_sent_in_its_plac
     assert [r.ttfb_ms for r in records] == [120, None, 80]
     waited = split(records, heads, {"a": "interactive", "b": "batch"})
     assert waited == {"interactive": {"queued": [0.0, 0.04], "head": [0.005, 0.007],
-                                      "first_byte": [0.08, 0.12]}}  # fmt: skip
+                                      "first_byte": [0.08, 0.12],
+                                      "granted": [0.08, 0.08]}}  # fmt: skip
 
 
 def test_a_row_the_bench_has_no_time_for_keeps_its_head_time() -> None:
