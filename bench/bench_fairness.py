@@ -23,10 +23,11 @@ from it (`rate`). Then, each from cold hosts and a new gateway, for `--minutes` 
 
 A refused request is not tried again (a flood's client has more to send), and a chat whose
 turn was refused ends there. The figures are the gateway's own rows (its SQLite database,
-read when it has stopped), counted by the twin's `Tally` (a row's client is its key's name;
-without keys, its conversation's client, by the row's fingerprint) and printed with the twin's
-`table` and `verdicts`; written to bench/results/fairness-<time>.json, logs in
-bench/results/fairness-<time>/.
+read when it has stopped), their TTFB the bench's time to the first body byte
+(`to_first_byte`), counted by the twin's `Tally` (a row's client is its key's name; without
+keys, its conversation's client, by the row's fingerprint) and printed with the twin's `table`
+and `verdicts`, and where each client's requests waited (`split`); written to
+bench/results/fairness-<time>.json, logs in bench/results/fairness-<time>/.
 """
 
 from __future__ import annotations
