@@ -84,7 +84,7 @@ def test_a_rows_ttfb_becomes_the_first_body_byte_of_the_request_sent_in_its_plac
     # Chat `a`'s two turns and summary `b`'s refused one, as written; the bench's times by
     # fingerprint in the order sent.
     heads = [row("a", queued_ms=40), row("b", 503, None), row("a", head_ms=7)]
-    firsts = {"a": [120.4, 80.0], "b": [None]}
+    firsts: dict[str, list[float | None]] = {"a": [120.4, 80.0], "b": [None]}
     records = to_first_byte(heads, firsts)
     assert [r.ttfb_ms for r in records] == [120, None, 80]
     waited = split(records, heads, {"a": "interactive", "b": "batch"})
