@@ -55,7 +55,7 @@ LITELLM_VENV := bench/.venv-litellm
 LITELLM_PIN := litellm[proxy]==1.108.7
 BENCH_INSTALLED := bench/results/.requirements-installed
 
-.PHONY: bench bench-cache bench-compare bench-idle-queue bench-poller bench-scale
+.PHONY: bench bench-cache bench-compare bench-fairness bench-idle-queue bench-poller bench-scale
 
 $(BENCH_INSTALLED): bench/requirements.txt $(VENV)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
@@ -83,6 +83,12 @@ bench-scale: $(BENCH_INSTALLED)
 # Without the build it says how to make one and exits non-zero.
 bench-cache: $(VENV)/.installed
 	$(PY) bench/bench_cache.py $(BENCH_ARGS)
+
+# Fair sharing between client keys on real llama-servers (the `make llama-server` build, a tiny
+# model made for the run, 2 hosts x 2 slots): a calibration, then the twin's cases alone, fifo,
+# fair and weights, 2 minutes each; about 12 minutes, niced. The twin's table and verdicts.
+bench-fairness: $(VENV)/.installed
+	nice -n 10 $(PY) bench/bench_fairness.py $(BENCH_ARGS)
 
 # The fleet twin (bench/twin/README.md): every workload on every GPU preset's fleet, placed by
 # each policy, in virtual time; the same bytes every run. TWIN_ARGS: more options, e.g.

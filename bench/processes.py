@@ -20,7 +20,7 @@ import sys
 import tarfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -291,12 +291,14 @@ def crossbar(
     *,
     name: str = "crossbar",
     env: dict[str, str] | None = None,
+    commands: Sequence[Sequence[str]] = (),
 ) -> Iterator[Server]:
     """crossbar from `source` behind `server` (a key of SERVERS), on a new SQLite database
     (`work/NAME.sqlite3`) with `fleet_toml` (by default one host, the fake, and one route
     `bench`; `{upstream}` in it is the URL of `upstream`, when one is given, and braces are
-    then doubled); `env` is added to its environment. The pid watched is the process that
-    serves."""
+    then doubled); `env` is added to its environment; `commands`: more manage.py commands run
+    on its database before it serves (client keys made in a shell: what the admin would
+    hold). The pid watched is the process that serves."""
     env = {
         **_site_env(work),
         "DATABASE_URL": f"sqlite:///{work / f'{name}.sqlite3'}",
@@ -305,8 +307,8 @@ def crossbar(
     fleet = work / f"{name}-fleet.toml"
     fleet.write_text(fleet_toml.format(upstream=upstream.url) if upstream else fleet_toml)
     manage = [PYTHON, str(source / "manage.py")]
-    for step in (["migrate", "--noinput"], ["crossbar_config", "load", str(fleet)]):
-        done = subprocess.run(manage + step, cwd=source, env=env, capture_output=True, text=True)
+    for step in (["migrate", "--noinput"], ["crossbar_config", "load", str(fleet)], *commands):
+        done = subprocess.run([*manage, *step], cwd=source, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"manage.py {' '.join(step)} failed:\n{done.stdout}{done.stderr}")
     port = free_port()
