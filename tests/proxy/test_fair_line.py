@@ -119,3 +119,31 @@ def test_a_key_whose_requests_make_the_host_work_ten_times_more_is_granted_less_
     wait_until(lambda: Request.objects.count() == 11, what="the rows")
     prompts = {row.client: row.prompt_tokens or 0 for row in Request.objects.all()}
     assert prompts["summaries"] > 9 * prompts["questions"] > 0  # ten times as many words
+
+
+def test_a_keys_answer_is_charged_before_its_slot_goes_to_the_next_in_line(gateway, fake, ledger):
+    """The request holding the only slot evaluates a long prompt for key `summaries`; then
+    `summaries` and `questions` each queue a short one, `summaries` first. When the long
+    answer ends, its work is charged before the slot is handed on, so `questions` goes first.
+    (Charged after, the two keys would tie and the first queued would go: `summaries`.)"""
+    keys = {"big": issue("summaries"), "small": issue("questions")}
+    fake.token_delay = 0.1
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 4)})])
+    gateway.sync()
+    url = f"{gateway.url}/chat/v1/chat/completions"
+    done: list[str] = []
+    threads = []
+
+    long_prompt = slow("holder " + "lorem " * 3000, tokens=100)
+    with holding(url, long_prompt, fake, key=keys["big"]):  # 10 s, until the test lets it end
+        for number, kind in enumerate(("big", "small")):
+            threads.append(asked_in_turn(url, keys[kind], f"{kind} next", done))
+            wait_for_gauge(gateway.url, "crossbar_queued", number + 1, host="gpu1", model=MODEL)
+        ledger.sent(3)
+        fake.token_delay = 0
+    for thread in threads:
+        thread.join()
+
+    served = [seen.json["messages"][-1]["content"] for seen in completions(fake)]
+    assert served[1:] == ["small next", "big next"]
+    assert sorted(done) == ["big next", "small next"]
