@@ -276,7 +276,7 @@ class FairLine:
         return state.work + sum(self._estimate / _weight(e.weight) for e in state.waiting)
 
     def _virtual_now(self, priority: Priority) -> float:
-        """The class's virtual time (`_floor`), read without moving it."""
+        """The class's virtual time (`_floor`) as it is now, without moving it there."""
         works = [s.work for s in self._keys[priority].values() if s.waiting]
         return max(self._virtual[priority], min(works)) if works else self._virtual[priority]
 
@@ -313,9 +313,7 @@ class FairLine:
     def _floor(self, priority: Priority) -> float:
         """The class's virtual time: the least work of its backlogged keys, else where the
         class last was. Never goes back."""
-        works = [s.work for s in self._keys[priority].values() if s.waiting]
-        if works:
-            self._virtual[priority] = max(self._virtual[priority], min(works))
+        self._virtual[priority] = self._virtual_now(priority)
         return self._virtual[priority]
 
     def _backlogged(self, priority: Priority) -> bool:
