@@ -111,3 +111,16 @@ def post(gateway, route: str = "chat", key: str | None = None, **body: Any) -> h
         headers=headers,
         timeout=30,
     )
+
+
+def asked(url: str, key: str, content: str, answers: dict[str, httpx.Response]) -> threading.Thread:
+    """Ask for a chat of `content` with client key `key` in a thread; its answer lands in
+    `answers[content]`."""
+
+    def ask() -> None:
+        headers = {"Authorization": f"Bearer {key}"}
+        answers[content] = httpx.post(url, json=chat(content), headers=headers, timeout=60)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    return thread

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from accounting.models import Request
-from tests.helpers.asking import completions, holding, issue, slow
+from tests.helpers.asking import asked, completions, holding, issue, slow
 from tests.helpers.fleet import MODEL, add_host, add_route, chat
 from tests.helpers.observe import wait_for_gauge
 from tests.helpers.waits import wait_until
@@ -28,19 +28,6 @@ pytestmark = [
 ]
 
 
-def asked_in_turn(url: str, key: str, content: str, done: list[str]) -> threading.Thread:
-    def ask() -> None:
-        response = httpx.post(
-            url, json=chat(content), headers={"Authorization": f"Bearer {key}"}, timeout=60
-        )
-        assert response.status_code == 200, response.text
-        done.append(content)
-
-    thread = threading.Thread(target=ask)
-    thread.start()
-    return thread
-
-
 def test_an_interactive_request_is_served_before_batch_requests_queued_earlier(
     gateway, fake, ledger
 ):
@@ -50,14 +37,14 @@ def test_an_interactive_request_is_served_before_batch_requests_queued_earlier(
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 8)})])
     gateway.sync()
     url = f"{gateway.url}/chat/v1/chat/completions"
-    done: list[str] = []
+    answers: dict[str, httpx.Response] = {}
     threads = []
 
     with holding(url, slow(tokens=100), fake, key=batch):  # 10 s, until the test lets it end
         for number in range(3):
-            threads.append(asked_in_turn(url, batch, f"batch {number}", done))
+            threads.append(asked(url, batch, f"batch {number}", answers))
             wait_for_gauge(gateway.url, "crossbar_queued", number + 1, host="gpu1", model=MODEL)
-        threads.append(asked_in_turn(url, chat_key, "interactive", done))
+        threads.append(asked(url, chat_key, "interactive", answers))
         wait_for_gauge(gateway.url, "crossbar_queued", 4, host="gpu1", model=MODEL)
         ledger.sent(5)
         fake.token_delay = 0
@@ -67,7 +54,8 @@ def test_an_interactive_request_is_served_before_batch_requests_queued_earlier(
     served = [seen.json["messages"][-1]["content"] for seen in completions(fake)]
     assert served[1:] == ["interactive", "batch 0", "batch 1", "batch 2"]
     # All answered; in which order the clients finished reading is theirs, not the line's.
-    assert sorted(done) == ["batch 0", "batch 1", "batch 2", "interactive"]
+    statuses = {content: answer.status_code for content, answer in answers.items()}
+    assert statuses == dict.fromkeys(["batch 0", "batch 1", "batch 2", "interactive"], 200)
     wait_until(lambda: Request.objects.count() == 5, what="the rows")
     rows = Request.objects.exclude(queued_ms=0)
     waited = {row.client: row.queued_ms for row in rows.order_by("started")}  # the last batch's
@@ -131,13 +119,13 @@ def test_a_keys_answer_is_charged_before_its_slot_goes_to_the_next_in_line(gatew
     add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 4)})])
     gateway.sync()
     url = f"{gateway.url}/chat/v1/chat/completions"
-    done: list[str] = []
+    answers: dict[str, httpx.Response] = {}
     threads = []
 
     long_prompt = slow("holder " + "lorem " * 3000, tokens=100)
     with holding(url, long_prompt, fake, key=keys["big"]):  # 10 s, until the test lets it end
         for number, kind in enumerate(("big", "small")):
-            threads.append(asked_in_turn(url, keys[kind], f"{kind} next", done))
+            threads.append(asked(url, keys[kind], f"{kind} next", answers))
             wait_for_gauge(gateway.url, "crossbar_queued", number + 1, host="gpu1", model=MODEL)
         ledger.sent(3)
         fake.token_delay = 0
@@ -146,4 +134,5 @@ def test_a_keys_answer_is_charged_before_its_slot_goes_to_the_next_in_line(gatew
 
     served = [seen.json["messages"][-1]["content"] for seen in completions(fake)]
     assert served[1:] == ["small next", "big next"]
-    assert sorted(done) == ["big next", "small next"]
+    statuses = {content: answer.status_code for content, answer in answers.items()}
+    assert statuses == {"big next": 200, "small next": 200}

@@ -8,14 +8,13 @@ these tests are the in-process state's.
 from __future__ import annotations
 
 import os
-import threading
 
 import httpx
 import pytest
 
 from accounting.models import Request
-from tests.helpers.asking import completions, holding, issue, slow
-from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.asking import asked, completions, holding, issue, slow
+from tests.helpers.fleet import MODEL, add_host, add_route
 from tests.helpers.observe import wait_for_gauge
 from tests.helpers.waits import wait_until
 
@@ -26,18 +25,6 @@ pytestmark = [
         reason="the shared state's lines are first come, first served (docs/replicas.md)",
     ),
 ]
-
-
-def asked(url: str, key: str, content: str, answers: dict[str, httpx.Response]) -> threading.Thread:
-    """Ask for a chat of `content` in a thread; its answer lands in `answers[content]`."""
-
-    def ask() -> None:
-        headers = {"Authorization": f"Bearer {key}"}
-        answers[content] = httpx.post(url, json=chat(content), headers=headers, timeout=60)
-
-    thread = threading.Thread(target=ask)
-    thread.start()
-    return thread
 
 
 def test_an_interactive_request_at_a_line_full_of_batch_ones_is_served_and_the_last_is_shed(
