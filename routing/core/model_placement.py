@@ -20,8 +20,8 @@ The rules, in the order `decide` applies them (room given to an earlier rule is 
    waiting than their free slots) is loaded on one more: at once where a host has free room
    (the copy costs its load only), else, where it would unload another model, when its
    priced wait (waiting x `service_s` / the slots of its loaded copies) is above the load's
-   seconds there. A model
-   already loading anywhere gets no load for demand: that load is the capacity coming.
+   seconds there. A model already loading anywhere gets no load for demand: that load is the
+   capacity coming.
 
 Everywhere: at most one load per model per call; never more loaded or loading on a host than
 `models_max` (and `memory_gb`, when given, counting `size_gb`); never more than `swap_budget`
