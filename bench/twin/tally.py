@@ -4,6 +4,7 @@ writes, as `requests_report` reads them from the database, without keeping a mil
 
 from __future__ import annotations
 
+import statistics
 from array import array
 from collections import Counter
 from collections.abc import Mapping
@@ -64,6 +65,10 @@ class Figures:
     by_model: tuple[ModelFigures, ...] = ()  # a run serving several models: each one's
     by_client: tuple[ClientFigures, ...] = ()  # a run told who sends what: each client's
     elapsed_s: float = 0.0  # from the first arrival's time 0 to the last request's end
+    # Priced patience's requests that waited in line and stayed: how many, and the median of
+    # each one's TTFB over the price it stayed at (`Priced.stay`, what its row says).
+    stayed: int = 0
+    stay_priced: float = 0.0
 
     def client(self, name: str) -> ClientFigures:
         return next(figures for figures in self.by_client if figures.client == name)
@@ -136,6 +141,7 @@ class Tally:
         self.clients = clients
         self.by_client: dict[str, _Client] = {}
         self.elapsed_s = 0.0
+        self.stay_ratios = array("d")
 
     def record(self, row: RequestRecord) -> None:
         self.requests += 1
@@ -174,6 +180,8 @@ class Tally:
         self.hosts[row.host] += 1
         if row.placement == "spilled":
             self.spills += 1
+        if row.patience == "stay" and row.queued_ms > 0 and row.patience_stay_ms is not None:
+            self.stay_ratios.append((row.ttfb_ms or 0) / max(row.patience_stay_ms, 1))
 
     def figures(self, hosts: list[str]) -> Figures:
         served = self.served or 1
@@ -185,7 +193,8 @@ class Tally:
             self.spills, tuple(self.hosts[name] / served for name in hosts),
             tuple(self._model(model) for model in sorted(self.model_requests)),
             tuple(self.by_client[name].figures(name) for name in sorted(self.by_client)),
-            self.elapsed_s,
+            self.elapsed_s, len(self.stay_ratios),
+            statistics.median(self.stay_ratios) if self.stay_ratios else 0.0,
         )  # fmt: skip
 
     def _model(self, model: str) -> ModelFigures:
