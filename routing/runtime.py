@@ -58,7 +58,9 @@ DECIDER_INTERVALS = 3  # health intervals (or ticks) the model decider's lease o
 class Runtime:
     """Everything the proxy needs, bound to one event loop. Not thread-safe: use it on its loop."""
 
-    def __init__(self, fleet: FleetConfig, generation: int) -> None:
+    def __init__(self, fleet: FleetConfig, generation: int, figures: Figures | None = None) -> None:
+        """`figures`: what priced patience learns from the answers; new ones by default (the
+        fleet twin passes its own, to watch what they are taught)."""
         conf = settings.CROSSBAR
         self.loop = asyncio.get_running_loop()
         self.shared: SharedState | None = None
@@ -72,7 +74,7 @@ class Runtime:
             return LocalState(Limiter(on_change=touch), LeaseTable(on_change=touch))
 
         # What placement reads: the fleet, its health, state and caches, each route's ranking.
-        prefixes, figures = PrefixIndex(conf["PREFIX_INDEX_ENTRIES"]), Figures()
+        prefixes, figures = PrefixIndex(conf["PREFIX_INDEX_ENTRIES"]), figures or Figures()
         self.live = LiveFleet(
             fleet,
             make_state,

@@ -39,6 +39,7 @@ from routing.core.clients import ClientSpec  # noqa: E402
 from routing.core.endpoints import GENERATE, Kind  # noqa: E402
 from routing.core.errors import GatewayError, HostDown  # noqa: E402
 from routing.core.fingerprint import fingerprint  # noqa: E402
+from routing.core.patience import Figures as Learnt  # noqa: E402
 from routing.core.prefixes import prefix_blocks  # noqa: E402
 from routing.core.tee import Usage  # noqa: E402
 from routing.proxy.access import check_access  # noqa: E402
@@ -122,6 +123,21 @@ class _Unserved:
 TwinServer = TwinHost | RouterHost
 
 
+class WatchedFigures(Learnt):
+    """The runtime's figures, keeping each wait in line priced patience compares with its
+    price (`Figures.waited`), as (priced, had) seconds, for the table's verdicts."""
+
+    __slots__ = ("waits",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[tuple[float, float]] = []
+
+    def waited(self, host: str, model: str, priced: float, actual: float) -> None:
+        self.waits.append((priced, actual))
+        super().waited(host, model, priced, actual)
+
+
 class TwinGateway:
     """One gateway process over twin hosts, on the running `VirtualLoop`: `model` is the
     route's default; `serves` says, per host, each model crossbar serves there and the name
@@ -187,7 +203,8 @@ class TwinGateway:
             revision=1,
         )  # fmt: skip
         self.route = config.routes[ROUTE]
-        self.runtime = Runtime(config, signals.config_generation())
+        self.learnt = WatchedFigures()
+        self.runtime = Runtime(config, signals.config_generation(), self.learnt)
         self.runtime.probe_down = self._probe_down  # type: ignore[method-assign]  # the twin's poller
         for name, host in hosts.items():
             if isinstance(host, RouterHost):

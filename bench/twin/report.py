@@ -64,8 +64,8 @@ def _width(fmt: str) -> int:
 def verdicts(runs: Mapping[str, Sequence[Figures]]) -> list[str]:
     """What the issue asks of `auto`: on the frontier of the fixed patiences in the medians
     (none better on both prompt tokens evaluated and TTFB p95), and in how many seeds no
-    fixed patience beats it by more than 10% on both at once; and how its price of staying
-    in line compared with the first token that followed (1x: priced right)."""
+    fixed patience beats it by more than 10% on both at once; and how the waits it had in
+    line compared with what they were priced at as they began (1x: priced right)."""
     auto = runs.get(AUTO)
     fixed = {name: figures for name, figures in runs.items() if name not in (AUTO, ONE_HOST)}
     if not auto or not fixed:
@@ -90,8 +90,9 @@ def verdicts(runs: Mapping[str, Sequence[Figures]]) -> list[str]:
     return [
         f"auto on the frontier (medians): {frontier}",
         f"seeds where no fixed patience beats auto by more than 10% on both: {held}/{seeds}",
-        f"auto's waits in line: {_median(auto, lambda f: f.stayed):.0f} stayed, their first "
-        f"token {_median(auto, lambda f: f.stay_priced):.2f}x the price they stayed at",
+        f"auto's waits in line: {_median(auto, lambda f: f.waits):.0f}, each a median "
+        f"{_median(auto, lambda f: f.wait_over_price):.2f}x what it was priced at as it began; "
+        f"{_median(auto, lambda f: f.priced_nothing):.0f} priced at nothing",
     ]
 
 

@@ -16,7 +16,7 @@ from twin.host import TwinHost
 from twin.layouts import Layout
 from twin.router import RouterHost
 from twin.shapes import Conversation, HostProfile, Segment, Workload
-from twin.tally import Figures, ModelFigures
+from twin.tally import Figures, ModelFigures, with_waits
 
 # The reference is asked directly, naming no slot: at llama-server's own default similarity it
 # picks the slot holding most of each prompt. (At 0.95, which crossbar's hosts are advised,
@@ -65,7 +65,7 @@ async def _run(
         name = names[restart.host % hosts]
         loop.call_at(restart.at, gateway.restart, name, restart.down)
     await _talk(gateway, workload, by_model=False)
-    return gateway.tally.figures(names)
+    return with_waits(gateway.tally.figures(names), gateway.learnt.waits)
 
 
 def run_models(

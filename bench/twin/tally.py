@@ -7,8 +7,8 @@ from __future__ import annotations
 import statistics
 from array import array
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from accounting.rows import RequestRecord
 
@@ -65,10 +65,11 @@ class Figures:
     by_model: tuple[ModelFigures, ...] = ()  # a run serving several models: each one's
     by_client: tuple[ClientFigures, ...] = ()  # a run told who sends what: each client's
     elapsed_s: float = 0.0  # from the first arrival's time 0 to the last request's end
-    # Priced patience's requests that waited in line and stayed: how many, and the median of
-    # each one's TTFB over the price it stayed at (`Priced.stay`, what its row says).
-    stayed: int = 0
-    stay_priced: float = 0.0
+    # Priced patience's waits in line that home ended (`Figures.waited`): how many, how many
+    # of them were priced at nothing, and the median of the others' wait over its price.
+    waits: int = 0
+    priced_nothing: int = 0
+    wait_over_price: float = 0.0
 
     def client(self, name: str) -> ClientFigures:
         return next(figures for figures in self.by_client if figures.client == name)
@@ -141,7 +142,6 @@ class Tally:
         self.clients = clients
         self.by_client: dict[str, _Client] = {}
         self.elapsed_s = 0.0
-        self.stay_ratios = array("d")
 
     def record(self, row: RequestRecord) -> None:
         self.requests += 1
@@ -180,8 +180,6 @@ class Tally:
         self.hosts[row.host] += 1
         if row.placement == "spilled":
             self.spills += 1
-        if row.patience == "stay" and row.queued_ms > 0 and row.patience_stay_ms is not None:
-            self.stay_ratios.append((row.ttfb_ms or 0) / max(row.patience_stay_ms, 1))
 
     def figures(self, hosts: list[str]) -> Figures:
         served = self.served or 1
@@ -193,8 +191,7 @@ class Tally:
             self.spills, tuple(self.hosts[name] / served for name in hosts),
             tuple(self._model(model) for model in sorted(self.model_requests)),
             tuple(self.by_client[name].figures(name) for name in sorted(self.by_client)),
-            self.elapsed_s, len(self.stay_ratios),
-            statistics.median(self.stay_ratios) if self.stay_ratios else 0.0,
+            self.elapsed_s,
         )  # fmt: skip
 
     def _model(self, model: str) -> ModelFigures:
@@ -212,3 +209,13 @@ def _percentiles(values: array[int], points: tuple[int, ...]) -> tuple[float, ..
     ordered = sorted(values)
     last = len(ordered) - 1
     return tuple(ordered[min(last, (len(ordered) * p + 99) // 100 - 1)] / 1000 for p in points)
+
+
+def with_waits(figures: Figures, waits: Sequence[tuple[float, float]]) -> Figures:
+    """`figures` with priced patience's waits in line, each (priced, had) in seconds: the wait
+    the line was priced at as the request joined it (before the lateness correction), and the
+    wait it had until home gave it a slot."""
+    ratios = sorted(had / priced for priced, had in waits if priced > 0)
+    middle = statistics.median(ratios) if ratios else 0.0
+    nothing = sum(1 for priced, _ in waits if priced <= 0)
+    return replace(figures, waits=len(waits), priced_nothing=nothing, wait_over_price=middle)

@@ -103,8 +103,9 @@ def line_wait(
     `remaining(held)`: how much longer such a request is expected to hold it
     (`Figures.remaining`); without it, until it has held it `service` seconds (one past that:
     now). Taken to end at the mean, a request past it priced the wait behind it at nothing: on
-    the fleet twin's GPU workloads the requests that stayed had their first token a median 11
-    to 35 times later than priced (bench/twin/README.md, "The price of staying"). A busy slot
+    the fleet twin's gpu-8b agents two waits in line in three were priced at nothing, and the
+    others lasted a median 3.3x their price (bench/twin/README.md, "The price of staying").
+    A busy slot
     not known so (another process's) is taken as the slots are when nothing is known: freeing
     one after another, evenly through a service time, the k-th after `k x service / slots`.
     Place `p` gets the slot that frees ((p - 1) mod slots)-th, after (p - 1) // slots full

@@ -1,35 +1,36 @@
-"""The twin's verdicts on `auto` under its table, from the rows the gateway writes."""
+"""The twin's verdicts on `auto` under its table: how its waits in line compared with their
+prices, as the runtime's figures were taught them."""
 
 from __future__ import annotations
 
+from twin.gateway import WatchedFigures
 from twin.report import verdicts
-from twin.tally import Figures, Tally
+from twin.tally import Figures, Tally, with_waits
 
 from tests.helpers.history_records import record
 
 
-def figures(*stays: tuple[int, int, int | None], evaluated: int = 100) -> Figures:
-    """A run whose requests that waited were priced to stay (queued ms, TTFB ms, stay ms)."""
+def run(waits: list[tuple[float, float]]) -> Figures:
     tally = Tally()
-    tally.record(record(prompt_tokens=evaluated, cached_tokens=0))
-    for queued, ttfb, stay in stays:
-        tally.record(record(queued_ms=queued, ttfb_ms=ttfb, patience="stay", patience_stay_ms=stay))
-    tally.record(record(queued_ms=900, ttfb_ms=1000, patience="spill", patience_stay_ms=50))
-    return tally.figures(["gpu1"])
+    tally.record(record())
+    return with_waits(tally.figures(["gpu1"]), waits)
 
 
-def test_the_waits_that_stayed_are_told_with_their_first_token_over_the_price_they_stayed_at():
-    run = figures((400, 1000, 500), (100, 300, 100), (700, 4000, 1000), (0, 90, 30))
+def test_the_waits_are_told_as_their_median_over_their_price_and_those_priced_at_nothing():
+    auto = run([(1.0, 2.0), (2.0, 6.0), (1.0, 4.0), (0.0, 28.0)])  # 2x, 3x, 4x, and nothing
 
-    assert (run.stayed, run.stay_priced) == (3, 3.0)  # 2x, 3x and 4x; a request never in line
-    lines = verdicts({"auto": [run], "8 s": [figures()]})  # is not a wait, nor a spill a stay
-
+    assert (auto.waits, auto.priced_nothing, auto.wait_over_price) == (4, 1, 3.0)
+    lines = verdicts({"auto": [auto], "8 s": [run([])]})
     assert lines[-1] == (
-        "auto's waits in line: 3 stayed, their first token 3.00x the price they stayed at"
+        "auto's waits in line: 4, each a median 3.00x what it was priced at as it began; "
+        "1 priced at nothing"
     )
 
 
-def test_a_stay_priced_at_nothing_counts_as_priced_at_a_millisecond():
-    run = figures((400, 250, 0))
+def test_the_twins_figures_keep_every_wait_they_are_taught_and_still_learn_from_it():
+    learnt = WatchedFigures()
+    learnt.waited("gpu1", "m", priced=0.0, actual=3.0)
+    learnt.waited("gpu1", "m", priced=2.0, actual=5.0)
 
-    assert (run.stayed, run.stay_priced) == (1, 250.0)
+    assert learnt.waits == [(0.0, 3.0), (2.0, 5.0)]
+    assert learnt.lateness("gpu1", "m") == 2.5  # the product's own reading: priced 0 teaches none
