@@ -6,15 +6,14 @@ Both ways are priced in seconds of delay: to the request's first token, and, for
 the next tokens of the requests it runs beside:
 
 - **stay** at place `p` in the line of host `h`, which has `s` slots:
-  `line_wait(p) x lateness(h) + prefill(h)`. Each request running there is expected to hold
-  its slot as long again as the recent requests there that held theirs longer than it has
-  held its own (`Figures.remaining`), so the `p`-th slot to free comes as the running
-  requests end (after `p x service / s` where how far they have got is unknown: `line_wait`);
-  then `h` still evaluates what it does not hold of the prompt (the new turn, at home).
-  `lateness(h)` closes the loop: each request that stayed compares the wait it was priced as
-  it joined the line with the wait it had, and the recent ratio corrects the next prices. On
-  bench-cache (bench/README.md, "5 Dec 2026") staying was priced 21-420 ms where the requests
-  waited 47-903 ms.
+  `line_wait(p) x lateness(h) + prefill(h)`. Each request running there is expected to end
+  once it has held its slot `service(h)` seconds, so the `p`-th slot to free comes as the
+  running requests end (after `p x service / s` where how far they have got is unknown:
+  `line_wait`); then `h` still evaluates what it does not hold of the prompt (the new turn, at
+  home). `lateness(h)` closes the loop: each request that stayed compares the wait it was
+  priced as it joined the line with the wait it had, and the recent ratio corrects the next
+  prices. On bench-cache (bench/README.md, "5 Dec 2026") staying was priced 21-420 ms where
+  the requests waited 47-903 ms.
 - **spill** to host `g` with a free slot now: `prefill(g) x (1 + r)`, the prompt less what
   `g` holds, evaluated while `r` requests known to this process run there. llama-server
   evaluates a prompt in the same batches as the running requests' next tokens, so each of them
@@ -33,13 +32,12 @@ measured units per token; the tokens a host holds are its matched blocks
 (`PrefixIndex.match`), converted the same way.
 
 The figures (`Figures`) come from the answers themselves: per host and model the seconds a slot
-was held (service, and the last `HOLDS` such seconds themselves) and the waits in line over
-their prices (lateness), per host the prompt tokens it evaluated per second (llama-server's
-`timings.prompt_n` over `prompt_ms`), per model and unit the prompt's units per token. Each
-but the holds is a decayed ratio of sums: an answer adds its own numbers and the earlier ones
-keep `DECAY` of their weight, so a figure follows a change within a handful of answers, and a
-small evaluation (one token after a cache hit, its time mostly overhead) weighs little in a
-speed.
+was held (service) and the waits in line over their prices (lateness), per host the prompt
+tokens it evaluated per second (llama-server's `timings.prompt_n` over `prompt_ms`), per model
+and unit the prompt's units per token. Each is a decayed ratio of sums: an answer adds its own
+numbers and the earlier ones keep `DECAY` of their weight, so a figure follows a change within
+a handful of answers, and a small evaluation (one token after a cache hit, its time mostly
+overhead) weighs little in a speed.
 
 The choice (`decide`): a free slot elsewhere is taken when it is priced lower than staying
 and no other host with a free slot now is priced lower. Without a figure it needs (a host
@@ -51,7 +49,7 @@ Pure: standard library only; no I/O, no event loop. Not thread-safe: call from o
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -62,7 +60,6 @@ from routing.core.prefixes import Prefix, PrefixIndex
 
 __all__ = [
     "DEFAULT_PATIENCE",
-    "HOLDS",
     "Choice",
     "Figures",
     "Priced",
@@ -82,30 +79,16 @@ LATENESS_BOUNDS = (0.5, 4.0)
 # Keys per table (hosts x models, hosts, models): hosts and models come from configuration,
 # so this is a bound against mistakes, not a cache size.
 MAX_ENTRIES = 1024
-# The holds kept per host and model for `Figures.remaining`: enough to see a tail (one hold in
-# eight long is four of them), few enough to follow a change within as many answers.
-HOLDS = 32
 
 K = TypeVar("K", bound=Hashable)
 
 
-def line_wait(
-    position: int,
-    service: float,
-    slots: int,
-    running: Sequence[float] = (),
-    remaining: Callable[[float], float] | None = None,
-) -> float:
+def line_wait(position: int, service: float, slots: int, running: Sequence[float] = ()) -> float:
     """Seconds until the slot for place `position` (1-based) of a line frees, on a host with
     `slots` slots, each held `service` seconds on average.
 
-    `running`: how long each request known to hold a slot there has held it so far;
-    `remaining(held)`: how much longer such a request is expected to hold it
-    (`Figures.remaining`); without it, until it has held it `service` seconds (one past that:
-    now). Taken to end at the mean, a request past it priced the wait behind it at nothing: on
-    the fleet twin's gpu-8b agents two waits in line in three were priced at nothing, and the
-    others lasted a median 3.3x their price (bench/twin/README.md, "The price of staying").
-    A busy slot
+    `running`: how long each request known to hold a slot there has held it so far; each is
+    expected to end once it has held it `service` seconds (one past that, now). A busy slot
     not known so (another process's) is taken as the slots are when nothing is known: freeing
     one after another, evenly through a service time, the k-th after `k x service / slots`.
     Place `p` gets the slot that frees ((p - 1) mod slots)-th, after (p - 1) // slots full
@@ -117,8 +100,7 @@ def line_wait(
     if position <= 0:
         return 0.0
     # More running than slots (a parallel lowered since): a slot frees as the last `slots` end.
-    left = remaining or (lambda held: max(0.0, service - held))
-    ends = sorted(left(held) for held in running)[-slots:]
+    ends = sorted(max(0.0, service - held) for held in running)[-slots:]
     ends += [k * service / slots for k in range(1, slots - len(ends) + 1)]
     ends.sort()
     return ends[(position - 1) % slots] + (position - 1) // slots * service
@@ -207,36 +189,6 @@ class _Table(Generic[K]):
             del self._ratios[key]
 
 
-class _Holds(Generic[K]):
-    """The last `HOLDS` values by key, at most `max_entries` keys, the least recently added to
-    going first."""
-
-    __slots__ = ("max_entries", "_values")
-
-    def __init__(self, max_entries: int) -> None:
-        self.max_entries = max_entries
-        self._values: OrderedDict[K, deque[float]] = OrderedDict()
-
-    def add(self, key: K, value: float) -> None:
-        values = self._values.get(key)
-        if values is None:
-            values = self._values[key] = deque(maxlen=HOLDS)
-            if len(self._values) > self.max_entries:
-                self._values.popitem(last=False)
-        else:
-            self._values.move_to_end(key)
-        values.append(value)
-
-    def beyond(self, key: K, held: float) -> float | None:
-        """The mean of what the values greater than `held` exceed it by; None when none is."""
-        longer = [value - held for value in self._values.get(key, ()) if value > held]
-        return sum(longer) / len(longer) if longer else None
-
-    def drop(self, gone: Callable[[K], bool]) -> None:
-        for key in [key for key in self._values if gone(key)]:
-            del self._values[key]
-
-
 class Figures:
     """What the hosts' answers say about them: service times, prompt speeds, units per token.
 
@@ -244,11 +196,10 @@ class Figures:
     `max_entries` keys per kind of figure. Each process keeps its own.
     """
 
-    __slots__ = ("_service", "_holds", "_speed", "_units", "_lateness")
+    __slots__ = ("_service", "_speed", "_units", "_lateness")
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self._service: _Table[Pair] = _Table(max_entries)
-        self._holds: _Holds[Pair] = _Holds(max_entries)
         self._lateness: _Table[Pair] = _Table(max_entries)
         self._speed: _Table[str] = _Table(max_entries)
         self._units: _Table[tuple[str, int]] = _Table(max_entries)
@@ -257,7 +208,6 @@ class Figures:
         """A slot of (host, model) was held `seconds`, from the grant to its release."""
         if seconds >= 0:
             self._service.add(Pair(host, model), seconds, 1.0)
-            self._holds.add(Pair(host, model), seconds)
 
     def waited(self, host: str, model: str, priced: float, actual: float) -> None:
         """A request priced to wait `priced` seconds in the line of (host, model), before
@@ -293,19 +243,12 @@ class Figures:
         gone = set(hosts)
         if gone:
             self._service.drop(lambda key: key[0] in gone)
-            self._holds.drop(lambda key: key[0] in gone)
             self._lateness.drop(lambda key: key[0] in gone)
             self._speed.drop(lambda key: key in gone)
 
     def service(self, host: str, model: str) -> float | None:
         """Recent seconds a slot of (host, model) is held; None before any answer."""
         return self._service.get(Pair(host, model))
-
-    def remaining(self, host: str, model: str, held: float) -> float:
-        """Seconds a request that has held a slot of (host, model) `held` seconds is expected
-        to hold it still: the mean of what the recent holds there longer than that exceeded it
-        by (the mean residual hold). Past every recent hold, or before any: none, it ends now."""
-        return self._holds.beyond(Pair(host, model), held) or 0.0
 
     def lateness(self, host: str, model: str) -> float:
         """The recent waits in the line of (host, model) over what they were priced
@@ -377,11 +320,7 @@ class Pricing:
         service = self.figures.service(host, self.model)
         if service is None:
             return None
-        figures, model = self.figures, self.model
-        return line_wait(
-            position, service, self.slots(host), self.running(host),
-            lambda held: figures.remaining(host, model, held),
-        )  # fmt: skip
+        return line_wait(position, service, self.slots(host), self.running(host))
 
     def spill(self, host: str) -> float | None:
         """The delay a spill to a free slot of the host costs: its prefill of the prompt, which

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from routing.core.patience import (
     DEFAULT_PATIENCE,
-    HOLDS,
     Choice,
     Figures,
     Priced,
@@ -67,12 +66,6 @@ def test_a_running_request_known_to_be_near_its_end_frees_its_slot_for_the_line_
     assert line_wait(1, 4.0, 2, [9.0, 1.0]) == 0.0  # past its mean: expected to end now
 
 
-def test_a_running_request_frees_its_slot_when_what_it_is_expected_to_hold_still_has_passed():
-    left = {9.0: 2.0, 1.0: 3.0}.__getitem__  # held 9 s: 2 s more expected; held 1 s: 3 s
-
-    assert [line_wait(p, 4.0, 2, [9.0, 1.0], left) for p in (1, 2, 3)] == [2.0, 3.0, 6.0]
-
-
 def test_a_busy_slot_whose_request_is_not_known_here_frees_as_if_evenly_spread():
     # One slot of two held by a request this process knows (1 s in), one by another process's.
     assert line_wait(1, 4.0, 2, [1.0]) == 2.0
@@ -121,42 +114,6 @@ def test_recent_answers_weigh_more_than_old_ones():
 
     service = known.service("gpu1", MODEL)
     assert service is not None and 7.0 < service < 10.0  # past the mean of all, 2.8
-
-
-def test_a_request_is_expected_to_hold_its_slot_what_the_recent_longer_holds_held_beyond_it():
-    known = Figures()
-    assert known.remaining("gpu1", MODEL, 0.0) == 0.0  # nothing known: it ends now
-    for seconds in (2.0, 4.0, 10.0, 12.0):
-        known.held("gpu1", MODEL, seconds)
-
-    assert known.remaining("gpu1", MODEL, 0.0) == 7.0  # the mean hold
-    assert known.remaining("gpu1", MODEL, 3.0) == pytest.approx((1 + 7 + 9) / 3)
-    assert known.remaining("gpu1", MODEL, 4.0) == 7.0  # a hold just as long is not longer
-    assert known.remaining("gpu1", MODEL, 11.0) == 1.0
-    assert known.remaining("gpu1", MODEL, 12.0) == 0.0  # past every recent hold: it ends now
-    assert known.remaining("gpu2", MODEL, 0.0) == known.remaining("gpu1", "other", 0.0) == 0.0
-
-
-def test_only_the_last_holds_teach_what_a_running_request_has_left():
-    known = Figures()
-    known.held("gpu1", MODEL, 60.0)
-    for _ in range(HOLDS - 1):
-        known.held("gpu1", MODEL, 1.0)
-    assert known.remaining("gpu1", MODEL, 5.0) == 55.0
-    known.held("gpu1", MODEL, 1.0)  # the 60 s hold is one too many back
-
-    assert known.remaining("gpu1", MODEL, 5.0) == 0.0
-    assert known.remaining("gpu1", MODEL, 0.5) == 0.5
-
-
-def test_a_host_forgotten_keeps_no_holds():
-    known = Figures()
-    known.held("gpu1", MODEL, 8.0)
-    known.held("gpu2", MODEL, 8.0)
-    known.forget(["gpu1"])
-
-    assert known.remaining("gpu1", MODEL, 0.0) == 0.0
-    assert known.remaining("gpu2", MODEL, 0.0) == 8.0
 
 
 def test_a_tiny_evaluation_weighs_little_in_a_hosts_speed():
@@ -282,21 +239,6 @@ def test_staying_behind_requests_near_their_end_is_priced_by_what_they_have_left
     assert prices.stay("gpu1", 1) == pytest.approx(1.0 + home)
     held["gpu1"] = [0.5, 0.0]  # the slot freed and two new requests began
     assert prices.stay("gpu1", 1) == pytest.approx(3.5 + home)
-
-
-def test_staying_behind_a_request_past_the_mean_hold_is_priced_by_what_longer_holds_held_on():
-    index = PrefixIndex(10_000)
-    index.learn("gpu1", MODEL, PROMPT.blocks)
-    known = Figures()
-    for seconds in (1.0, 1.0, 1.0, 9.0):  # one hold in four long
-        known.held("gpu1", MODEL, seconds)
-    known.prompted("gpu1", MODEL, NO_PREFIX, 1000, 0, 1000.0)  # 1,000 tokens a second
-    known.prompted("elsewhere", MODEL, PROMPT, TOKENS, TOKENS, None)
-    prices = Pricing(known, index, MODEL, PROMPT, lambda host: 1, running=lambda host: [5.0])
-    home = (TOKENS - 40 * BLOCK) / 1000
-
-    assert prices.line("gpu1", 1) == 4.0  # held 5 s: as the 9 s hold, 4 s more
-    assert prices.stay("gpu1", 1) == pytest.approx(4.0 + home)
 
 
 def test_a_line_whose_waits_ran_long_prices_its_waits_as_long_as_they_ran():
