@@ -207,7 +207,7 @@ class Limiter:
             if pair is waiter._home or pair in waiter._watching:
                 continue
             pair.watchers.append(waiter)
-            waiter._watching.append(pair)
+            waiter._watching[pair] = None
         for pair in list(waiter._watching):
             free = pair.parallel - pair.in_flight
             if (

@@ -45,7 +45,7 @@ class PricedWait:
 
     __slots__ = (
         "_pricing", "_waiter", "_model", "_free", "_spent", "_choices", "_last", "_line", "_now",
-        "_free_listed",
+        "_free_listed", "_stay_now",
     )  # fmt: skip
 
     def __init__(
@@ -67,6 +67,8 @@ class PricedWait:
         # The free slots' prices, and those hosts, while `repriced` holds them.
         self._now: dict[str, float | None] | None = None
         self._free_listed: list[str] | None = None
+        # The price of staying while `repriced` holds it: [] until it is first asked for.
+        self._stay_now: list[float | None] | None = None
 
     @property
     def home(self) -> str:
@@ -92,17 +94,17 @@ class PricedWait:
     @contextmanager
     def repriced(self) -> Iterator[None]:
         """`reprice`, then, until the block ends, `takes` finds the free slots elsewhere once,
-        as the first is offered, and prices each host once. For the slots offered at once, one
-        after another in one step (nothing changes between them): pricing every free host
-        again for each was F x F spill prices a reprice on a fleet with F free hosts. Not
-        before the first offer: what the caller reads in between (a ranking, which may expire
-        leases) can change a price."""
+        as the first is offered, and prices each host, and staying, once. For the slots
+        offered at once, one after another in one step (nothing changes between them):
+        pricing every free host again for each was F x F spill prices a reprice on a fleet
+        with F free hosts. Not before the first offer: what the caller reads in between (a
+        ranking, which may expire leases) can change a price."""
         self.reprice()
-        self._now = {}
+        self._now, self._stay_now = {}, []
         try:
             yield
         finally:
-            self._now = self._free_listed = None
+            self._now = self._free_listed = self._stay_now = None
 
     def takes(self, host: str) -> bool:
         """Whether a free slot on `host` is priced lower than the wait in line (and than the
@@ -165,5 +167,12 @@ class PricedWait:
         self._last = decide(stay, min(known, default=None), (), self._spent)
 
     def _stay(self) -> float | None:
+        """The price of staying; in a `repriced` block, priced once: each free slot offered
+        there asked for it again (the line's place and waits) though none of it changes."""
+        if self._stay_now:
+            return self._stay_now[0]
         pricing, waiter = self._pricing, self._waiter
-        return pricing.stay(waiter.host, waiter.position) if pricing is not None else None
+        stay = pricing.stay(waiter.host, waiter.position) if pricing is not None else None
+        if self._stay_now is not None:
+            self._stay_now.append(stay)
+        return stay

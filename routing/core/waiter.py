@@ -49,7 +49,10 @@ class Waiter:
         self._limiter = limiter
         self._home = home
         self._entry: Entry | None = None  # its place in home's line, once it joined
-        self._watching: list[PairState] = []
+        # The pairs it watches, in the order it began to: a dict for the order and a lookup
+        # by identity (`Limiter.watch` asks for each of a route's pairs at every repricing,
+        # which on 2,000 hosts was a pass over 2,000 watched pairs for each).
+        self._watching: dict[PairState, None] = {}
         self._accept: Callable[[Pair], bool] = accept_any
         self._changed: asyncio.Event | None = None
         self._attached = True

@@ -41,6 +41,8 @@ from collections.abc import Awaitable, Callable, Collection
 
 import httpx
 
+from hosts.describe import Described
+from routing.config.shape import FleetConfig
 from routing.core.errors import ModelLoadFailed
 from routing.core.model_placement import (
     Demand,
@@ -61,7 +63,7 @@ from routing.models_actor.fleet_view import (
     Seen,
     idle_unload_of,
     models_max,
-    pairs,
+    pairs_on,
     placeable_hosts,
     rules_of,
 )
@@ -116,6 +118,11 @@ class ModelActor:
         self._loads: defaultdict[str, deque[float]] = defaultdict(deque)  # begun, per host
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending: asyncio.Handle | None = None
+        # The hosts it acts on (`placeable_hosts`) and the configuration they were read from:
+        # read again after a host changed (`host_changed`) or the configuration did, not at
+        # every arrival and decision (each a pass over the whole fleet).
+        self._placeable_hosts: dict[str, Described] | None = None
+        self._placeable_of: FleetConfig | None = None
         self._timer: asyncio.TimerHandle | None = None
         live.watchers.append(self.host_changed)
 
@@ -132,12 +139,15 @@ class ModelActor:
         while arrivals[0] <= now - RATE_WINDOW:
             arrivals.popleft()
         self._model_used[model] = now
+        if not self._seen and not self._placeable():
+            return  # it acts on no host and never did: a decision would have nothing to do
         state = self.live.state
         if any(state.queued(host, model) for host in self.live.config.hosts):
             self.poke()
 
     def host_changed(self, host: str) -> None:
         """The poller (or the proxy) saw the host change: its state or its models'."""
+        self._placeable_hosts = None
         self.poke()
 
     def can_load(self, model: str, hosts: Collection[str]) -> bool:
@@ -367,7 +377,16 @@ class ModelActor:
     # -- what the gateway knows, as a snapshot ----------------------------------------------
 
     def _pairs(self) -> dict[PairKey, Pair]:
-        return pairs(self.live.config, self.live.health)
+        return pairs_on(self.live.config, self._placeable())
+
+    def _placeable(self) -> dict[str, Described]:
+        """The hosts the actor acts on now: health changes reach `host_changed`, and a
+        reload replaces the configuration."""
+        config = self.live.config
+        if self._placeable_hosts is None or self._placeable_of is not config:
+            self._placeable_hosts = placeable_hosts(config, self.live.health)
+            self._placeable_of = config
+        return self._placeable_hosts
 
     def _last_used(self, key: PairKey, since: float) -> float:
         return max(since, self._used.get(key, 0.0), self._model_used.get(key[1], 0.0))
@@ -424,7 +443,7 @@ class ModelActor:
 
     def _hosts(self, now: float) -> dict[str, Host]:
         found = {}
-        for name, described in placeable_hosts(self.live.config, self.live.health).items():
+        for name, described in self._placeable().items():
             loads = self._loads[name]
             while loads and loads[0] <= now - RATE_WINDOW:
                 loads.popleft()

@@ -12,6 +12,7 @@ Pure reads of the configuration and the health table; no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -69,8 +70,13 @@ def placeable_hosts(config: FleetConfig, health: HealthTable) -> dict[str, Descr
 
 def pairs(config: FleetConfig, health: HealthTable) -> dict[tuple[str, str], Pair]:
     """Every pair the actor may act on, by (host, model)."""
+    return pairs_on(config, placeable_hosts(config, health))
+
+
+def pairs_on(config: FleetConfig, hosts: Mapping[str, Described]) -> dict[tuple[str, str], Pair]:
+    """Every pair of `hosts` (`placeable_hosts`) the actor may act on, by (host, model)."""
     found = {}
-    for name, described in placeable_hosts(config, health).items():
+    for name, described in hosts.items():
         for pair in _pairs_of(config.hosts[name], described):
             found[pair.host, pair.model] = pair
     return found
