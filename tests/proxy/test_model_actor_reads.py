@@ -18,19 +18,12 @@ from routing.core.limiter import Slot, Waiter
 from routing.core.pairs import Pair
 from routing.core.state import LocalState
 from routing.models_actor import actor
-from routing.runtime import Runtime, close_runtime, get_runtime
+from routing.runtime import Runtime
 from tests.helpers.fleet import MODEL, add_host, add_route
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROUTER = Described(router=True, autoload=False, models={MODEL: ModelState.UNLOADED})
-
-
-@pytest.fixture
-async def runtime():
-    rt = await get_runtime()
-    yield rt
-    await close_runtime()
 
 
 def drain(name: str) -> None:

@@ -18,13 +18,6 @@ from tests.helpers.fleet import MODEL, add_host, add_route
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-async def runtime():
-    rt = await get_runtime()
-    yield rt
-    await close_runtime()
-
-
 def local(runtime: Runtime) -> LocalState:
     """The runtime's own limiter and lease table (no CROSSBAR_REDIS_URL here)."""
     assert isinstance(runtime.state, LocalState)
