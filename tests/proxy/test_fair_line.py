@@ -13,7 +13,6 @@ import threading
 import httpx
 import pytest
 
-from accounting.models import Request
 from tests.helpers.asking import asked, completions, holding, issue, slow
 from tests.helpers.fleet import MODEL, add_host, add_route, chat
 from tests.helpers.observe import wait_for_gauge
@@ -56,8 +55,8 @@ def test_an_interactive_request_is_served_before_batch_requests_queued_earlier(
     # All answered; in which order the clients finished reading is theirs, not the line's.
     statuses = {content: answer.status_code for content, answer in answers.items()}
     assert statuses == dict.fromkeys(["batch 0", "batch 1", "batch 2", "interactive"], 200)
-    wait_until(lambda: Request.objects.count() == 5, what="the rows")
-    rows = Request.objects.exclude(queued_ms=0)
+    wait_until(lambda: ledger.rows().count() == 5, what="the rows")
+    rows = ledger.rows().exclude(queued_ms=0)
     waited = {row.client: row.queued_ms for row in rows.order_by("started")}  # the last batch's
     assert rows.count() == 4
     assert waited["support-chat"] < waited["nightly"]
@@ -104,8 +103,8 @@ def test_a_key_whose_requests_make_the_host_work_ten_times_more_is_granted_less_
     assert served[1:3] == ["big0", "small0"]  # nothing answered yet: arrival order
     order = served[1:]
     assert order.index("small3") < order.index("big2"), order
-    wait_until(lambda: Request.objects.count() == 11, what="the rows")
-    prompts = {row.client: row.prompt_tokens or 0 for row in Request.objects.all()}
+    wait_until(lambda: ledger.rows().count() == 11, what="the rows")
+    prompts = {row.client: row.prompt_tokens or 0 for row in ledger.rows()}
     assert prompts["summaries"] > 9 * prompts["questions"] > 0  # ten times as many words
 
 

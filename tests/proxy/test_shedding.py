@@ -12,7 +12,6 @@ import os
 import httpx
 import pytest
 
-from accounting.models import Request
 from tests.helpers.asking import asked, completions, holding, issue, slow
 from tests.helpers.fleet import MODEL, add_host, add_route
 from tests.helpers.observe import wait_for_gauge
@@ -62,8 +61,8 @@ def test_an_interactive_request_at_a_line_full_of_batch_ones_is_served_and_the_l
     assert answers["batch 0"].status_code == 200
     served = [seen.json["messages"][-1]["content"] for seen in completions(fake)]
     assert served[1:] == ["interactive", "batch 0"]
-    wait_until(lambda: Request.objects.count() == 4, what="the rows")
-    (row,) = Request.objects.filter(status=429)
+    wait_until(lambda: ledger.rows().count() == 4, what="the rows")
+    (row,) = ledger.rows().filter(status=429)
     assert (row.client, row.code, row.host) == ("nightly", "over_capacity", "gpu1")
     assert "a request of class interactive took its place" in row.error
-    assert Request.objects.filter(status=200).count() == 3
+    assert ledger.rows().filter(status=200).count() == 3
