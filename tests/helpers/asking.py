@@ -14,7 +14,7 @@ import httpx
 from accounting.models import ClientKey
 from tests.fakes.llama_server import FakeLlamaServer
 from tests.helpers import wire
-from tests.helpers.fleet import MODEL, POLLS, chat
+from tests.helpers.fleet import MODEL, POLLS, add_host, add_route, chat
 from tests.helpers.observe import wait_for_gauge
 from tests.helpers.waits import wait_until
 
@@ -111,6 +111,14 @@ def post(gateway, route: str = "chat", key: str | None = None, **body: Any) -> h
         headers=headers,
         timeout=30,
     )
+
+
+def one_slot_route(gateway, fake: FakeLlamaServer, queue_max: int) -> str:
+    """The route `chat` over one host, `gpu1` (`fake`), of one slot and `queue_max` places in
+    line, in force; its chat URL."""
+    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, queue_max)})])
+    gateway.sync()
+    return f"{gateway.url}{URL}"
 
 
 def asked(url: str, key: str, content: str, answers: dict[str, httpx.Response]) -> threading.Thread:

@@ -13,8 +13,8 @@ import threading
 import httpx
 import pytest
 
-from tests.helpers.asking import asked, completions, holding, issue, slow
-from tests.helpers.fleet import MODEL, add_host, add_route, chat
+from tests.helpers.asking import asked, completions, holding, issue, one_slot_route, slow
+from tests.helpers.fleet import MODEL, chat
 from tests.helpers.observe import wait_for_gauge
 from tests.helpers.waits import wait_until
 
@@ -33,9 +33,7 @@ def test_an_interactive_request_is_served_before_batch_requests_queued_earlier(
     batch = issue("nightly", priority="batch")
     chat_key = issue("support-chat", priority="interactive")
     fake.token_delay = 0.1
-    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 8)})])
-    gateway.sync()
-    url = f"{gateway.url}/chat/v1/chat/completions"
+    url = one_slot_route(gateway, fake, 8)
     answers: dict[str, httpx.Response] = {}
     threads = []
 
@@ -73,9 +71,7 @@ def test_a_key_whose_requests_make_the_host_work_ten_times_more_is_granted_less_
     keys = {"big": issue("summaries"), "small": issue("questions")}
     words = {"big": 3000, "small": 300}
     fake.token_delay = 0.1
-    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 10)})])
-    gateway.sync()
-    url = f"{gateway.url}/chat/v1/chat/completions"
+    url = one_slot_route(gateway, fake, 10)
     threads = []
 
     with holding(url, slow(tokens=100), fake, key=holder):  # 10 s, until the test lets it end
@@ -115,9 +111,7 @@ def test_a_keys_answer_is_charged_before_its_slot_goes_to_the_next_in_line(gatew
     (Charged after, the two keys would tie and the first queued would go: `summaries`.)"""
     keys = {"big": issue("summaries"), "small": issue("questions")}
     fake.token_delay = 0.1
-    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 4)})])
-    gateway.sync()
-    url = f"{gateway.url}/chat/v1/chat/completions"
+    url = one_slot_route(gateway, fake, 4)
     answers: dict[str, httpx.Response] = {}
     threads = []
 

@@ -12,8 +12,8 @@ import os
 import httpx
 import pytest
 
-from tests.helpers.asking import asked, completions, holding, issue, slow
-from tests.helpers.fleet import MODEL, add_host, add_route
+from tests.helpers.asking import asked, completions, holding, issue, one_slot_route, slow
+from tests.helpers.fleet import MODEL
 from tests.helpers.observe import wait_for_gauge
 from tests.helpers.waits import wait_until
 
@@ -32,9 +32,7 @@ def test_an_interactive_request_at_a_line_full_of_batch_ones_is_served_and_the_l
     batch = issue("nightly", priority="batch")
     chat_key = issue("support-chat", priority="interactive")
     fake.token_delay = 0.1
-    add_route("chat", [add_host("gpu1", fake.url, models={MODEL: (1, 2)})])
-    gateway.sync()
-    url = f"{gateway.url}/chat/v1/chat/completions"
+    url = one_slot_route(gateway, fake, 2)
     answers: dict[str, httpx.Response] = {}
     threads = []
 

@@ -85,23 +85,17 @@ def llama_similar(
 
 @pytest.fixture
 def fresh_llama_similar(
-    llama_binary: Path, tiny_model: Path, tmp_path: pytest.TempPathFactory
+    llama_binary: Path, tiny_model: Path, tmp_path: Path
 ) -> Iterator[LlamaServer]:
     """A llama-server like `llama_similar`, started for one test: its slots are empty."""
-    log_dir = tmp_path / "llama-fresh-similar"  # type: ignore[operator]
-    log_dir.mkdir()
-    with running_llama_server(llama_binary, tiny_model, log_dir, ("-sps", "0.95")) as srv:
+    with running_llama_server(llama_binary, tiny_model, tmp_path, ("-sps", "0.95")) as srv:
         yield srv
 
 
 @pytest.fixture
-def fresh_llama(
-    llama_binary: Path, tiny_model: Path, tmp_path: pytest.TempPathFactory
-) -> Iterator[LlamaServer]:
+def fresh_llama(llama_binary: Path, tiny_model: Path, tmp_path: Path) -> Iterator[LlamaServer]:
     """A llama-server like `llama`, started for one test: its slots are empty."""
-    log_dir = tmp_path / "llama-fresh"  # type: ignore[operator]
-    log_dir.mkdir()
-    with running_llama_server(llama_binary, tiny_model, log_dir) as srv:
+    with running_llama_server(llama_binary, tiny_model, tmp_path) as srv:
         yield srv
 
 
